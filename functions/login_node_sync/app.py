@@ -1,0 +1,126 @@
+"""LoginNodeSync Lambda handlers: where events enter and effects are triggered.
+
+Each handler is thin: parse its input, read config, call the adapters in hpops_core.aws and the
+pure decision in hpops_core.target_plan, return plain JSON for the next state. The order of the
+steps, retries, error routing and the "one more pass" loop live in
+statemachines/login_node_sync.asl.json.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from hpops_core.aws import login_nodes, sync_lease, target_group
+from hpops_core.config import SyncConfig
+from hpops_core.errors import EmptyListingGuardError, MalformedEventError
+from hpops_core.events import parse_sync_input, require_managed_cluster
+from hpops_core.target_plan import LoginNode, plan_targets
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+
+MAX_PASSES = 5  # after this many back-to-back passes, release and let the sweep finish the job
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def parse_trigger(event: dict, context: LambdaContext) -> dict:
+    """Any accepted input -> {"cluster", "mode", "dryRun", "trigger", "eventId"}; else a named error."""
+    config = SyncConfig.from_env()
+    request = require_managed_cluster(parse_sync_input(event), config.cluster_name)
+    metrics.add_metric(name="SyncRequests", unit=MetricUnit.Count, value=1)
+    logger.info("sync requested", extra={"request": request.to_state()})
+    return request.to_state()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def sync_lease_handler(event: dict, context: LambdaContext) -> dict:
+    """{"action": "acquire"|"release"|"abandon", "holder", "ipCache"?, "pass"?} -> lease outcome."""
+    config = SyncConfig.from_env()
+    action, holder = event.get("action"), event.get("holder")
+    if not isinstance(holder, str) or not holder:
+        raise MalformedEventError("lease request needs a holder")
+    if action == "acquire":
+        grant = sync_lease.acquire(config.state_table, config.cluster_name, holder, int(time.time()), config.lease_seconds)
+        metrics.add_metric(name="ReconcilesCoalesced", unit=MetricUnit.Count, value=0 if grant.acquired else 1)
+        logger.info(grant.reason)
+        return {"acquired": grant.acquired, "reason": grant.reason, "ipCache": grant.ip_cache, "pass": 1}
+    if action == "release":
+        passes = int(event.get("pass", 1))
+        outcome = sync_lease.release(
+            config.state_table, config.cluster_name, holder, event.get("ipCache") or {}, force=passes >= MAX_PASSES
+        )
+        metrics.add_metric(name="ExtraPasses", unit=MetricUnit.Count, value=1 if outcome.rerun else 0)
+        logger.info(outcome.reason, extra={"pass": passes})
+        # Echo the cache: a rerun pass reads it from the same place as the first pass.
+        return {"rerun": outcome.rerun, "reason": outcome.reason, "pass": passes + 1, "ipCache": event.get("ipCache") or {}}
+    if action == "abandon":
+        outcome = sync_lease.abandon(config.state_table, config.cluster_name, holder)
+        metrics.add_metric(name="LeasesAbandoned", unit=MetricUnit.Count, value=1)
+        logger.info(outcome.reason)
+        return {"rerun": False, "reason": outcome.reason}
+    raise MalformedEventError("lease action must be acquire, release or abandon")
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def resolve_login_nodes(event: dict, context: LambdaContext) -> dict:
+    """{"mode", "ipCache"} -> the login group's nodes with IPs (a repair trusts no cached IP)."""
+    config = SyncConfig.from_env()
+    listing = login_nodes.resolve_login_group(
+        config.cluster_name, config.login_group, event.get("ipCache") or {}, trust_cache=event.get("mode") != "repair"
+    )
+    serving = [n for n in listing.nodes if n.serving]
+    # Only an empty listing needs the cluster's status (for the safety guard): one call, not every pass.
+    status = login_nodes.cluster_status(config.cluster_name) if not serving else None
+    metrics.add_metric(name="LoginNodesServing", unit=MetricUnit.Count, value=len(serving))
+    logger.info("login group resolved", extra={"nodes": len(listing.nodes), "serving": len(serving), "described": listing.described})
+    return {
+        "nodes": [{"instanceId": n.instance_id, "status": n.status, "ip": n.ip} for n in listing.nodes],
+        "ipCache": listing.ip_cache,
+        "clusterStatus": status,
+    }
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def plan_target_changes(event: dict, context: LambdaContext) -> dict:
+    """{"nodes", "clusterStatus", "dryRun"} + DescribeTargetHealth -> the plan, with reasons."""
+    config = SyncConfig.from_env()
+    nodes = [LoginNode(instance_id=n["instanceId"], status=n["status"], ip=n.get("ip")) for n in event.get("nodes", [])]
+    targets = target_group.describe_targets(config.target_group_arn)
+    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"))
+    logger.info(plan.summary, extra={"reasons": list(plan.reasons)})
+    metrics.add_metric(name="TargetDrift", unit=MetricUnit.Count, value=len(plan.register) + len(plan.deregister))
+    if plan.guard and not event.get("dryRun"):
+        # The alarm on this metric pages the operator; the failed execution says why.
+        metrics.add_metric(name="SafetyGuardTripped", unit=MetricUnit.Count, value=1)
+        raise EmptyListingGuardError(plan.guard)
+    return plan.to_state()
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def apply_target_changes(event: dict, context: LambdaContext) -> dict:
+    """{"register": [...], "deregister": [...]} -> one RegisterTargets and one DeregisterTargets call."""
+    config = SyncConfig.from_env()
+    register, deregister = list(event.get("register", [])), list(event.get("deregister", []))
+    # Register first: during a replacement the new node takes traffic before the old one leaves.
+    target_group.register_ips(config.target_group_arn, register, config.ssh_port)
+    target_group.deregister_ips(config.target_group_arn, deregister, config.ssh_port)
+    metrics.add_metric(name="TargetsRegistered", unit=MetricUnit.Count, value=len(register))
+    metrics.add_metric(name="TargetsDeregistered", unit=MetricUnit.Count, value=len(deregister))
+    logger.info("target group updated", extra={"registered": register, "deregistered": deregister})
+    return {"registered": register, "deregistered": deregister}

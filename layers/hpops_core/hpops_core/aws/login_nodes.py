@@ -1,0 +1,74 @@
+"""SageMaker HyperPod: list a cluster's login nodes and find their private IPs.
+
+ListClusterNodes has no IP field, DescribeClusterNode does, and an instance id keeps its IP for
+life. So IPs come from a cache (instance id -> IP, kept in the state table by the lease) and only
+nodes the cache has never seen cost a DescribeClusterNode call. `InstanceGroupNameContains`
+filters on the server, so nothing here grows with the number of worker nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from botocore.exceptions import ClientError
+
+from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.target_plan import LoginNode
+
+
+@dataclass(frozen=True)
+class LoginGroupListing:
+    nodes: tuple[LoginNode, ...]
+    ip_cache: dict[str, str]  # pruned to the nodes that still exist
+    described: int  # DescribeClusterNode calls made (cache misses)
+
+
+def list_login_group(cluster: str, group: str) -> list[dict]:
+    pages = client("sagemaker").get_paginator("list_cluster_nodes").paginate(
+        ClusterName=cluster, InstanceGroupNameContains=group, PaginationConfig={"PageSize": 100}
+    )
+    with transient_errors_named("sagemaker:ListClusterNodes"):
+        summaries = [s for page in pages for s in page.get("ClusterNodeSummaries", [])]
+    # The filter is a substring match ("login" also matches "login-gpu"): keep the exact group.
+    return [s for s in summaries if s.get("InstanceGroupName") == group]
+
+
+def describe_private_ip(cluster: str, instance_id: str) -> str | None:
+    with transient_errors_named("sagemaker:DescribeClusterNode"):
+        details = client("sagemaker").describe_cluster_node(ClusterName=cluster, NodeId=instance_id)
+    return details.get("NodeDetails", {}).get("PrivatePrimaryIp")
+
+
+def cluster_status(cluster: str) -> str:
+    """The cluster's status, or "NotFound" once it is gone."""
+    try:
+        with transient_errors_named("sagemaker:DescribeCluster"):
+            return client("sagemaker").describe_cluster(ClusterName=cluster)["ClusterStatus"]
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        message = error.response.get("Error", {}).get("Message", "")
+        if code == "ResourceNotFound" or "Could not find cluster" in message:
+            return "NotFound"
+        raise
+
+
+def resolve_login_group(
+    cluster: str, group: str, ip_cache: Mapping[str, str], trust_cache: bool = True
+) -> LoginGroupListing:
+    """Current login nodes with IPs. `trust_cache=False` (manual repair) re-describes every node."""
+    summaries = list_login_group(cluster, group)
+    new_cache: dict[str, str] = {}
+    nodes: list[LoginNode] = []
+    described = 0
+    for summary in summaries:
+        instance_id = summary["InstanceId"]
+        status = summary.get("InstanceStatus", {}).get("Status", "Unknown")
+        ip = ip_cache.get(instance_id) if trust_cache else None
+        if ip is None and status == "Running":
+            ip = describe_private_ip(cluster, instance_id)
+            described += 1
+        if ip:
+            new_cache[instance_id] = ip
+        nodes.append(LoginNode(instance_id=instance_id, status=status, ip=ip))
+    return LoginGroupListing(nodes=tuple(nodes), ip_cache=new_cache, described=described)

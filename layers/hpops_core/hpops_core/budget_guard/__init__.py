@@ -1,0 +1,16 @@
+"""Budget guardrails for HyperPod clusters.
+
+Research groups run clusters on fixed grants. This package keeps an AWS Budget
+alongside every cluster (``budget_spec`` + ``aws_budgets``) and raises an early
+alert when a scale-out makes a month-end overrun likely (``projection``), because
+Budgets' own alerts trail real usage by hours. ``alert_state`` makes each
+threshold fire once per cluster per month.
+
+``projection`` and ``budget_spec`` are pure (no AWS, time is an input); only
+``aws_budgets`` and ``alert_state`` talk to AWS. Importing this package must stay
+cheap and boto3-free so the pure modules can be used anywhere.
+"""
+
+
+class BudgetGuardError(Exception):
+    """Base class for every error raised by hpops_core.budget_guard."""

@@ -1,0 +1,142 @@
+"""In-memory :class:`~hpops_core.session_limits.session_api.SessionDirectory` for tests and the twin.
+
+It models the AWS behaviour enforcement depends on, and counts calls the way AWS would bill
+them: one ``DescribeSessions`` per page of ``page_size`` active sessions (at least one call even
+when nothing is active), one ``ListRoleTags``/``ListUserTags`` per lookup, one
+``TerminateSession`` per terminate. It deliberately does *not* cache tags, so call counts show
+exactly what the caller's own caching saves.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from typing import Any
+
+from .session_api import DESCRIBE_PAGE_SIZE, TagLookupFailed, TerminateFailed
+
+# What DescribeSessions(State=Active) returns; Terminated/Failed sessions move to History.
+_ACTIVE_STATE_STATUSES = frozenset({"Connected", "Connecting", "Disconnected", "Terminating"})
+_IAM_ARN_RE = re.compile(r"^arn:aws[a-z-]*:iam::[0-9]{12}:(?P<kind>role|user)/")
+
+
+@dataclass(frozen=True)
+class FakeSession:
+    session_id: str
+    owner: str
+    target: str
+    start_date: datetime
+    status: str = "Connected"
+    document_name: str = "SSM-SessionManagerRunShell"
+
+    def as_api_record(self) -> dict[str, Any]:
+        """Shaped like one element of DescribeSessions' ``Sessions``."""
+        return {
+            "SessionId": self.session_id,
+            "Target": self.target,
+            "Status": self.status,
+            "StartDate": self.start_date,
+            "DocumentName": self.document_name,
+            "Owner": self.owner,
+        }
+
+
+class InMemorySessionDirectory:
+    def __init__(
+        self,
+        *,
+        page_size: int = DESCRIBE_PAGE_SIZE,
+        tags: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        if not 1 <= page_size <= DESCRIBE_PAGE_SIZE:
+            raise ValueError("page_size must be 1..200, like DescribeSessions MaxResults")
+        self.page_size = page_size
+        self._sessions: dict[str, FakeSession] = {}  # insertion order == listing order
+        self._tags: dict[str, dict[str, str]] = {arn: dict(t) for arn, t in (tags or {}).items()}
+        self._failing_tag_lookups: set[str] = set()
+        self._failing_terminations: set[str] = set()
+        self._lock = threading.Lock()  # the twin may drive it from several threads
+        self.calls: Counter[str] = Counter()
+        self.terminated: list[str] = []  # successful TerminateSession ids, in call order
+
+    # -- arranging state ---------------------------------------------------------------------
+
+    def add_session(
+        self,
+        session_id: str,
+        owner: str,
+        target: str,
+        start_date: datetime,
+        status: str = "Connected",
+    ) -> FakeSession:
+        if start_date.tzinfo is None:
+            start_date = start_date.replace(tzinfo=timezone.utc)
+        session = FakeSession(session_id, owner, target, start_date, status)
+        with self._lock:
+            if session_id in self._sessions:
+                raise ValueError(f"duplicate session id {session_id}")
+            self._sessions[session_id] = session
+        return session
+
+    def set_status(self, session_id: str, status: str) -> None:
+        with self._lock:
+            self._sessions[session_id] = replace(self._sessions[session_id], status=status)
+
+    def set_tags(self, iam_arn: str, tags: Mapping[str, str]) -> None:
+        with self._lock:
+            self._tags[iam_arn] = dict(tags)
+
+    def fail_tag_lookup(self, iam_arn: str) -> None:
+        """Make ``principal_tags(iam_arn)`` raise, like AccessDenied on ListRoleTags."""
+        self._failing_tag_lookups.add(iam_arn)
+
+    def fail_termination(self, session_id: str) -> None:
+        self._failing_terminations.add(session_id)
+
+    def session(self, session_id: str) -> FakeSession:
+        return self._sessions[session_id]
+
+    def reset_calls(self) -> None:
+        self.calls.clear()
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+    # -- SessionDirectory --------------------------------------------------------------------
+
+    def active_sessions(self, target_prefix: str) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            active = [s.as_api_record() for s in self._sessions.values() if s.status in _ACTIVE_STATE_STATUSES]
+        # Paging happens over *all* active sessions (the Target filter is exact-match only), so
+        # the page count reflects the whole account, not just this cluster.
+        pages = [active[i : i + self.page_size] for i in range(0, len(active), self.page_size)] or [[]]
+        for page in pages:
+            self.calls["DescribeSessions"] += 1
+            for record in page:
+                if record["Target"].startswith(target_prefix):
+                    yield record
+
+    def terminate(self, session_id: str) -> None:
+        self.calls["TerminateSession"] += 1
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is None or session_id in self._failing_terminations:
+                raise TerminateFailed(f"TerminateSession {session_id} failed: InvalidParameters")
+            # Terminating an already-ended session succeeds in AWS too; keep that idempotency.
+            self._sessions[session_id] = replace(session, status="Terminated")
+            self.terminated.append(session_id)
+
+    def principal_tags(self, iam_arn: str) -> dict[str, str]:
+        match = _IAM_ARN_RE.match(iam_arn or "")
+        if not match:
+            raise TagLookupFailed(f"not an IAM role/user ARN: {iam_arn!r}")
+        self.calls["ListRoleTags" if match.group("kind") == "role" else "ListUserTags"] += 1
+        if iam_arn in self._failing_tag_lookups:
+            raise TagLookupFailed(f"tag lookup for {iam_arn} failed: AccessDenied")
+        with self._lock:
+            return dict(self._tags.get(iam_arn, {}))

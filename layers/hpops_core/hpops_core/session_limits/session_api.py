@@ -1,0 +1,207 @@
+"""The transport seam for session data: a small protocol plus the real boto3 implementation.
+
+moto implements none of DescribeSessions / TerminateSession / StartSession, so everything that
+touches sessions goes through :class:`SessionDirectory`; tests and the local twin use
+``fake_directory.InMemorySessionDirectory``, Lambda uses :class:`Boto3SessionDirectory`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .models import SessionLimitError
+
+DESCRIBE_PAGE_SIZE = 200  # DescribeSessions maximum; fewer pages = fewer calls per event.
+RETRY_CONFIG = Config(retries={"mode": "standard"})
+
+
+class DirectoryError(SessionLimitError):
+    """A session-directory call failed."""
+
+
+class SessionListingFailed(DirectoryError):
+    """DescribeSessions failed; without the full list no safe decision is possible."""
+
+
+class TagLookupFailed(DirectoryError):
+    """Principal tags could not be read (denied, throttled, foreign account, not a role/user)."""
+
+
+class TerminateFailed(DirectoryError):
+    """TerminateSession failed for one session."""
+
+
+@runtime_checkable
+class SessionDirectory(Protocol):
+    """What enforcement needs from AWS. Implementations may expose ``calls: Counter`` (API call
+    counts keyed by AWS operation name) so reports can show what an enforcement run cost."""
+
+    def active_sessions(self, target_prefix: str) -> Iterable[dict[str, Any]]:
+        """DescribeSessions(State=Active) records whose ``Target`` starts with ``target_prefix``."""
+        ...
+
+    def terminate(self, session_id: str) -> None:
+        """TerminateSession. Permanent; raise :class:`TerminateFailed` on failure."""
+        ...
+
+    def principal_tags(self, iam_arn: str) -> dict[str, str]:
+        """Tags of an IAM role/user ARN ({} if it no longer exists); :class:`TagLookupFailed` otherwise."""
+        ...
+
+
+_IAM_ARN_RE = re.compile(
+    r"^arn:aws[a-z-]*:iam::(?P<account>[0-9]{12}):(?P<kind>role|user)/(?:[A-Za-z0-9+=,.@_/-]*/)?(?P<name>[\w+=,.@-]{1,128})$"
+)
+
+
+def _error_code(exc: Exception) -> str:
+    if isinstance(exc, ClientError):
+        return exc.response.get("Error", {}).get("Code", "ClientError")
+    return type(exc).__name__
+
+
+class Boto3SessionDirectory:
+    """SSM + IAM backed :class:`SessionDirectory`.
+
+    Clients are created on first use (not at import or construction) with standard retries, so
+    building one is free in tests and cold starts only pay for the clients actually used.
+    """
+
+    def __init__(
+        self,
+        ssm_client: Any | None = None,
+        iam_client: Any | None = None,
+        *,
+        region_name: str | None = None,
+        account_id: str | None = None,
+        tag_ttl_seconds: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ssm = ssm_client
+        self._iam = iam_client
+        self._region_name = region_name
+        # When known, tag lookups for principals of other accounts are refused: a same-named role
+        # in *this* account would otherwise lend its tags to a stranger.
+        self._account_id = account_id
+        self._tag_ttl = tag_ttl_seconds
+        self._clock = clock
+        # Survives across warm Lambda invocations; keyed by IAM ARN; negative results cached too.
+        self._tag_cache: dict[str, tuple[float, dict[str, str]]] = {}
+        self.calls: Counter[str] = Counter()
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def _client(self, service: str) -> Any:
+        import boto3  # call-time import keeps the pure modules importable without boto3 setup
+
+        return boto3.client(service, region_name=self._region_name, config=RETRY_CONFIG)
+
+    @property
+    def ssm(self) -> Any:
+        if self._ssm is None:
+            self._ssm = self._client("ssm")
+        return self._ssm
+
+    @property
+    def iam(self) -> Any:
+        if self._iam is None:
+            self._iam = self._client("iam")
+        return self._iam
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def _describe_pages(self) -> Iterator[dict[str, Any]]:
+        # Filter key Target only takes an exact target, so list every active session and filter
+        # locally. Prefer botocore's paginator (it exists for describe_sessions); fall back to
+        # hand-written NextToken paging for clients that lack one.
+        client = self.ssm
+        if client.can_paginate("describe_sessions"):
+            pages = client.get_paginator("describe_sessions").paginate(
+                State="Active", PaginationConfig={"PageSize": DESCRIBE_PAGE_SIZE}
+            )
+            for page in pages:
+                self.calls["DescribeSessions"] += 1
+                yield page
+            return
+        kwargs: dict[str, Any] = {"State": "Active", "MaxResults": DESCRIBE_PAGE_SIZE}
+        while True:
+            page = client.describe_sessions(**kwargs)
+            self.calls["DescribeSessions"] += 1
+            yield page
+            token = page.get("NextToken")
+            if not token:
+                return
+            kwargs["NextToken"] = token
+
+    def active_sessions(self, target_prefix: str) -> Iterator[dict[str, Any]]:
+        try:
+            for page in self._describe_pages():
+                for session in page.get("Sessions", []):
+                    target = session.get("Target")
+                    if isinstance(target, str) and target.startswith(target_prefix):
+                        yield session
+        except (ClientError, BotoCoreError) as exc:
+            raise SessionListingFailed(f"DescribeSessions failed: {_error_code(exc)}") from exc
+
+    def terminate(self, session_id: str) -> None:
+        self.calls["TerminateSession"] += 1
+        try:
+            self.ssm.terminate_session(SessionId=session_id)
+        except (ClientError, BotoCoreError) as exc:
+            raise TerminateFailed(f"TerminateSession {session_id} failed: {_error_code(exc)}") from exc
+
+    # -- tags ------------------------------------------------------------------------------
+
+    def principal_tags(self, iam_arn: str) -> dict[str, str]:
+        now = self._clock()
+        cached = self._tag_cache.get(iam_arn)
+        if cached is not None and cached[0] > now:
+            return dict(cached[1])
+
+        match = _IAM_ARN_RE.match(iam_arn or "")
+        if not match:
+            raise TagLookupFailed(f"not an IAM role/user ARN: {iam_arn!r}")
+        if self._account_id and match.group("account") != self._account_id:
+            raise TagLookupFailed(f"principal is in another account ({match.group('account')})")
+
+        kind, name = match.group("kind"), match.group("name")
+        operation, method, param = (
+            ("ListRoleTags", "list_role_tags", "RoleName")
+            if kind == "role"
+            else ("ListUserTags", "list_user_tags", "UserName")
+        )
+        tags: dict[str, str] = {}
+        try:
+            for page in self._tag_pages(method, param, name):
+                self.calls[operation] += 1
+                tags.update({t["Key"]: t["Value"] for t in page.get("Tags", [])})
+        except ClientError as exc:
+            self.calls[operation] += 1  # the failing page was a call too
+            if _error_code(exc) != "NoSuchEntity":
+                raise TagLookupFailed(f"{operation} {name} failed: {_error_code(exc)}") from exc
+            tags = {}  # deleted principal: no tags, and worth caching like any answer
+        except BotoCoreError as exc:
+            raise TagLookupFailed(f"{operation} {name} failed: {_error_code(exc)}") from exc
+
+        self._tag_cache[iam_arn] = (now + self._tag_ttl, tags)
+        return dict(tags)
+
+    def _tag_pages(self, method: str, param: str, name: str) -> Iterator[dict[str, Any]]:
+        client = self.iam
+        if client.can_paginate(method):
+            yield from client.get_paginator(method).paginate(**{param: name})
+            return
+        kwargs: dict[str, Any] = {param: name}
+        while True:
+            page = getattr(client, method)(**kwargs)
+            yield page
+            if not page.get("IsTruncated"):
+                return
+            kwargs["Marker"] = page["Marker"]

@@ -1,0 +1,123 @@
+"""Where the decision is made: which IPs to register, which to deregister, and why.
+
+Pure: no AWS, no clock. Input is what the adapters observed (login nodes, target health),
+output is a TargetPlan with one human-readable reason per change. Tests need no AWS at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# DescribeTargetHealth lists registered targets and those still draining after a deregistration.
+# A draining target is on its way out: if its IP is wanted again it must be re-registered.
+LEAVING_STATES = frozenset({"draining"})
+
+# Cluster states in which an empty login listing is believable and draining every target is right.
+CLUSTER_GONE_STATES = frozenset({"Deleting", "NotFound"})
+
+
+@dataclass(frozen=True)
+class LoginNode:
+    instance_id: str
+    status: str
+    ip: str | None
+
+    @property
+    def serving(self) -> bool:
+        return self.status == "Running" and bool(self.ip)
+
+
+@dataclass(frozen=True)
+class Target:
+    ip: str
+    port: int
+    state: str
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    register: tuple[str, ...]
+    deregister: tuple[str, ...]
+    keep: tuple[str, ...]
+    reasons: tuple[str, ...]
+    guard: str | None = None
+    other_ports: tuple[str, ...] = field(default=())
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.register or self.deregister)
+
+    @property
+    def summary(self) -> str:
+        if self.guard:
+            return f"refused: {self.guard}"
+        if not self.has_changes:
+            return f"in sync ({len(self.keep)} targets)"
+        return f"register {len(self.register)}, deregister {len(self.deregister)}, keep {len(self.keep)}"
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "register": list(self.register),
+            "deregister": list(self.deregister),
+            "keep": list(self.keep),
+            "reasons": list(self.reasons),
+            "guard": self.guard,
+            "hasChanges": self.has_changes,
+            "summary": self.summary,
+        }
+
+
+def plan_targets(
+    nodes: Iterable[LoginNode],
+    targets: Iterable[Target],
+    ssh_port: int,
+    cluster_status: str | None,
+) -> TargetPlan:
+    """Make the target group's SSH-port targets equal the IPs of Running login nodes.
+
+    `cluster_status` is only needed (and only looked up) when no login node is Running: an empty
+    listing while the cluster is live is far more likely an outage or a misconfiguration than a
+    login tier that really went away, so we refuse to cut every user off and raise the alarm.
+    """
+    nodes = sorted(nodes, key=lambda n: n.instance_id)
+    targets = list(targets)
+    reasons: list[str] = []
+
+    desired: dict[str, str] = {}
+    for node in nodes:
+        if node.serving:
+            desired[node.ip] = node.instance_id  # type: ignore[index]
+        else:
+            reasons.append(f"skip {node.instance_id}: status {node.status}" + ("" if node.ip else ", no IP yet"))
+
+    ours = [t for t in targets if t.port == ssh_port]
+    other_ports = tuple(sorted(f"{t.ip}:{t.port}" for t in targets if t.port != ssh_port))
+    registered = {t.ip: t for t in ours if t.state not in LEAVING_STATES}
+    leaving = {t.ip for t in ours if t.state in LEAVING_STATES}
+
+    if not desired and registered and cluster_status not in CLUSTER_GONE_STATES:
+        guard = (
+            f"no Running login node listed while the cluster is {cluster_status or 'unknown'}; "
+            f"keeping all {len(registered)} targets"
+        )
+        return TargetPlan((), (), tuple(sorted(registered)), tuple(reasons), guard, other_ports)
+
+    register, deregister, keep = [], [], []
+    for ip, instance_id in sorted(desired.items()):
+        if ip in registered:
+            keep.append(ip)
+        elif ip in leaving:
+            register.append(ip)
+            reasons.append(f"register {ip}: {instance_id} is Running and its target is draining")
+        else:
+            register.append(ip)
+            reasons.append(f"register {ip}: {instance_id} is Running and not in the target group")
+    for ip in sorted(registered):
+        if ip not in desired:
+            deregister.append(ip)
+            reasons.append(f"deregister {ip}: no Running login node has this IP")
+    for target in other_ports:
+        reasons.append(f"leave {target}: not the SSH port {ssh_port}")
+    return TargetPlan(tuple(register), tuple(deregister), tuple(keep), tuple(reasons), None, other_ports)

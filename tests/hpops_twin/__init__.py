@@ -1,0 +1,10 @@
+"""The local twin: the real state machine and handlers from template.yaml, run on a laptop.
+
+  template_model.py   reads template.yaml (the single source of truth) and resolves intrinsics
+  hyperpod_sim.py     a HyperPod simulator on top of moto's SageMaker backend (IPs, replacement,
+                      scaling, the documented event shapes)
+  lambda_dispatch.py  runs Lambda tasks in-process with the real handlers (moto needs Docker)
+  world.py            provisions the template's resources in moto and routes events like EventBridge
+  demo.py / bench.py  `make demo` and `make bench`
+  cli.py              the `hpops` command
+"""

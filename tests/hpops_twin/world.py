@@ -1,0 +1,409 @@
+"""The twin world: template.yaml's resources provisioned in moto, plus what moto lacks.
+
+    with TwinWorld() as world:
+        world.publish(world.sim.replace_node(...))   # HyperPod emits events; EventBridge routes them
+        world.settle()                                # wait for every execution to finish
+        assert world.target_ips() == world.login_truth()
+
+What is real here: the ASL file (moto's Step Functions interpreter), the Lambda handlers (run
+in-process, see lambda_dispatch.py), the AWS APIs they call (moto), the rule patterns (matched by
+moto's TestEventPattern). What the twin adds: HyperPod node IPs and lifecycle (hyperpod_sim.py)
+and EventBridge delivery to Step Functions, which moto does not do.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+import zipfile
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+from unittest import mock
+
+import boto3
+from moto import mock_aws
+
+from hpops_core.aws import clients as hpops_clients
+from hpops_twin.hyperpod_sim import HyperPodSimulator
+from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
+from hpops_twin.template_model import Resolver, TemplateModel
+
+REGION = "us-east-1"
+ACCOUNT_ID = "123456789012"
+STACK_NAME = "hpops-twin"
+
+# Resource types that have no runtime behaviour the twin needs (IAM, alarms, policies, layers).
+NOT_PROVISIONED = {
+    "AWS::Serverless::LayerVersion",  # hpops_core is importable in-process
+    "AWS::CloudWatch::Alarm",
+    "AWS::SQS::QueuePolicy",
+    "AWS::SNS::Subscription",
+    "AWS::SNS::TopicPolicy",
+}
+
+
+# moto 5.2.1 checks deregistration_delay with range(0, 3600) and so rejects 3600, which AWS accepts.
+MOTO_PARAMETER_WORKAROUNDS = {"DeregistrationDelaySeconds": "3599"}
+
+
+@dataclass
+class ExecutionResult:
+    arn: str
+    name: str
+    status: str
+    error: str | None
+    cause: str | None
+    input: dict
+    output: dict | None
+
+    @property
+    def end_state(self) -> str | None:
+        return (self.output or {}).get("_end_state")
+
+
+@dataclass
+class RouteRecord:
+    rule: str
+    event_id: str | None
+    execution_arn: str
+
+
+@dataclass
+class ApiCallCounter:
+    """Counts the AWS calls our Lambda code makes (boto3's default session), by service.operation."""
+
+    calls: Counter = field(default_factory=Counter)
+    enabled: bool = True
+
+    def __call__(self, event_name: str, **_: Any) -> None:
+        if self.enabled:
+            _, service, operation = event_name.split(".", 2)
+            if service != "lambda":  # Step Functions invoking our functions: not a call our code makes
+                self.calls[f"{service}.{operation}"] += 1
+
+    def reset(self) -> None:
+        self.calls.clear()
+
+    def by_service(self) -> Counter:
+        totals: Counter = Counter()
+        for key, count in self.calls.items():
+            totals[key.split(".", 1)[0]] += count
+        return totals
+
+
+class TwinWorld:
+    def __init__(
+        self,
+        cluster_name: str = "ml-research",
+        login_group: str = "login",
+        login_count: int = 3,
+        worker_group: str = "gpu",
+        worker_count: int = 8,
+        template: TemplateModel | None = None,
+    ):
+        self.cluster_name = cluster_name
+        self.login_group = login_group
+        self.login_count = login_count
+        self.worker_group = worker_group
+        self.worker_count = worker_count
+        self.template = template or TemplateModel()
+        self.dispatcher = LambdaDispatcher()
+        self.counter = ApiCallCounter()
+        self.routes: list[RouteRecord] = []
+        self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
+        self.state_machine_arns: dict[str, str] = {}
+        self._stack: list[Any] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> TwinWorld:
+        env = mock.patch.dict(os.environ, {
+            "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin", "AWS_SESSION_TOKEN": "twin",
+        })
+        env.start()
+        self._stack.append(env)
+        aws = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
+        aws.start()
+        self._stack.append(aws)
+        dispatch = self.dispatcher.installed()
+        dispatch.__enter__()
+        self._stack.append(dispatch)
+        # Our code's clients come from boto3's default session; count their calls from here on.
+        boto3.setup_default_session(region_name=REGION)
+        boto3.DEFAULT_SESSION.events.register("before-call", self.counter)
+        hpops_clients.reset_clients()
+        # The harness has its own session so its own calls (polling, inspection) are not counted.
+        self.aws = boto3.session.Session(region_name=REGION)
+        self.sim = HyperPodSimulator(REGION, ACCOUNT_ID, clock=lambda: datetime.now(timezone.utc))
+        self.dispatcher.base_environment = {"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_DEV": "false"}
+        self._provision()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.wait_for_all(timeout=30, raise_on_timeout=False)
+        hpops_clients.reset_clients()
+        boto3.DEFAULT_SESSION = None
+        for item in reversed(self._stack):
+            if hasattr(item, "__exit__") and not hasattr(item, "stop"):
+                item.__exit__(None, None, None)
+            else:
+                item.stop()
+        self._stack.clear()
+
+    # ------------------------------------------------------------------ provisioning from template.yaml
+    def _provision(self) -> None:
+        self.sim.create_cluster(self.cluster_name, {
+            self.login_group: ("ml.m5.4xlarge", self.login_count),
+            self.worker_group: ("ml.p5.48xlarge", self.worker_count),
+        })
+        ec2 = self.aws.client("ec2")
+        vpc_id = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
+        subnets = [
+            ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.1.{i}.0/24", AvailabilityZone=f"{REGION}{az}")["Subnet"]["SubnetId"]
+            for i, az in enumerate("ab")
+        ]
+        parameters = self.template.parameter_defaults() | {
+            "ClusterName": self.cluster_name,
+            "ClusterArn": self.sim.cluster(self.cluster_name).arn,
+            "LoginGroupName": self.login_group,
+            "VpcId": vpc_id,
+            "SubnetIds": ",".join(subnets),
+        } | MOTO_PARAMETER_WORKAROUNDS
+        self.resolver = Resolver(self.template.raw, parameters, REGION, ACCOUNT_ID, STACK_NAME)
+        order = [
+            "AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::SNS::Topic", "AWS::Logs::LogGroup",
+            "AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::ElasticLoadBalancingV2::TargetGroup",
+            "AWS::ElasticLoadBalancingV2::Listener", "AWS::Serverless::Function", "AWS::Serverless::StateMachine",
+        ]
+        unknown = {r["Type"] for r in self.template.resources.values()} - set(order) - NOT_PROVISIONED
+        if unknown:
+            raise NotImplementedError(f"the twin does not know how to provision {sorted(unknown)}")
+        for resource_type in order:
+            for logical_id, resource in self.template.of_type(resource_type).items():
+                if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
+                    continue
+                getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
+
+    def _physical_name(self, logical_id: str, limit: int = 64) -> str:
+        return f"{STACK_NAME}-{logical_id}"[:limit]
+
+    def _provision_Table(self, logical_id: str, props: dict) -> None:
+        name = self._physical_name(logical_id)
+        table = self.aws.client("dynamodb").create_table(
+            TableName=name, KeySchema=props["KeySchema"], AttributeDefinitions=props["AttributeDefinitions"],
+            BillingMode=props.get("BillingMode", "PAY_PER_REQUEST"),
+        )["TableDescription"]
+        if "TimeToLiveSpecification" in props:
+            self.aws.client("dynamodb").update_time_to_live(TableName=name, TimeToLiveSpecification=props["TimeToLiveSpecification"])
+        self._record(logical_id, name, Arn=table["TableArn"])
+
+    def _provision_Queue(self, logical_id: str, props: dict) -> None:
+        sqs = self.aws.client("sqs")
+        url = sqs.create_queue(QueueName=self._physical_name(logical_id, 80))["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        self._record(logical_id, url, Arn=arn, QueueName=url.rsplit("/", 1)[-1])
+
+    def _provision_Topic(self, logical_id: str, props: dict) -> None:
+        arn = self.aws.client("sns").create_topic(Name=self._physical_name(logical_id, 256))["TopicArn"]
+        self._record(logical_id, arn, TopicName=arn.rsplit(":", 1)[-1])
+
+    def _provision_LogGroup(self, logical_id: str, props: dict) -> None:
+        name = f"/twin/{self._physical_name(logical_id)}"
+        logs = self.aws.client("logs")
+        logs.create_log_group(logGroupName=name)
+        if "RetentionInDays" in props:
+            logs.put_retention_policy(logGroupName=name, retentionInDays=int(props["RetentionInDays"]))
+        self._record(logical_id, name, Arn=f"arn:aws:logs:{REGION}:{ACCOUNT_ID}:log-group:{name}:*")
+
+    def _provision_LoadBalancer(self, logical_id: str, props: dict) -> None:
+        lb = self.aws.client("elbv2").create_load_balancer(
+            Name=self._physical_name(logical_id, 32).rstrip("-"), Subnets=props["Subnets"],
+            Scheme=props.get("Scheme", "internal"), Type=props.get("Type", "network"),
+        )["LoadBalancers"][0]
+        self._record(logical_id, lb["LoadBalancerArn"], DNSName=lb["DNSName"])
+
+    def _provision_TargetGroup(self, logical_id: str, props: dict) -> None:
+        elbv2 = self.aws.client("elbv2")
+        keys = ("Protocol", "Port", "VpcId", "TargetType", "HealthCheckProtocol", "HealthCheckIntervalSeconds",
+                "HealthyThresholdCount", "UnhealthyThresholdCount")
+        arguments = {k: props[k] for k in keys if k in props}
+        for number in ("Port", "HealthCheckIntervalSeconds", "HealthyThresholdCount", "UnhealthyThresholdCount"):
+            if number in arguments:
+                arguments[number] = int(arguments[number])
+        tg = elbv2.create_target_group(Name=self._physical_name(logical_id, 32).rstrip("-"), **arguments)["TargetGroups"][0]
+        if props.get("TargetGroupAttributes"):
+            elbv2.modify_target_group_attributes(
+                TargetGroupArn=tg["TargetGroupArn"],
+                Attributes=[{"Key": a["Key"], "Value": str(a["Value"])} for a in props["TargetGroupAttributes"]],
+            )
+        self._record(logical_id, tg["TargetGroupArn"])
+
+    def _provision_Listener(self, logical_id: str, props: dict) -> None:
+        listener = self.aws.client("elbv2").create_listener(
+            LoadBalancerArn=props["LoadBalancerArn"], Protocol=props["Protocol"], Port=int(props["Port"]),
+            DefaultActions=props["DefaultActions"],
+        )["Listeners"][0]
+        self._record(logical_id, listener["ListenerArn"])
+
+    def _twin_role(self) -> str:
+        iam = self.aws.client("iam")
+        name = "hpops-twin-execution"
+        try:
+            return iam.get_role(RoleName=name)["Role"]["Arn"]
+        except iam.exceptions.NoSuchEntityException:
+            trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": ["lambda.amazonaws.com", "states.amazonaws.com"]}, "Action": "sts:AssumeRole"}]}
+            return iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+
+    def _provision_Function(self, logical_id: str, props: dict) -> None:
+        spec = self.template.functions()[logical_id]
+        environment = {k: str(v) for k, v in self.resolver.resolve(self.template.function_environment(logical_id)).items()}
+        name = self._physical_name(logical_id)
+        code = io.BytesIO()
+        with zipfile.ZipFile(code, "w") as archive:
+            archive.writestr("README", "code runs in-process in the twin; see lambda_dispatch.py")
+        function = self.aws.client("lambda").create_function(
+            FunctionName=name, Runtime=self.template.globals.get("Function", {}).get("Runtime", "python3.11"),
+            Role=self._twin_role(), Handler=spec.handler, Code={"ZipFile": code.getvalue()},
+            Environment={"Variables": environment},
+        )
+        self.dispatcher.bind(FunctionBinding(name=name, code_uri=spec.code_uri, handler=spec.handler, environment=environment))
+        self._record(logical_id, name, Arn=function["FunctionArn"])
+
+    def _provision_StateMachine(self, logical_id: str, props: dict) -> None:
+        spec = self.template.state_machines()[logical_id]
+        definition = spec.definition_path.read_text(encoding="utf-8")
+        for key, value in self.resolver.resolve(spec.substitutions).items():
+            definition = definition.replace("${" + key + "}", str(value))
+        arn = self.aws.client("stepfunctions").create_state_machine(
+            name=self._physical_name(logical_id, 80), definition=definition, roleArn=self._twin_role(),
+            type=props.get("Type", "STANDARD"),
+        )["stateMachineArn"]
+        self.state_machine_arns[logical_id] = arn
+        self._record(logical_id, arn, Name=arn.rsplit(":", 1)[-1])
+        events = self.aws.client("events")
+        for source in spec.events:
+            props = self.resolver.resolve(source.properties)
+            rule_name = self._physical_name(f"{logical_id}{source.name}")
+            if source.kind == "EventBridgeRule":
+                events.put_rule(Name=rule_name, EventPattern=json.dumps(props["Pattern"]))
+                self.rules[source.name] = {"kind": source.kind, "pattern": props["Pattern"], "state_machine": arn}
+            elif source.kind in ("Schedule", "ScheduleV2"):
+                schedule = props.get("Schedule") or props.get("ScheduleExpression")
+                events.put_rule(Name=rule_name, ScheduleExpression=schedule)
+                self.rules[source.name] = {"kind": source.kind, "schedule": schedule,
+                                           "input": json.loads(props.get("Input", "{}")), "state_machine": arn}
+            else:
+                raise NotImplementedError(f"event source type {source.kind}")
+
+    def _record(self, logical_id: str, ref: str, **attributes: str) -> None:
+        self.resolver.physical_ids[logical_id] = ref
+        for name, value in attributes.items():
+            self.resolver.attributes[(logical_id, name)] = value
+
+    # ------------------------------------------------------------------ EventBridge, as the twin plays it
+    def output(self, name: str) -> Any:
+        """A stack output, resolved from template.yaml's Outputs."""
+        spec = self.template.raw["Outputs"][name]
+        return self.resolver.resolve(spec["Value"])
+
+    def publish(self, events: list[dict]) -> list[str]:
+        """PutEvents: start one execution per (event, matching rule), as EventBridge would."""
+        client = self.aws.client("events")
+        started = []
+        for event in events:
+            for name, rule in self.rules.items():
+                if rule["kind"] != "EventBridgeRule":
+                    continue
+                matched = client.test_event_pattern(EventPattern=json.dumps(rule["pattern"]), Event=json.dumps(event))["Result"]
+                if matched:
+                    started.append(self._start(rule["state_machine"], event, name, event.get("id")))
+        return started
+
+    def run_schedule(self, name: str = "Sweep") -> str:
+        rule = self.rules[name]
+        return self._start(rule["state_machine"], rule["input"], name, None)
+
+    def start_repair(self, dry_run: bool = False, cluster: str | None = None) -> str:
+        arn = self.output("LoginNodeSyncStateMachineArn")
+        payload = {"cluster": cluster or self.cluster_name, "mode": "repair", "dryRun": dry_run}
+        return self._start(arn, payload, "manual", None)
+
+    def start_raw(self, payload: Any) -> str:
+        """Start an execution with any input, as someone with states:StartExecution could."""
+        return self._start(self.output("LoginNodeSyncStateMachineArn"), payload, "manual", None)
+
+    def _start(self, state_machine_arn: str, payload: Any, rule: str, event_id: str | None) -> str:
+        arn = self.aws.client("stepfunctions").start_execution(stateMachineArn=state_machine_arn, input=json.dumps(payload))["executionArn"]
+        self.routes.append(RouteRecord(rule=rule, event_id=event_id, execution_arn=arn))
+        return arn
+
+    # ------------------------------------------------------------------ observation
+    def wait(self, execution_arns: list[str], timeout: float = 60) -> list[ExecutionResult]:
+        sfn = self.aws.client("stepfunctions")
+        deadline = time.monotonic() + timeout
+        results = []
+        for arn in execution_arns:
+            while True:
+                described = sfn.describe_execution(executionArn=arn)
+                if described["status"] != "RUNNING":
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"execution {arn} still RUNNING after {timeout}s")
+                time.sleep(0.02)
+            results.append(ExecutionResult(
+                arn=arn, name=arn.rsplit(":", 1)[-1], status=described["status"],
+                error=described.get("error"), cause=described.get("cause"),
+                input=json.loads(described.get("input", "null") or "null"),
+                output=json.loads(described["output"]) if described.get("output") else None,
+            ))
+        return results
+
+    def wait_for_all(self, timeout: float = 60, raise_on_timeout: bool = True) -> list[ExecutionResult]:
+        try:
+            return self.wait([r.execution_arn for r in self.routes], timeout)
+        except TimeoutError:
+            if raise_on_timeout:
+                raise
+            return []
+
+    def history(self, execution_arn: str) -> list[dict]:
+        pages = self.aws.client("stepfunctions").get_paginator("get_execution_history").paginate(executionArn=execution_arn)
+        return [e for page in pages for e in page["events"]]
+
+    def state_transitions(self, execution_arn: str) -> int:
+        return sum(1 for e in self.history(execution_arn) if e["type"].endswith("StateEntered"))
+
+    def target_group_arn(self) -> str:
+        return self.output("TargetGroupArn")
+
+    def targets(self) -> list[dict]:
+        described = self.aws.client("elbv2").describe_target_health(TargetGroupArn=self.target_group_arn())
+        return [
+            {"ip": d["Target"]["Id"], "port": d["Target"]["Port"], "state": d["TargetHealth"]["State"]}
+            for d in described["TargetHealthDescriptions"]
+        ]
+
+    def target_ips(self) -> list[str]:
+        return sorted(t["ip"] for t in self.targets() if t["state"] != "draining")
+
+    def login_truth(self) -> list[str]:
+        """The IPs that should be registered: Running login nodes, straight from the simulator."""
+        return sorted(n.ip for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running")
+
+    def converged(self) -> bool:
+        return self.target_ips() == self.login_truth()
+
+    def deregister_by_hand(self, ip: str) -> None:
+        """Someone 'fixes' the target group in the console."""
+        self.aws.client("elbv2").deregister_targets(TargetGroupArn=self.target_group_arn(), Targets=[{"Id": ip, "Port": 22}])
+
+    def lease_item(self) -> dict | None:
+        table = self.resolver.physical_ids["SyncStateTable"]
+        item = self.aws.client("dynamodb").get_item(
+            TableName=table, Key={"pk": {"S": f"cluster#{self.cluster_name}"}, "sk": {"S": "sync-lease"}}
+        ).get("Item")
+        return item
