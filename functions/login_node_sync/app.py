@@ -32,10 +32,14 @@ MAX_PASSES = 5  # after this many back-to-back passes, release and let the sweep
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def parse_trigger(event: dict, context: LambdaContext) -> dict:
-    """Any accepted input -> {"cluster", "mode", "dryRun", "trigger", "eventId"}; else a named error."""
-    config = SyncConfig.from_env()
-    request = require_managed_cluster(parse_sync_input(event), config.cluster_name)
+    """{"input": <execution input>} -> {"cluster", "mode", "dryRun", "trigger", "eventId"}; else a named error.
+
+    The state machine wraps its input so that any JSON value (even an array) reaches the parser.
+    """
     metrics.add_metric(name="SyncRequests", unit=MetricUnit.Count, value=1)
+    config = SyncConfig.from_env()
+    raw = event["input"] if isinstance(event, dict) and set(event) == {"input"} else event
+    request = require_managed_cluster(parse_sync_input(raw), config.cluster_name)
     logger.info("sync requested", extra={"request": request.to_state()})
     return request.to_state()
 

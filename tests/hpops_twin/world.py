@@ -7,16 +7,18 @@
 
 What is real here: the ASL file (moto's Step Functions interpreter), the Lambda handlers (run
 in-process, see lambda_dispatch.py), the AWS APIs they call (moto), the rule patterns (matched by
-moto's TestEventPattern). What the twin adds: HyperPod node IPs and lifecycle (hyperpod_sim.py)
+moto's EventBridge rule matcher). What the twin adds: HyperPod node IPs and lifecycle (hyperpod_sim.py)
 and EventBridge delivery to Step Functions, which moto does not do.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
 import time
+import uuid
 import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from unittest import mock
 
 import boto3
 from moto import mock_aws
+from moto.events.models import EventPattern
+from moto.stepfunctions.models import StateMachine as MotoStateMachine
 
 from hpops_core.aws import clients as hpops_clients
 from hpops_twin.hyperpod_sim import HyperPodSimulator
@@ -48,6 +52,16 @@ NOT_PROVISIONED = {
 
 # moto 5.2.1 checks deregistration_delay with range(0, 3600) and so rejects 3600, which AWS accepts.
 MOTO_PARAMETER_WORKAROUNDS = {"DeregistrationDelaySeconds": "3599"}
+
+
+def _clone_state_machine_without_history(machine: Any, memo: dict) -> Any:
+    """moto deep-copies the state machine at every StartExecution, including its past executions,
+    whose workers hold locks that cannot be copied: the second execution of a machine then fails.
+    The copy only needs the machine's definition and settings, so leave the history out."""
+    clone = copy.copy(machine)
+    for name, value in vars(machine).items():
+        setattr(clone, name, [] if name == "executions" else copy.deepcopy(value, memo))
+    return clone
 
 
 @dataclass
@@ -126,6 +140,9 @@ class TwinWorld:
         })
         env.start()
         self._stack.append(env)
+        clone_fix = mock.patch.object(MotoStateMachine, "__deepcopy__", _clone_state_machine_without_history, create=True)
+        clone_fix.start()
+        self._stack.append(clone_fix)
         aws = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
         aws.start()
         self._stack.append(aws)
@@ -312,14 +329,13 @@ class TwinWorld:
 
     def publish(self, events: list[dict]) -> list[str]:
         """PutEvents: start one execution per (event, matching rule), as EventBridge would."""
-        client = self.aws.client("events")
         started = []
         for event in events:
             for name, rule in self.rules.items():
                 if rule["kind"] != "EventBridgeRule":
                     continue
-                matched = client.test_event_pattern(EventPattern=json.dumps(rule["pattern"]), Event=json.dumps(event))["Result"]
-                if matched:
+                # moto's TestEventPattern API is a stub; its rule matcher (used for its own targets) is real.
+                if EventPattern.load(json.dumps(rule["pattern"])).matches_event(event):
                     started.append(self._start(rule["state_machine"], event, name, event.get("id")))
         return started
 
@@ -337,7 +353,10 @@ class TwinWorld:
         return self._start(self.output("LoginNodeSyncStateMachineArn"), payload, "manual", None)
 
     def _start(self, state_machine_arn: str, payload: Any, rule: str, event_id: str | None) -> str:
-        arn = self.aws.client("stepfunctions").start_execution(stateMachineArn=state_machine_arn, input=json.dumps(payload))["executionArn"]
+        # EventBridge names executions with a fresh UUID; moto would otherwise reuse "None".
+        arn = self.aws.client("stepfunctions").start_execution(
+            stateMachineArn=state_machine_arn, name=str(uuid.uuid4()), input=json.dumps(payload)
+        )["executionArn"]
         self.routes.append(RouteRecord(rule=rule, event_id=event_id, execution_arn=arn))
         return arn
 

@@ -15,16 +15,18 @@ The bundle comes from Secrets Manager through the aws CLI (using the node's own
 role) or from a file. Key material is never printed, never put on a command
 line, and never included in an error message.
 
-Every change is a transaction: current files are backed up, new files are
-written atomically, ``sshd -t`` and a per-key signing self-test must pass and the
-reload must succeed; otherwise the previous files are restored. sshd is reloaded
-with SIGHUP semantics, so established sessions survive.
+Every change is a transaction. New keys must first pass a signing self-test
+in a private staging directory (OpenSSH before 9.8 re-reads host key files for
+every new connection, so a key is live the moment it lands in /etc/ssh). Then
+current files are backed up, new files are written atomically, ``sshd -t`` must
+pass and the reload must succeed; otherwise the previous files are restored.
+sshd is reloaded with SIGHUP semantics, so established sessions survive.
 
 Output: one JSON line on stdout (public information only). On failure also one
 line on stderr, and a non-zero exit code:
   1 unexpected local error (e.g. permissions) before anything was written
   3 bundle unavailable or rejected, or the node lacks what it needs (nothing was changed)
-  4 new files failed validation (rolled back)
+  4 sshd -t rejected the written files, or writing failed (rolled back)
   5 reload failed (rolled back)
   6 rollback failed (node needs attention; see the backup directory)
   7 another run holds the lock
@@ -38,6 +40,7 @@ import binascii
 import datetime
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -203,9 +206,9 @@ def parse_key_bundle(text):
 def check_private_key_text(text, public_blob, key_type, name):
     """Structural check of an unencrypted openssh-key-v1 file that must match public_blob.
 
-    The cryptographic check (can it sign for that public key?) is the ssh-keygen
-    self-test after writing; this one rejects truncated or mismatched bundles
-    before anything on disk changes.
+    Cheap and dependency-free: rejects truncated, encrypted or mismatched keys.
+    Whether the key can really sign for that public key is the ssh-keygen
+    self-test's job (self_test_bundle_keys).
     """
     lines = text.strip().splitlines()
     if len(lines) < 3 or lines[0].strip() != PRIVATE_BEGIN or lines[-1].strip() != PRIVATE_END:
@@ -333,14 +336,16 @@ def same_public_key(blob):
     return compare
 
 
+def private_file_content(private_text):
+    return (private_text if private_text.endswith("\n") else private_text + "\n").encode("ascii")
+
+
 def plan_key_files(entries, layout):
     planned = []
     for name, (private_text, public_line, public_blob) in entries.items():
-        private_content = private_text if private_text.endswith("\n") else private_text + "\n"
-        planned.append(PlannedFile(layout.private_key(name), private_content.encode("ascii"), 0o600))
-        planned.append(
-            PlannedFile(layout.public_key(name), (public_line + "\n").encode("ascii"), 0o644, same_public_key(public_blob))
-        )
+        planned.append(PlannedFile(layout.private_key(name), private_file_content(private_text), 0o600))
+        public_content = (public_line + "\n").encode("ascii")
+        planned.append(PlannedFile(layout.public_key(name), public_content, 0o644, same_public_key(public_blob)))
     return planned
 
 
@@ -352,11 +357,11 @@ def plan_certificate_files(ca_blob, certificates, layout, keygen_cmd):
     now = int(time.time())
     planned, certified = [], {}
     for name, (cert_line, cert_blob) in certificates.items():
-        node_blob = check_certificate_for_node(name, read_host_certificate(cert_blob, name), ca_blob, layout, keygen_cmd, now)
+        certificate = read_host_certificate(cert_blob, name)
+        node_blob = check_certificate_for_node(name, certificate, ca_blob, layout, keygen_cmd, now)
         certified[KEY_TYPES[name]] = fingerprint(node_blob)
-        planned.append(
-            PlannedFile(layout.certificate(name), (cert_line + "\n").encode("ascii"), 0o644, same_public_key(cert_blob))
-        )
+        content = (cert_line + "\n").encode("ascii")
+        planned.append(PlannedFile(layout.certificate(name), content, 0o644, same_public_key(cert_blob)))
     try:
         with open(layout.sshd_config, "rb") as handle:
             config = handle.read().decode("utf-8")
@@ -532,13 +537,26 @@ def last_line(output):
     return (lines[-1] if lines else "no output")[:300]
 
 
+def self_test_bundle_keys(keygen_cmd, entries, layout):
+    """Prove OpenSSH can load and sign with every new key before it replaces anything."""
+    os.makedirs(layout.backup_base, mode=0o700, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".selftest-", dir=layout.backup_base)  # 0700, root only
+    try:
+        for name, (private_text, _, public_blob) in entries.items():
+            path = os.path.join(staging, "ssh_host_{}_key".format(name))
+            atomic_write(path, private_file_content(private_text), 0o600)
+            self_test_private_key(keygen_cmd, path, fingerprint(public_blob), name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def self_test_private_key(keygen_cmd, private_path, expected_fingerprint, name):
-    """Sign and verify with the written key: proves OpenSSH can load it and it matches the bundle."""
+    """Sign and verify with the key file: proves OpenSSH can load it and it matches the bundle."""
     challenge = os.urandom(32)
     signed = run_command(
         [keygen_cmd, "-Y", "sign", "-f", private_path, "-n", SELFTEST_NAMESPACE],
         name + " key self-test (sign)",
-        ValidationFailed,
+        BundleRejected,
         input_bytes=challenge,
     )
     with tempfile.NamedTemporaryFile(prefix="hpops-selftest-", suffix=".sig") as signature:
@@ -547,12 +565,12 @@ def self_test_private_key(keygen_cmd, private_path, expected_fingerprint, name):
         checked = run_command(
             [keygen_cmd, "-Y", "check-novalidate", "-n", SELFTEST_NAMESPACE, "-s", signature.name],
             name + " key self-test (verify)",
-            ValidationFailed,
+            BundleRejected,
             input_bytes=challenge,
         )
     reported = checked.stdout.decode("ascii", "replace") + checked.stderr.decode("ascii", "replace")
     if expected_fingerprint not in reported:
-        raise ValidationFailed("{} key self-test: signature is not from the bundle's key".format(name))
+        raise BundleRejected("{} key self-test: signature is not from the bundle's key".format(name))
 
 
 def check_sshd_config(sshd_cmd, config_path):
@@ -622,30 +640,29 @@ class InstallLock:
 
 
 def plan(args, layout, bundle_text):
-    """Validate the bundle and return (planned files, public summary); nothing is written."""
+    """Validate the bundle; return (planned files, public summary, preflight check). Writes nothing."""
     if args.mode == "keys":
         entries = parse_key_bundle(bundle_text)
         fingerprints = {KEY_TYPES[name]: fingerprint(entry[2]) for name, entry in entries.items()}
-        return plan_key_files(entries, layout), {"fingerprints": fingerprints}
+        preflight = functools.partial(self_test_bundle_keys, args.ssh_keygen_cmd, entries, layout)
+        return plan_key_files(entries, layout), {"fingerprints": fingerprints}, preflight
     ca_blob, certificates = parse_certificate_bundle(bundle_text)
     planned, certified = plan_certificate_files(ca_blob, certificates, layout, args.ssh_keygen_cmd)
-    return planned, {"ca_fingerprint": fingerprint(ca_blob), "certified_fingerprints": certified}
+    summary = {"ca_fingerprint": fingerprint(ca_blob), "certified_fingerprints": certified}
+    return planned, summary, no_preflight
 
 
-def validate_written(args, layout, summary):
-    if args.mode == "keys":
-        for name, key_type in KEY_TYPES.items():
-            self_test_private_key(args.ssh_keygen_cmd, layout.private_key(name), summary["fingerprints"][key_type], name)
-    check_sshd_config(args.sshd_cmd, layout.sshd_config)
+def no_preflight():
+    """Certificates were already matched against this node's own keys while planning."""
 
 
-def apply_changes(args, layout, changes, summary):
+def apply_changes(args, layout, changes):
     """Backup, write, validate, reload; restore the previous files on any failure."""
     state = snapshot([planned.path for planned in changes])
     backup_dir = save_backup(state, layout)
     try:
         write_planned(changes)
-        validate_written(args, layout, summary)
+        check_sshd_config(args.sshd_cmd, layout.sshd_config)
     except InstallError as exc:
         roll_back(state, backup_dir, reload_cmd=None)
         raise ValidationFailed(str(exc)) from None
@@ -665,7 +682,8 @@ def roll_back(state, backup_dir, reload_cmd):
     try:
         restore(state)
     except OSError as exc:
-        raise RollbackFailed("rollback failed ({}); previous files are in {}".format(exc.strerror, backup_dir)) from None
+        reason = "rollback failed ({}); previous files are in {}".format(exc.strerror, backup_dir)
+        raise RollbackFailed(reason) from None
     if reload_cmd:
         try:
             reload_sshd(reload_cmd)
@@ -700,14 +718,15 @@ def main(argv=None):
     summary = {"mode": args.mode}
     try:
         with InstallLock(layout):
-            planned, public_facts = plan(args, layout, fetch_bundle(args))
+            planned, public_facts, preflight = plan(args, layout, fetch_bundle(args))
             summary.update(public_facts)
             changes = [item for item in planned if not item.is_current()]
             if not changes:
                 summary["result"] = "unchanged"
                 emit(summary)
                 return 0
-            summary["backup"] = apply_changes(args, layout, changes, summary)
+            preflight()
+            summary["backup"] = apply_changes(args, layout, changes)
             summary["result"] = "changed"
             summary["files"] = sorted(item.path for item in changes)
             emit(summary)

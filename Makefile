@@ -1,0 +1,45 @@
+# The README's two commands are `make demo` and `make test`; both bootstrap .venv on a fresh machine.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test unit twin ssh checks lint build bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hpops demo $(if $(JSON),--json $(JSON))
+
+test: $(STAMP) checks
+	$(BIN)/pytest -q
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+twin: $(STAMP)
+	$(BIN)/pytest -q tests/twin
+
+ssh: $(STAMP)
+	$(BIN)/pytest -q -m realssh
+
+# Template and state machine checks, all offline.
+checks: lint build
+
+lint: $(STAMP)
+	$(BIN)/sam validate --lint --template template.yaml
+	$(BIN)/cfn-lint template.yaml
+
+build: $(STAMP)
+	$(BIN)/sam build --template template.yaml --build-dir .aws-sam/build
+
+bench: $(STAMP)
+	$(BIN)/hpops bench $(if $(JSON),--json $(JSON))
+
+clean:
+	rm -rf .aws-sam .pytest_cache bench-results

@@ -1,0 +1,32 @@
+import json
+from pathlib import Path
+
+import pytest
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+
+
+@pytest.fixture
+def saved_event():
+    def load(name: str) -> dict:
+        return json.loads((EVENTS / name).read_text(encoding="utf-8"))
+
+    return load
+
+
+@pytest.fixture
+def world():
+    """A fresh twin: template.yaml provisioned in moto, 3 login + 8 gpu nodes, empty target group."""
+    from hpops_twin.world import TwinWorld
+
+    with TwinWorld() as twin:
+        yield twin
+
+
+@pytest.fixture
+def synced_world(world):
+    """The twin after one successful sync: the target group holds the 3 login nodes."""
+    result = world.wait([world.run_schedule()])[0]
+    assert result.status == "SUCCEEDED", result.cause
+    assert world.target_ips() == world.login_truth()
+    return world

@@ -1,0 +1,177 @@
+"""`hpops`: the operator's command line.
+
+    hpops demo [--json FILE]                 the whole story in the local twin
+    hpops twin send EVENT.json [...]         run saved events through the twin
+    hpops status  --stack-name S | --twin    target group vs login nodes, recent executions
+    hpops repair  --stack-name S | --twin [--dry-run]
+    hpops bench [--json FILE]                API calls, state transitions, times (the twin)
+
+`status` and `repair` talk to a real deployment through the stack's outputs and parameters
+(your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import boto3
+
+
+def _stack(stack_name: str, region: str | None) -> tuple[dict[str, str], dict[str, str], Any]:
+    session = boto3.session.Session(region_name=region)
+    stack = session.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    parameters = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+    return outputs, parameters, session
+
+
+def _print_targets(targets: list[dict], truth: list[str] | None) -> None:
+    print(f"{'target':<18} {'port':>5}  state")
+    for t in sorted(targets, key=lambda t: t["ip"]):
+        print(f"{t['ip']:<18} {t['port']:>5}  {t['state']}")
+    if truth is not None:
+        registered = sorted(t["ip"] for t in targets if t["state"] != "draining")
+        print(f"Running login nodes: {', '.join(truth) or '(none)'}")
+        print("in sync" if registered == truth else "OUT OF SYNC: start `hpops repair`")
+
+
+def _describe_result(result: dict) -> None:
+    print(f"execution {result['name']}: {result['status']}")
+    if result.get("error"):
+        print(f"  error: {result['error']}: {result.get('cause', '')}")
+    plan = (result.get("output") or {}).get("plan")
+    if plan:
+        print(f"  plan: {plan['summary']}")
+        for reason in plan["reasons"]:
+            print(f"    {reason}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hpops_twin.demo import run_demo
+
+    return run_demo(args.json)
+
+
+def cmd_twin_send(args: argparse.Namespace) -> int:
+    from hpops_twin.world import TwinWorld
+
+    events = []
+    for path in args.events:
+        with open(path, encoding="utf-8") as handle:
+            loaded = json.load(handle)
+        events.extend(loaded if isinstance(loaded, list) else [loaded])
+    with TwinWorld(cluster_name=args.cluster) as world:
+        print(f"twin cluster {world.cluster_name}: login nodes {', '.join(world.login_truth())}")
+        failed = 0
+        for event in events:  # one at a time, so each plan reads the previous one's result
+            started = world.publish([event]) if "detail-type" in event else [world.start_raw(event)]
+            if not started:
+                print(f"event {event.get('id', '?')} ({event.get('detail-type', 'input')}): matched no rule")
+            for result in world.wait(started):
+                failed += result.status != "SUCCEEDED"
+                _describe_result(vars(result))
+        _print_targets(world.targets(), world.login_truth())
+        return 1 if failed else 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.twin:
+        from hpops_twin.world import TwinWorld
+
+        with TwinWorld() as world:
+            world.wait([world.run_schedule()])
+            _print_targets(world.targets(), world.login_truth())
+        return 0
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    elbv2, sfn, sagemaker = session.client("elbv2"), session.client("stepfunctions"), session.client("sagemaker")
+    health = elbv2.describe_target_health(TargetGroupArn=outputs["TargetGroupArn"])["TargetHealthDescriptions"]
+    targets = [{"ip": d["Target"]["Id"], "port": d["Target"].get("Port"), "state": d["TargetHealth"]["State"]} for d in health]
+    group = parameters.get("LoginGroupName", "login")
+    pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=parameters["ClusterName"], InstanceGroupNameContains=group)
+    running = [s for p in pages for s in p["ClusterNodeSummaries"]
+               if s["InstanceGroupName"] == group and s["InstanceStatus"]["Status"] == "Running"]
+    truth = sorted(sagemaker.describe_cluster_node(ClusterName=parameters["ClusterName"], NodeId=s["InstanceId"])["NodeDetails"]["PrivatePrimaryIp"] for s in running)
+    _print_targets(targets, truth)
+    print("\nrecent executions:")
+    for execution in sfn.list_executions(stateMachineArn=outputs["LoginNodeSyncStateMachineArn"], maxResults=10)["executions"]:
+        print(f"  {execution['startDate']:%Y-%m-%d %H:%M:%S}  {execution['status']:<10} {execution['name']}")
+    return 0
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    if args.twin:
+        from hpops_twin.world import TwinWorld
+
+        with TwinWorld() as world:
+            result = world.wait([world.start_repair(dry_run=args.dry_run)])[0]
+            _describe_result(vars(result))
+            _print_targets(world.targets(), world.login_truth())
+            return 0 if result.status == "SUCCEEDED" else 1
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    sfn = session.client("stepfunctions")
+    payload = {"cluster": parameters["ClusterName"], "mode": "repair", "dryRun": args.dry_run}
+    arn = sfn.start_execution(stateMachineArn=outputs["LoginNodeSyncStateMachineArn"], input=json.dumps(payload))["executionArn"]
+    print(f"started {arn}")
+    deadline = time.monotonic() + args.timeout
+    while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
+        if time.monotonic() > deadline:
+            print("still running; follow it in the Step Functions console")
+            return 2
+        time.sleep(2)
+    _describe_result({
+        "name": described["name"], "status": described["status"], "error": described.get("error"),
+        "cause": described.get("cause"), "output": json.loads(described.get("output") or "null"),
+    })
+    return 0 if described["status"] == "SUCCEEDED" else 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from hpops_twin.bench import run_bench
+
+    return run_bench(args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hpops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="play the whole story in the local twin")
+    demo.add_argument("--json", metavar="FILE", help="write the steps and their outcome here")
+    demo.set_defaults(func=cmd_demo)
+
+    twin = commands.add_parser("twin", help="the local twin")
+    twin_commands = twin.add_subparsers(dest="twin_command", required=True)
+    send = twin_commands.add_parser("send", help="run saved events (events/*.json) through the twin")
+    send.add_argument("events", nargs="+", metavar="EVENT.json")
+    send.add_argument("--cluster", default="ml-research", help="twin cluster name (the saved events use ml-research)")
+    send.set_defaults(func=cmd_twin_send)
+
+    for name, func, text in (("status", cmd_status, "target group vs Running login nodes"),
+                             ("repair", cmd_repair, "start a manual repair execution")):
+        sub = commands.add_parser(name, help=text)
+        where = sub.add_mutually_exclusive_group(required=True)
+        where.add_argument("--stack-name", help="the deployed stack")
+        where.add_argument("--twin", action="store_true", help="use a fresh local twin")
+        sub.add_argument("--region")
+        if name == "repair":
+            sub.add_argument("--dry-run", action="store_true", help="report the plan, change nothing")
+            sub.add_argument("--timeout", type=float, default=300)
+        sub.set_defaults(func=func)
+
+    bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
+    bench.add_argument("--json", metavar="FILE")
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""`make demo`: the whole story in the twin, with a timeline and a final table.
+
+Every step runs the real state machine and handlers. A step passes when, after all executions
+have finished, the target group equals the Running login nodes (and the step's own expectation
+holds); the demo exits non-zero otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hpops_twin.world import ExecutionResult, TwinWorld
+
+
+@dataclass
+class StepOutcome:
+    number: int
+    title: str
+    executions_started: int
+    executions: int
+    synced: int
+    coalesced: int
+    failed: int
+    extra_passes: int
+    dry_runs: int
+    targets: list[str]
+    truth: list[str]
+    converged: bool
+    expectation: str
+    expectation_met: bool
+    seconds: float
+    api_calls: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    drift_expected: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return (self.converged or self.drift_expected) and self.expectation_met and self.failed == 0
+
+
+def summarize(results: list[ExecutionResult]) -> dict[str, Any]:
+    synced = coalesced = failed = extra = dry = 0
+    failures, reasons = [], []
+    for result in results:
+        if result.status != "SUCCEEDED":
+            failed += 1
+            failures.append(f"{result.name[:8]}: {result.error}")
+            continue
+        output = result.output or {}
+        lease = output.get("lease", {})
+        for reason in output.get("plan", {}).get("reasons", []):
+            if reason not in reasons:
+                reasons.append(reason)
+        if output.get("request", {}).get("dryRun"):
+            dry += 1
+        elif lease.get("acquired") is False:
+            coalesced += 1
+        else:
+            synced += 1
+            extra += max(0, int(lease.get("pass", 2)) - 2)
+    return {"synced": synced, "coalesced": coalesced, "failed": failed, "extra_passes": extra, "dry_runs": dry,
+            "failures": failures, "reasons": reasons}
+
+
+class Demo:
+    def __init__(self, world: TwinWorld, out: Callable[[str], None] = print):
+        self.world = world
+        self.out = out
+        self.steps: list[StepOutcome] = []
+        self.started = time.perf_counter()
+
+    def say(self, text: str) -> None:
+        self.out(f"[{time.perf_counter() - self.started:6.2f}s] {text}")
+
+    def step(self, title: str, action: Callable[[], list[str]], expectation: str = "target group == Running login nodes",
+             check: Callable[[], bool] = lambda: True, drift_expected: bool = False) -> StepOutcome:
+        number = len(self.steps) + 1
+        world = self.world
+        self.say(f"step {number}: {title}")
+        world.counter.reset()
+        begun = time.perf_counter()
+        before = len(world.routes)
+        invocations_before = len(world.dispatcher.invocations)
+        executions = action()
+        results = world.wait(executions, timeout=120)
+        seconds = time.perf_counter() - begun
+        summary = summarize(results)
+        # Every pass's plan, not only the last one an execution ended with.
+        for invocation in world.dispatcher.invocations[invocations_before:]:
+            if invocation.function.endswith("PlanTargetChangesFunction") and isinstance(invocation.result, dict):
+                for reason in invocation.result.get("reasons", []):
+                    if reason not in summary["reasons"]:
+                        summary["reasons"].append(reason)
+        outcome = StepOutcome(
+            number=number, title=title, executions_started=len(world.routes) - before, executions=len(results),
+            synced=summary["synced"], coalesced=summary["coalesced"], failed=summary["failed"],
+            extra_passes=summary["extra_passes"], dry_runs=summary["dry_runs"], targets=world.target_ips(), truth=world.login_truth(),
+            converged=world.converged(), expectation=expectation, expectation_met=check(), seconds=seconds,
+            api_calls=dict(world.counter.calls), failures=summary["failures"], reasons=summary["reasons"],
+            drift_expected=drift_expected,
+        )
+        self.steps.append(outcome)
+        verdict = "converged" if outcome.converged else ("drift, as expected" if drift_expected else "NOT CONVERGED")
+        if outcome.executions:
+            self.say(
+                f"        {outcome.executions} execution(s): {outcome.synced} synced, {outcome.coalesced} coalesced, "
+                f"{outcome.dry_runs} dry run, {outcome.failed} failed, {outcome.extra_passes} extra pass(es) in {seconds:.2f}s"
+            )
+        for reason in outcome.reasons:
+            self.say(f"          {'(plan only) ' if outcome.dry_runs else ''}{reason}")
+        for failure in outcome.failures:
+            self.say(f"          failed: {failure}")
+        self.say(f"        target group: {', '.join(outcome.targets) or '(none)'} -> {verdict}"
+                 + ("" if outcome.expectation_met else f"; EXPECTATION FAILED: {expectation}"))
+        return outcome
+
+    def run(self) -> list[StepOutcome]:
+        world, sim = self.world, self.world.sim
+        cluster, login = world.cluster_name, world.login_group
+        self.say(f"cluster {cluster}: {len(sim.nodes(cluster, login))} login nodes, "
+                 f"{len(sim.nodes(cluster, world.worker_group))} {world.worker_group} nodes; target group empty")
+
+        self.step("initial sync (cluster InService event)", lambda: world.publish([sim.state_change_event(cluster)]),
+                  "3 login nodes registered", lambda: len(world.target_ips()) == 3)
+
+        victim = sorted(sim.nodes(cluster, login), key=lambda n: n.ip)[0]
+        old_ip = victim.ip
+        self.step(f"login node {victim.instance_id} ({old_ip}) fails; HyperPod starts a replacement",
+                  lambda: world.publish(sim.replace_node(cluster, victim.instance_id)),
+                  f"{old_ip} deregistered at once", lambda: old_ip not in world.target_ips())
+        self.step("replacement node is provisioned (new IP)", lambda: world.publish(sim.finish_provisioning(cluster)),
+                  f"new IP registered, {old_ip} gone", lambda: len(world.target_ips()) == 3 and old_ip not in world.target_ips())
+
+        self.step("login group scaled to 4", lambda: world.publish(sim.scale_group(cluster, login, 4)))
+        self.step("4th login node provisioned", lambda: world.publish(sim.finish_provisioning(cluster)),
+                  "4 targets", lambda: len(world.target_ips()) == 4)
+
+        lost = world.target_ips()[1]
+
+        def deregister_by_hand() -> list[str]:
+            world.deregister_by_hand(lost)
+            return []
+
+        # Nothing tells the automation about this: the drift stays until the sweep.
+        self.step(f"someone deregisters {lost} by hand (no event)", deregister_by_hand,
+                  "drift is visible: target group != truth", lambda: lost not in world.target_ips(), drift_expected=True)
+
+        self.step("periodic sweep", lambda: [world.run_schedule("Sweep")], f"{lost} back", lambda: lost in world.target_ips())
+
+        def burst() -> list[str]:
+            victim = sorted(sim.nodes(cluster, login), key=lambda n: n.ip)[-1]
+            events = sim.replace_node(cluster, victim.instance_id) + sim.finish_provisioning(cluster)
+            events += [sim.state_change_event(cluster) for _ in range(4)]
+            events += [sim.node_health_event(cluster, victim.instance_id, "Unhealthy", "Replace") for _ in range(4)]
+            while len(events) < 20:
+                events.append(random.choice(events))  # EventBridge may deliver duplicates
+            return world.publish(events[:20])
+
+        self.step("burst of 20 events (a replacement, duplicates, out of order)", burst,
+                  "4 targets, every execution succeeded", lambda: len(world.target_ips()) == 4)
+        self.step("manual repair, dry run (trusts no cached IP, changes nothing)", lambda: [world.start_repair(dry_run=True)])
+        return self.steps
+
+    def table(self) -> str:
+        header = f"{'#':>2}  {'step':<62} {'exec':>4} {'sync':>4} {'coal':>4} {'fail':>4} {'tgts':>4}  {'sec':>5}  result"
+        lines = [header, "-" * len(header)]
+        for s in self.steps:
+            lines.append(
+                f"{s.number:>2}  {s.title[:62]:<62} {s.executions:>4} {s.synced:>4} {s.coalesced:>4} "
+                f"{s.failed:>4} {len(s.targets):>4}  {s.seconds:5.2f}  {('ok' if s.converged else 'ok (drift)') if s.ok else 'FAILED'}"
+            )
+        return "\n".join(lines)
+
+
+def run_demo(json_path: str | None = None, out: Callable[[str], None] = print) -> int:
+    random.seed(7)
+    with TwinWorld() as world:
+        demo = Demo(world, out)
+        steps = demo.run()
+        out("")
+        out(demo.table())
+        all_ok = all(s.ok for s in steps)
+        out("")
+        out("all steps converged" if all_ok else "SOME STEPS FAILED")
+        if json_path:
+            with open(json_path, "w", encoding="utf-8") as handle:
+                json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
+        return 0 if all_ok else 1

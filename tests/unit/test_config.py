@@ -1,0 +1,32 @@
+import pytest
+
+from hpops_core.config import SyncConfig
+from hpops_core.errors import ConfigurationError
+
+ENV = {
+    "CLUSTER_NAME": "ml-research",
+    "CLUSTER_ARN": "arn:aws:sagemaker:us-east-1:123456789012:cluster/abc",
+    "LOGIN_GROUP_NAME": "login",
+    "TARGET_GROUP_ARN": "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/tg/1",
+    "SSH_PORT": "22",
+    "STATE_TABLE_NAME": "table",
+    "LEASE_SECONDS": "960",
+}
+
+
+def test_reads_every_field():
+    config = SyncConfig.from_env(ENV)
+    assert config.ssh_port == 22 and config.lease_seconds == 960 and config.login_group == "login"
+
+
+@pytest.mark.parametrize("missing", sorted(ENV))
+def test_missing_variable_is_named(missing):
+    env = {k: v for k, v in ENV.items() if k != missing}
+    with pytest.raises(ConfigurationError, match=missing):
+        SyncConfig.from_env(env)
+
+
+@pytest.mark.parametrize("value", ["0", "70000", "ssh"])
+def test_bad_port_is_named(value):
+    with pytest.raises(ConfigurationError, match="SSH_PORT"):
+        SyncConfig.from_env(ENV | {"SSH_PORT": value})
