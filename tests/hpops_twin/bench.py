@@ -1,0 +1,96 @@
+"""`make bench`: what a reconcile costs, measured in the twin.
+
+Counts are exact (every AWS call our Lambda code makes goes through boto3's default session, and
+the twin counts them there); times are wall-clock on this machine and only indicative.
+Targets (issue #2): <= 6 SageMaker+ELB calls for a single-node replacement whatever the cluster
+size, <= 2 for an idle sweep, <= 2 DynamoDB calls per reconcile, nothing growing with workers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+from hpops_twin.world import TwinWorld
+
+SIZES = (10, 100, 1000, 5000)
+LOGIN_NODES = 4
+
+
+@dataclass
+class Row:
+    scenario: str
+    cluster_nodes: int
+    sagemaker_elb_calls: int
+    dynamodb_calls: int
+    calls: dict
+    state_transitions: int
+    seconds: float
+
+
+def _measure(world: TwinWorld, scenario: str, size: int, start) -> Row:
+    world.counter.reset()
+    began = time.perf_counter()
+    arns = start()
+    results = world.wait(arns, timeout=300)
+    while not world.converged() and time.perf_counter() - began < 60:
+        time.sleep(0.01)
+    seconds = time.perf_counter() - began
+    if any(r.status != "SUCCEEDED" for r in results) or not world.converged():
+        raise RuntimeError(f"{scenario} at {size} nodes did not converge")
+    by_service = world.counter.by_service()
+    transitions = sum(world.state_transitions(arn) for arn in arns)
+    return Row(scenario, size, by_service["sagemaker"] + by_service["elastic-load-balancing-v2"],
+               by_service["dynamodb"], dict(sorted(world.counter.calls.items())), transitions, seconds)
+
+
+def bench_size(size: int) -> list[Row]:
+    rows = []
+    with TwinWorld(login_count=LOGIN_NODES, worker_count=size - LOGIN_NODES) as world:
+        world.wait([world.run_schedule()])  # initial sync fills the target group and the IP cache
+        cluster, sim = world.cluster_name, world.sim
+
+        rows.append(_measure(world, "idle sweep", size, lambda: [world.run_schedule()]))
+
+        victim = sorted(sim.nodes(cluster, world.login_group), key=lambda n: n.ip)[0]
+        sim.replace_node(cluster, victim.instance_id)
+        provisioned = sim.finish_provisioning(cluster)  # the "successfully provisioned" cluster event
+        rows.append(_measure(world, "replacement: one event -> converged", size,
+                             lambda: world.publish([provisioned[0]])))
+
+        victim = sorted(sim.nodes(cluster, world.login_group), key=lambda n: n.ip)[0]
+        burst = sim.replace_node(cluster, victim.instance_id) + sim.finish_provisioning(cluster)
+        burst += [sim.state_change_event(cluster) for _ in range(20 - len(burst))]
+        rows.append(_measure(world, "replacement: 20-event burst", size, lambda: world.publish(burst)))
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    header = f"{'scenario':<38} {'nodes':>6} {'SM+ELB':>7} {'DDB':>4} {'transitions':>11} {'seconds':>8}  calls"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        calls = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in r.calls.items())
+        lines.append(f"{r.scenario:<38} {r.cluster_nodes:>6} {r.sagemaker_elb_calls:>7} {r.dynamodb_calls:>4} "
+                     f"{r.state_transitions:>11} {r.seconds:8.2f}  {calls}")
+    return "\n".join(lines)
+
+
+def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> int:
+    rows = [row for size in sizes for row in bench_size(size)]
+    print(render(rows))
+    single = [r for r in rows if r.scenario.startswith("replacement: one")]
+    idle = [r for r in rows if r.scenario == "idle sweep"]
+    verdicts = {
+        "replacement <= 6 SageMaker+ELB calls at every size": all(r.sagemaker_elb_calls <= 6 for r in single),
+        "idle sweep <= 2 SageMaker+ELB calls": all(r.sagemaker_elb_calls <= 2 for r in idle),
+        "<= 2 DynamoDB calls per single reconcile": all(r.dynamodb_calls <= 2 for r in single + idle),
+        "calls do not grow with cluster size": len({r.sagemaker_elb_calls for r in single}) == 1,
+    }
+    print()
+    for text, ok in verdicts.items():
+        print(f"{'ok  ' if ok else 'MISS'} {text}")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"rows": [asdict(r) for r in rows], "targets": verdicts}, handle, indent=2)
+    return 0 if all(verdicts.values()) else 1
