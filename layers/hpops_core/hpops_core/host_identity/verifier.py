@@ -6,10 +6,11 @@ SSH key exchanges only and never authenticates: one handshake per host key
 algorithm, each restricted to that algorithm, so a node cannot hide a wrong
 key of one type behind a correct key of another.
 
-Certificate mode: paramiko (>= 3.2, checked with 5.1) negotiates the
-``*-cert-v01@openssh.com`` host key algorithms and verifies the key-exchange
-signature with the certified key; it does not check the CA signature, so that
-and the certificate fields are checked here with ``cryptography``.
+Certificate mode: paramiko's client negotiates the ``*-cert-v01@openssh.com``
+host key algorithms (listed in ``Transport._key_info`` in 3.5 and 5.1) and
+verifies the key-exchange signature with the certified key. It does not check
+the CA signature; that and the certificate fields are checked here with
+``cryptography``. No ssh-keyscan fallback is needed.
 """
 
 from __future__ import annotations
