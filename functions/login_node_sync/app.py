@@ -41,7 +41,8 @@ def parse_trigger(event: dict, context: LambdaContext) -> dict:
     raw = event["input"] if isinstance(event, dict) and set(event) == {"input"} else event
     request = require_managed_cluster(parse_sync_input(raw), config.cluster_name)
     logger.info("sync requested", extra={"request": request.to_state()})
-    return request.to_state()
+    # The state machine branches on this: "keys" gates new nodes on their host identity.
+    return request.to_state() | {"hostIdentityMode": config.host_identity_mode}
 
 
 @logger.inject_lambda_context
@@ -57,7 +58,8 @@ def sync_lease_handler(event: dict, context: LambdaContext) -> dict:
         grant = sync_lease.acquire(config.state_table, config.cluster_name, holder, int(time.time()), config.lease_seconds)
         metrics.add_metric(name="ReconcilesCoalesced", unit=MetricUnit.Count, value=0 if grant.acquired else 1)
         logger.info(grant.reason)
-        return {"acquired": grant.acquired, "reason": grant.reason, "ipCache": grant.ip_cache, "pass": 1}
+        return {"acquired": grant.acquired, "reason": grant.reason, "ipCache": grant.ip_cache, "pass": 1,
+                "expectedIdentity": grant.host_identity}
     if action == "release":
         passes = int(event.get("pass", 1))
         outcome = sync_lease.release(
@@ -66,7 +68,8 @@ def sync_lease_handler(event: dict, context: LambdaContext) -> dict:
         metrics.add_metric(name="ExtraPasses", unit=MetricUnit.Count, value=1 if outcome.rerun else 0)
         logger.info(outcome.reason, extra={"pass": passes})
         # Echo the cache: a rerun pass reads it from the same place as the first pass.
-        return {"rerun": outcome.rerun, "reason": outcome.reason, "pass": passes + 1, "ipCache": event.get("ipCache") or {}}
+        return {"rerun": outcome.rerun, "reason": outcome.reason, "pass": passes + 1, "ipCache": event.get("ipCache") or {},
+                "expectedIdentity": event.get("expectedIdentity")}
     if action == "abandon":
         outcome = sync_lease.abandon(config.state_table, config.cluster_name, holder)
         metrics.add_metric(name="LeasesAbandoned", unit=MetricUnit.Count, value=1)
@@ -105,13 +108,17 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
     nodes = [LoginNode(instance_id=n["instanceId"], status=n["status"], ip=n.get("ip")) for n in event.get("nodes", [])]
     targets = target_group.describe_targets(config.target_group_arn)
     plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"))
+    # Nodes whose host identity must be checked before they take traffic: every new one, and in
+    # a repair every registered one too.
+    instance_of = {n.ip: n.instance_id for n in nodes if n.ip}
+    to_verify = list(plan.register) + (list(plan.keep) if event.get("mode") == "repair" else [])
     logger.info(plan.summary, extra={"reasons": list(plan.reasons)})
     metrics.add_metric(name="TargetDrift", unit=MetricUnit.Count, value=len(plan.register) + len(plan.deregister))
     if plan.guard and not event.get("dryRun"):
         # The alarm on this metric pages the operator; the failed execution says why.
         metrics.add_metric(name="SafetyGuardTripped", unit=MetricUnit.Count, value=1)
         raise EmptyListingGuardError(plan.guard)
-    return plan.to_state()
+    return plan.to_state() | {"verify": [{"ip": ip, "instanceId": instance_of[ip]} for ip in to_verify]}
 
 
 @logger.inject_lambda_context

@@ -5,6 +5,8 @@
                       scaling, the documented event shapes)
   lambda_dispatch.py  runs Lambda tasks in-process with the real handlers (moto needs Docker)
   world.py            provisions the template's resources in moto and routes events like EventBridge
+  ssm_sessions.py     Session Manager (StartSession/DescribeSessions/TerminateSession, which moto
+                      lacks) and users who open sessions; session_demo.py / session_bench.py use it
   demo.py / bench.py  `make demo` and `make bench`
   cli.py              the `hpops` command
 """

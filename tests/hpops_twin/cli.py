@@ -5,6 +5,7 @@
     hpops status  --stack-name S | --twin    target group vs login nodes, recent executions
     hpops repair  --stack-name S | --twin [--dry-run]
     hpops bench [--json FILE]                API calls, state transitions, times (the twin)
+    hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -129,6 +130,43 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0 if described["status"] == "SUCCEEDED" else 1
 
 
+def cmd_host_keys(args: argparse.Namespace) -> int:
+    """Generate, adopt or rotate the canonical host keys (an explicit operator action)."""
+    from pathlib import Path
+
+    from hpops_core.host_identity.keys import adopt_bundle, generate_bundle
+    from hpops_core.host_identity.operator import install_canonical_bundle
+
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    if args.action == "show":
+        from hpops_core.host_identity.identity_record import read_expected
+
+        expected = read_expected(session.client("dynamodb"), outputs["SyncStateTableName"], parameters["ClusterName"]) or {}
+        for key_type, value in expected.get("fingerprints", {}).items():
+            print(f"{key_type:<22} {value}")
+        return 0
+    if args.action == "adopt":
+        if not args.from_dir:
+            print("adopt needs --from-dir: a copy of a login node's /etc/ssh/ssh_host_*_key files")
+            return 2
+        files = {p.name: p.read_bytes() for p in Path(args.from_dir).glob("ssh_host_*_key")}
+        bundle = adopt_bundle(files)
+    else:  # generate, rotate
+        bundle = generate_bundle()
+    fingerprints = install_canonical_bundle(
+        session.client("secretsmanager"), session.client("dynamodb"), outputs["HostIdentitySecretArn"],
+        outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
+    )
+    print("canonical host keys installed; users should trust:")
+    for line in bundle.known_hosts_lines("<load-balancer-dns-name>"):
+        print("  " + line)
+    for key_type, value in fingerprints.items():
+        print(f"{key_type:<22} {value}")
+    if args.action == "rotate":
+        print("now run: hpops repair --stack-name", args.stack_name, "(pushes and re-verifies every login node)")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from hpops_twin.bench import run_bench
 
@@ -161,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--dry-run", action="store_true", help="report the plan, change nothing")
             sub.add_argument("--timeout", type=float, default=300)
         sub.set_defaults(func=func)
+
+    keys = commands.add_parser("host-keys", help="canonical SSH host keys: generate | adopt | rotate | show")
+    keys.add_argument("action", choices=("generate", "adopt", "rotate", "show"))
+    keys.add_argument("--stack-name", required=True)
+    keys.add_argument("--region")
+    keys.add_argument("--from-dir", help="adopt: folder holding a login node's ssh_host_*_key files")
+    keys.set_defaults(func=cmd_host_keys)
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")

@@ -38,6 +38,7 @@ class StepOutcome:
     failures: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     drift_expected: bool = False
+    notifications: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -52,6 +53,8 @@ def summarize(results: list[ExecutionResult]) -> dict[str, Any]:
             failed += 1
             failures.append(f"{result.name[:8]}: {result.error}")
             continue
+        if not result.arn.rsplit(":", 2)[-2].endswith("LoginNodeSyncStateMachine"):
+            continue  # another state machine on the same event (e.g. BudgetGuard): not a sync
         output = result.output or {}
         lease = output.get("lease", {})
         for reason in output.get("plan", {}).get("reasons", []):
@@ -93,17 +96,29 @@ class Demo:
         summary = summarize(results)
         # Every pass's plan, not only the last one an execution ended with.
         for invocation in world.dispatcher.invocations[invocations_before:]:
-            if invocation.function.endswith("PlanTargetChangesFunction") and isinstance(invocation.result, dict):
-                for reason in invocation.result.get("reasons", []):
-                    if reason not in summary["reasons"]:
-                        summary["reasons"].append(reason)
+            result = invocation.result if isinstance(invocation.result, dict) else {}
+            lines = []
+            if invocation.function.endswith("PlanTargetChangesFunction"):
+                lines = [r for r in result.get("reasons", []) if not r.startswith("register ")] if world.resolver.parameters["HostIdentityMode"] == "keys" else result.get("reasons", [])
+            elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
+                lines = [f"verify {result['ip']}: {result['reason'][:90]}"]
+            elif invocation.function.endswith("PushHostIdentityFunction") and result:
+                lines = [f"push canonical keys to {invocation.event['instanceId']}: " + ("Run Command sent" if result["sent"] else result["reason"])]
+            elif invocation.function.endswith("CheckHostIdentityPushFunction") and result.get("finished"):
+                lines = [f"key push on {invocation.event['instanceId']}: {result['status']} ({result['result']})"]
+            elif invocation.function.endswith("GateTargetChangesFunction"):
+                lines = result.get("reasons", [])
+            for line in lines:
+                if line not in summary["reasons"]:
+                    summary["reasons"].append(line)
+        notifications = world.notifications()
         outcome = StepOutcome(
             number=number, title=title, executions_started=len(world.routes) - before, executions=len(results),
             synced=summary["synced"], coalesced=summary["coalesced"], failed=summary["failed"],
             extra_passes=summary["extra_passes"], dry_runs=summary["dry_runs"], targets=world.target_ips(), truth=world.login_truth(),
             converged=world.converged(), expectation=expectation, expectation_met=check(), seconds=seconds,
             api_calls=dict(world.counter.calls), failures=summary["failures"], reasons=summary["reasons"],
-            drift_expected=drift_expected,
+            drift_expected=drift_expected, notifications=[n["subject"] for n in notifications],
         )
         self.steps.append(outcome)
         verdict = "converged" if outcome.converged else ("drift, as expected" if drift_expected else "NOT CONVERGED")
@@ -116,6 +131,8 @@ class Demo:
             self.say(f"          {'(plan only) ' if outcome.dry_runs else ''}{reason}")
         for failure in outcome.failures:
             self.say(f"          failed: {failure}")
+        for notification in notifications:
+            self.say(f"        notification: {notification['subject']}")
         self.say(f"        target group: {', '.join(outcome.targets) or '(none)'} -> {verdict}"
                  + ("" if outcome.expectation_met else f"; EXPECTATION FAILED: {expectation}"))
         return outcome
@@ -165,7 +182,34 @@ class Demo:
         self.step("burst of 20 events (a replacement, duplicates, out of order)", burst,
                   "4 targets, every execution succeeded", lambda: len(world.target_ips()) == 4)
         self.step("manual repair, dry run (trusts no cached IP, changes nothing)", lambda: [world.start_repair(dry_run=True)])
+        if world.resolver.parameters["HostIdentityMode"] == "keys":
+            self.host_identity_steps()
+        from hpops_twin.session_demo import session_limit_steps  # issue 4
+
+        session_limit_steps(self)
+        from hpops_twin.budget_demo import budget_steps  # issue 5
+
+        budget_steps(self)
         return self.steps
+
+    def host_identity_steps(self) -> None:
+        world, sim = self.world, self.world.sim
+        cluster, login = world.cluster_name, world.login_group
+        keyed = all(world.presented_fingerprints(n.instance_id) == world.canonical_fingerprints()
+                    for n in sim.nodes(cluster, login) if n.ip in world.target_ips())
+        self.say(f"host identity: every registered login node presents the canonical keys: {keyed}")
+        world.wait(world.publish(sim.scale_group(cluster, login, 5)))
+        broken = next(n for n in sim.nodes(cluster, login) if n.status == "Pending")
+        world.hosts.unreachable.add(broken.instance_id)
+        self.step(f"5th login node {broken.instance_id}: Run Command cannot reach it",
+                  lambda: world.publish(sim.finish_provisioning(cluster)),
+                  "kept out of the target group, with a notification",
+                  lambda: broken.ip not in world.target_ips() and len(world.target_ips()) == 4
+                  and any("kept out" in (n["subject"] or "") for n in world.notification_log))
+        world.hosts.unreachable.discard(broken.instance_id)
+        self.step("Run Command reaches it again; the periodic sweep keys, verifies and registers it",
+                  lambda: [world.run_schedule("Sweep")], "5 targets, all with the canonical keys",
+                  lambda: broken.ip in world.target_ips() and len(world.target_ips()) == 5)
 
     def table(self) -> str:
         header = f"{'#':>2}  {'step':<62} {'exec':>4} {'sync':>4} {'coal':>4} {'fail':>4} {'tgts':>4}  {'sec':>5}  result"

@@ -9,6 +9,7 @@ Pending with a new IP, then Running), and emits the three documented event shape
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import itertools
 import secrets
@@ -112,6 +113,10 @@ class HyperPodSimulator:
             Tags=[{"Key": "ClusterName", "Value": name}],
         )
         cluster = self.cluster(name)
+        # moto puts the cluster *name* in the ARN; HyperPod uses a 12-character id (botocore's
+        # ClusterArn pattern ends in cluster/[a-z0-9]{12}), and Session Manager targets are built
+        # from that id, so the twin gives the cluster a stable id of the real shape.
+        cluster.arn = f"{cluster.arn.rsplit('/', 1)[0]}/{hashlib.sha256(name.encode()).hexdigest()[:12]}"
         cluster.nodes.clear()  # moto's nodes are named "group-0"; real ones are EC2 instances
         for group, (_, count) in groups.items():
             for _ in range(count):

@@ -101,8 +101,23 @@ class LambdaDispatcher:
 
     @contextmanager
     def _environment(self, variables: dict[str, str]) -> Iterator[None]:
-        with mock.patch.dict(os.environ, self.base_environment | variables):
+        # Not mock.patch.dict: its exit clears os.environ and refills it, and meanwhile other threads
+        # (moto's executions, the harness) create boto3 clients, which read the region and iterate
+        # os.environ (proxy lookup): they saw a half-empty environment or a KeyError. Only the
+        # variables that differ are set, and only those are put back (an added one is removed).
+        wanted = self.base_environment | variables
+        saved = {name: os.environ.get(name) for name in wanted if os.environ.get(name) != wanted[name]}
+        os.environ.update({name: wanted[name] for name in saved})
+        try:
             yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    current_function: str | None = None  # the function whose handler is running, for call attribution
 
     def invoke(self, function_name: str, event: Any) -> Invocation:
         binding = self.bindings[function_name]
@@ -112,6 +127,7 @@ class LambdaDispatcher:
             handler = self.handler_for(binding)
             buffer = io.StringIO()
             stdout.local.buffer = buffer
+            self.current_function = binding.name  # the lock makes this unambiguous
             started = time.perf_counter()
             try:
                 record.result = handler(event, _LambdaContext(binding.name))
@@ -122,6 +138,7 @@ class LambdaDispatcher:
             finally:
                 record.seconds = time.perf_counter() - started
                 stdout.local.buffer = None
+                self.current_function = None
             record.logs = buffer.getvalue()
         self.invocations.append(record)
         return record
@@ -139,7 +156,12 @@ class LambdaDispatcher:
                 return json.dumps(body), True, record.logs
             return json.dumps(record.result), False, record.logs
 
-        with mock.patch.object(LambdaFunction, "_invoke_lambda", invoke_in_process):
+        # botocore looks up HTTP proxies by iterating os.environ whenever a client is made (moto makes
+        # one per Lambda task, from its own threads) while invocations here change os.environ: the
+        # iteration could meet a variable removed mid-way (KeyError -> States.Runtime). moto answers
+        # every call in-process, so there is no proxy to find.
+        with mock.patch.object(LambdaFunction, "_invoke_lambda", invoke_in_process), \
+                mock.patch("botocore.endpoint.get_environ_proxies", lambda url: {}):
             yield self
 
 

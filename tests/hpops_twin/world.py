@@ -27,12 +27,18 @@ from typing import Any
 from unittest import mock
 
 import boto3
+import yaml
 from moto import mock_aws
 from moto.events.models import EventPattern
 from moto.stepfunctions.models import StateMachine as MotoStateMachine
 
 from hpops_core.aws import clients as hpops_clients
+from hpops_core.host_identity.keys import HostKeyBundle, fingerprint
+from hpops_core.host_identity.operator import install_canonical_bundle
+from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
+from hpops_twin.node_hosts import NodeHosts, canonical_bundle, ssh_keygen
+from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
 from hpops_twin.template_model import Resolver, TemplateModel
 
@@ -47,6 +53,8 @@ NOT_PROVISIONED = {
     "AWS::SQS::QueuePolicy",
     "AWS::SNS::Subscription",
     "AWS::SNS::TopicPolicy",
+    "AWS::IAM::Policy",  # the nodes' role is simulated; the twin hands the node script the secret
+    "AWS::KMS::Alias",
 }
 
 
@@ -91,16 +99,29 @@ class ApiCallCounter:
     """Counts the AWS calls our Lambda code makes (boto3's default session), by service.operation."""
 
     calls: Counter = field(default_factory=Counter)
+    by_function: dict[str, Counter] = field(default_factory=dict)  # logical-ish function name -> calls
     enabled: bool = True
+    current_function: Any = lambda: None
 
     def __call__(self, event_name: str, **_: Any) -> None:
         if self.enabled:
             _, service, operation = event_name.split(".", 2)
             if service != "lambda":  # Step Functions invoking our functions: not a call our code makes
                 self.calls[f"{service}.{operation}"] += 1
+                function = self.current_function() or "(outside a handler)"
+                self.by_function.setdefault(function, Counter())[f"{service}.{operation}"] += 1
 
     def reset(self) -> None:
         self.calls.clear()
+        self.by_function.clear()
+
+    def calls_of(self, function_names: set[str]) -> Counter:
+        """Calls made by the named functions only (physical names end with the logical id)."""
+        total: Counter = Counter()
+        for function, calls in self.by_function.items():
+            if any(function.endswith(name) for name in function_names):
+                total.update(calls)
+        return total
 
     def by_service(self) -> Counter:
         totals: Counter = Counter()
@@ -118,7 +139,9 @@ class TwinWorld:
         worker_group: str = "gpu",
         worker_count: int = 8,
         template: TemplateModel | None = None,
+        parameters: dict[str, str] | None = None,  # stack parameter overrides, as `sam deploy --parameter-overrides`
     ):
+        self.parameter_overrides = dict(parameters or {})
         self.cluster_name = cluster_name
         self.login_group = login_group
         self.login_count = login_count
@@ -126,7 +149,7 @@ class TwinWorld:
         self.worker_count = worker_count
         self.template = template or TemplateModel()
         self.dispatcher = LambdaDispatcher()
-        self.counter = ApiCallCounter()
+        self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
         self.state_machine_arns: dict[str, str] = {}
@@ -157,7 +180,28 @@ class TwinWorld:
         self.aws = boto3.session.Session(region_name=REGION)
         self.sim = HyperPodSimulator(REGION, ACCOUNT_ID, clock=lambda: datetime.now(timezone.utc))
         self.dispatcher.base_environment = {"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_DEV": "false"}
+        self.hosts = NodeHosts(
+            node_by_instance=self._node_by_instance, node_by_ip=self._node_by_ip,
+            document_name=lambda: self.resolver.physical_ids["HostIdentityDocument"],
+            document_content=lambda: self.resolver.resolve(self.template.resources["HostIdentityDocument"]["Properties"])["Content"],
+            secret_value=lambda arn: self.aws.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"],
+        )
+        hosts = self.hosts.installed()
+        hosts.__enter__()
+        self._stack.append(hosts)
+        self.sessions = SessionManagerTwin(self)  # Session Manager APIs and users (issue 4, ssm_sessions.py)
+        sessions = self.sessions.installed()
+        sessions.__enter__()
+        self._stack.append(sessions)
         self._provision()
+        self.budget = BudgetTwin.install(self)  # budget guard (issue 5): UpdateBudget, CE cost, alert inboxes
+        self.notification_log: list[dict] = []
+        sqs = self.aws.client("sqs")
+        self._alert_queue = sqs.create_queue(QueueName="twin-alert-observer")["QueueUrl"]
+        queue_arn = sqs.get_queue_attributes(QueueUrl=self._alert_queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        self.aws.client("sns").subscribe(TopicArn=self.output("AlertTopicArn"), Protocol="sqs", Endpoint=queue_arn)
+        if self.resolver.parameters["HostIdentityMode"] == "keys":
+            self.install_canonical_host_keys(canonical_bundle())
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -189,10 +233,17 @@ class TwinWorld:
             "LoginGroupName": self.login_group,
             "VpcId": vpc_id,
             "SubnetIds": ",".join(subnets),
-        } | MOTO_PARAMETER_WORKAROUNDS
+            "ClusterExecutionRoleName": "hyperpod-exec",
+            # The twin polls a push without waiting: its Run Command finishes before it returns.
+            "PushPollSeconds": "0",
+        } | MOTO_PARAMETER_WORKAROUNDS | self.parameter_overrides
+        if ssh_keygen() is None:
+            print("twin: ssh-keygen (OpenSSH client) not found: host identity checks are off in this twin")
+            parameters["HostIdentityMode"] = "off"
         self.resolver = Resolver(self.template.raw, parameters, REGION, ACCOUNT_ID, STACK_NAME)
         order = [
             "AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::SNS::Topic", "AWS::Logs::LogGroup",
+            "AWS::KMS::Key", "AWS::SecretsManager::Secret", "AWS::SSM::Document",
             "AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::ElasticLoadBalancingV2::TargetGroup",
             "AWS::ElasticLoadBalancingV2::Listener", "AWS::Serverless::Function", "AWS::Serverless::StateMachine",
         ]
@@ -217,6 +268,24 @@ class TwinWorld:
         if "TimeToLiveSpecification" in props:
             self.aws.client("dynamodb").update_time_to_live(TableName=name, TimeToLiveSpecification=props["TimeToLiveSpecification"])
         self._record(logical_id, name, Arn=table["TableArn"])
+
+    def _provision_Key(self, logical_id: str, props: dict) -> None:
+        key = self.aws.client("kms").create_key(Description=props.get("Description", ""))["KeyMetadata"]
+        self._record(logical_id, key["KeyId"], Arn=key["Arn"])
+
+    def _provision_Secret(self, logical_id: str, props: dict) -> None:
+        secret = self.aws.client("secretsmanager").create_secret(
+            Name=self._physical_name(logical_id), SecretString=props["SecretString"], KmsKeyId=props.get("KmsKeyId", ""),
+        )
+        self._record(logical_id, secret["ARN"])
+
+    def _provision_Document(self, logical_id: str, props: dict) -> None:
+        name = self._physical_name(logical_id)
+        self.aws.client("ssm").create_document(
+            Name=name, Content=yaml.safe_dump(props["Content"], sort_keys=False), DocumentType=props["DocumentType"],
+            DocumentFormat=props.get("DocumentFormat", "JSON"),
+        )
+        self._record(logical_id, name)
 
     def _provision_Queue(self, logical_id: str, props: dict) -> None:
         sqs = self.aws.client("sqs")
@@ -410,8 +479,25 @@ class TwinWorld:
         return sorted(t["ip"] for t in self.targets() if t["state"] != "draining")
 
     def login_truth(self) -> list[str]:
-        """The IPs that should be registered: Running login nodes, straight from the simulator."""
-        return sorted(n.ip for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running")
+        """The IPs that should be registered: Running login nodes (straight from the simulator)
+        that, when host identity checks are on, present the canonical host keys."""
+        running = [n for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running"]
+        if self.resolver.parameters["HostIdentityMode"] == "keys":
+            canonical = self.canonical_fingerprints()
+            running = [n for n in running if self.presented_fingerprints(n.instance_id) == canonical]
+        return sorted(n.ip for n in running)
+
+    def notifications(self) -> list[dict]:
+        """Messages published to the stack's AlertTopic (read from a queue subscribed at start)."""
+        sqs = self.aws.client("sqs")
+        messages = []
+        while batch := sqs.receive_message(QueueUrl=self._alert_queue, MaxNumberOfMessages=10).get("Messages", []):
+            for message in batch:
+                body = json.loads(message["Body"])
+                messages.append({"subject": body.get("Subject"), "message": body.get("Message")})
+                sqs.delete_message(QueueUrl=self._alert_queue, ReceiptHandle=message["ReceiptHandle"])
+        self.notification_log.extend(messages)
+        return messages
 
     def converged(self) -> bool:
         return self.target_ips() == self.login_truth()
@@ -419,6 +505,29 @@ class TwinWorld:
     def deregister_by_hand(self, ip: str) -> None:
         """Someone 'fixes' the target group in the console."""
         self.aws.client("elbv2").deregister_targets(TargetGroupArn=self.target_group_arn(), Targets=[{"Id": ip, "Port": 22}])
+
+    # ------------------------------------------------------------------ host identity
+    def _node_by_instance(self, instance_id: str):
+        return self.sim.cluster(self.cluster_name).nodes.get(instance_id)
+
+    def _node_by_ip(self, ip: str):
+        return next((n for n in self.sim.nodes(self.cluster_name) if n.ip == ip), None)
+
+    def install_canonical_host_keys(self, bundle) -> dict[str, str]:
+        """What the operator's `hpops host-keys generate|adopt|rotate` does."""
+        return install_canonical_bundle(
+            self.aws.client("secretsmanager"), self.aws.client("dynamodb"), self.output("HostIdentitySecretArn"),
+            self.resolver.physical_ids["SyncStateTable"], self.cluster_name, bundle,
+        )
+
+    def canonical_fingerprints(self) -> dict[str, str]:
+        secret = self.aws.client("secretsmanager").get_secret_value(SecretId=self.output("HostIdentitySecretArn"))
+        return HostKeyBundle.from_secret_json(secret["SecretString"]).public_fingerprints()
+
+    def presented_fingerprints(self, instance_id: str) -> dict[str, str]:
+        """What the node's sshd presents (read from its key files)."""
+        node = self._node_by_instance(instance_id)
+        return {t: fingerprint(line) for t, line in self.hosts.presented_public_keys(node.ip, 22).items()}
 
     def lease_item(self) -> dict | None:
         table = self.resolver.physical_ids["SyncStateTable"]

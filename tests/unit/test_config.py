@@ -11,6 +11,7 @@ ENV = {
     "SSH_PORT": "22",
     "STATE_TABLE_NAME": "table",
     "LEASE_SECONDS": "960",
+    "HOST_IDENTITY_MODE": "keys",
 }
 
 
@@ -30,3 +31,8 @@ def test_missing_variable_is_named(missing):
 def test_bad_port_is_named(value):
     with pytest.raises(ConfigurationError, match="SSH_PORT"):
         SyncConfig.from_env(ENV | {"SSH_PORT": value})
+
+
+def test_host_identity_mode_is_one_of_the_known_modes():
+    with pytest.raises(ConfigurationError, match="HOST_IDENTITY_MODE"):
+        SyncConfig.from_env(ENV | {"HOST_IDENTITY_MODE": "maybe"})

@@ -27,6 +27,13 @@ def _require_int(env: Mapping[str, str], name: str, low: int, high: int) -> int:
     return value
 
 
+def _require_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = _require(env, name)
+    if value not in choices:
+        raise ConfigurationError(f"environment variable {name} must be one of {', '.join(choices)}")
+    return value
+
+
 @dataclass(frozen=True)
 class SyncConfig:
     """Everything the LoginNodeSync functions need; template.yaml sets it in Globals."""
@@ -38,6 +45,7 @@ class SyncConfig:
     ssh_port: int
     state_table: str
     lease_seconds: int
+    host_identity_mode: str  # "keys": new login nodes take traffic only once their host keys verify
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
@@ -50,4 +58,5 @@ class SyncConfig:
             ssh_port=_require_int(env, "SSH_PORT", 1, 65535),
             state_table=_require(env, "STATE_TABLE_NAME"),
             lease_seconds=_require_int(env, "LEASE_SECONDS", 60, 86400),
+            host_identity_mode=_require_choice(env, "HOST_IDENTITY_MODE", ("keys", "off")),
         )

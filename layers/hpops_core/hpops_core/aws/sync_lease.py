@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from botocore.exceptions import ClientError
 
 from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.host_identity.identity_record import from_lease_item
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,7 @@ class LeaseGrant:
     acquired: bool
     reason: str
     ip_cache: dict[str, str] = field(default_factory=dict)
+    host_identity: dict | None = None  # the published canonical fingerprints (public), if any
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def acquire(table: str, cluster: str, holder: str, now: int, lease_seconds: int)
                     },
                     ReturnValues="ALL_NEW",
                 )["Attributes"]
-            return LeaseGrant(True, "lease acquired", _cache_from_item(item))
+            return LeaseGrant(True, "lease acquired", _cache_from_item(item), from_lease_item(item))
         except ClientError as error:
             if not _conditional_failed(error):
                 raise

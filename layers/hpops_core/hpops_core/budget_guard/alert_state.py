@@ -5,8 +5,9 @@ event) and Lambda retries; a read-then-write check would let two invocations
 both alert. A conditional PutItem (``attribute_not_exists``) is atomic on the
 server, so exactly one caller wins per (cluster, alert key).
 
-Table: partition key ``pk`` (S), sort key ``sk`` (S), TTL on ``expires_at``.
-Item: ``pk = budget#<cluster>``, ``sk = <alert key>`` e.g. ``2026-11:projected:100``.
+Table: the stack's ``SyncStateTable`` (template.yaml): partition key ``pk`` (S), sort key
+``sk`` (S), TTL on ``ttl`` (epoch seconds). Item: ``pk = budget#<cluster>``,
+``sk = <alert key>`` e.g. ``2026-11:projected:100``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ __all__ = [
     "partition_key",
 ]
 
-TTL_ATTRIBUTE = "expires_at"
+# The table's TimeToLiveSpecification.AttributeName (template.yaml, SyncStateTable).
+TTL_ATTRIBUTE = "ttl"
 # Longer than any month, so a key written on the 1st still guards the 31st;
 # after that the month is over and the key can never match again.
 TTL = dt.timedelta(days=40)
@@ -51,22 +53,38 @@ def _aware(now: dt.datetime) -> dt.datetime:
     return now.astimezone(dt.timezone.utc)
 
 
-def mark_fired(table: Any, cluster: str, alert_key: str, now: dt.datetime) -> bool:
+def mark_fired(
+    table: Any, cluster: str, alert_key: str, now: dt.datetime, owner: str | None = None
+) -> bool:
     """Record that ``alert_key`` fired for ``cluster``. True if this call was the
-    first (so the caller should send the alert), False if it had already fired."""
+    first (so the caller should send the alert), False if it had already fired.
+
+    ``owner`` (e.g. the Step Functions execution id) makes a retried call by the
+    same owner win again, so a task that marked an alert and then died before
+    returning does not lose the alert on retry; other owners still lose."""
     if not isinstance(alert_key, str) or not alert_key:
         raise ValueError("alert_key must be a non-empty string")
     now_utc = _aware(now)
+    item = {
+        "pk": partition_key(cluster),
+        "sk": alert_key,
+        "fired_at": now_utc.isoformat(),
+        TTL_ATTRIBUTE: int((now_utc + TTL).timestamp()),
+    }
+    condition = "attribute_not_exists(#pk)"
+    values: dict[str, Any] = {}
+    if owner is not None:
+        if not isinstance(owner, str) or not owner:
+            raise ValueError("owner must be a non-empty string")
+        item["fired_by"] = owner
+        condition += " OR #owner = :owner"
+        values[":owner"] = owner
     try:
         table.put_item(
-            Item={
-                "pk": partition_key(cluster),
-                "sk": alert_key,
-                "fired_at": now_utc.isoformat(),
-                TTL_ATTRIBUTE: int((now_utc + TTL).timestamp()),
-            },
-            ConditionExpression="attribute_not_exists(#pk)",
-            ExpressionAttributeNames={"#pk": "pk"},
+            Item=item,
+            ConditionExpression=condition,
+            ExpressionAttributeNames={"#pk": "pk", **({"#owner": "fired_by"} if owner is not None else {})},
+            **({"ExpressionAttributeValues": values} if values else {}),
         )
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":

@@ -9,6 +9,14 @@ Layout (pure pieces first, AWS at the edge):
 * ``fake_directory`` - in-memory ``SessionDirectory`` for tests and the local twin.
 * ``enforce``        - orchestration: fetch, resolve, decide, terminate, report.
 
-Nothing here imports boto3 at module import time except ``session_api`` (and only botocore's
-``Config``/``ClientError`` there), so the pure modules load without AWS credentials or a region.
+The deployed part (functions/session_limits/app.py, statemachines/session_limits.asl.json) adds:
+
+* ``config``         - the functions' frozen configuration, read from the environment at call time.
+* ``trigger``        - StartSession event / sweep input -> ``SessionLimitsRequest`` (named errors).
+* ``directories``    - owner-scoped and snapshot listings (cheap events, plan-before-ledger).
+* ``ledger``         - ended session ids in the SyncStateTable (idempotency across runs).
+
+The pure modules import no boto3 at module import time (``session_api`` and ``directories`` only
+botocore's ``Config``/exceptions; ``ledger`` goes through ``hpops_core.aws.clients``), so they load
+without AWS credentials or a region.
 """

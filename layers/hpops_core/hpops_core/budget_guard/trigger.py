@@ -1,0 +1,130 @@
+"""What starts a BudgetGuard execution, validated into one BudgetRequest. PURE: no AWS.
+
+Accepted inputs:
+  * the HyperPod ``SageMaker HyperPod Cluster State Change`` event (the Parser model in
+    hpops_core.events, reused): its ``detail`` is the cluster's state (status, instance
+    groups with TargetCount and InstanceType), and its ``time`` is "now";
+  * the scheduled sweep ``{"cluster": "...", "mode": "sweep"}``: "now" is the execution's
+    start time, and the cluster's state is read with DescribeCluster later.
+
+Time is an input: nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from aws_lambda_powertools.utilities.parser import parse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from hpops_core.errors import MalformedEventError, UnknownClusterError
+from hpops_core.events import STATE_CHANGE, ClusterNameStr, ClusterStateChangeEvent, _validation_summary
+
+__all__ = ["BudgetRequest", "observed_from_describe", "parse_budget_input"]
+
+
+class BudgetSweepInput(BaseModel):
+    """The schedule's Input in template.yaml (BudgetSweep)."""
+
+    model_config = ConfigDict(extra="forbid")
+    cluster: ClusterNameStr
+    mode: Literal["sweep"]
+
+
+@dataclass(frozen=True)
+class BudgetRequest:
+    cluster: str
+    mode: Literal["event", "sweep"]
+    now: dt.datetime
+    trigger: str
+    event_id: str | None
+    # {"ClusterStatus", "InstanceGroups": [...]} from the event; None for a sweep.
+    observed: dict[str, Any] | None
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "mode": self.mode,
+            "now": self.now.isoformat(),
+            "trigger": self.trigger,
+            "eventId": self.event_id,
+            "observed": self.observed,
+        }
+
+
+def _aware(value: dt.datetime, what: str) -> dt.datetime:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise MalformedEventError(f"{what} has no time zone")
+    return value.astimezone(dt.timezone.utc)
+
+
+def _start_time(start_time: Any) -> dt.datetime:
+    if not isinstance(start_time, str) or not start_time:
+        raise MalformedEventError("no execution start time to use as 'now'")
+    try:
+        return _aware(dt.datetime.fromisoformat(start_time), "execution start time")
+    except ValueError:
+        raise MalformedEventError("execution start time is not an ISO 8601 timestamp") from None
+
+
+def _compact_groups(groups: list[Any]) -> list[dict[str, Any]]:
+    keys = ("InstanceGroupName", "InstanceType", "CurrentCount", "TargetCount")
+    return [{k: g.get(k) for k in keys} for g in groups]
+
+
+def observed_from_describe(described: dict[str, Any]) -> dict[str, Any]:
+    """The same compact state as an event gives, from a DescribeCluster response."""
+    groups = [g for g in described.get("InstanceGroups") or [] if isinstance(g, dict)]
+    return {"ClusterStatus": described.get("ClusterStatus"), "InstanceGroups": _compact_groups(groups)}
+
+
+def describe_groups(observed: dict[str, Any] | None) -> str:
+    groups = (observed or {}).get("InstanceGroups") or []
+    return ", ".join(f"{g.get('InstanceGroupName')} {g.get('CurrentCount')}/{g.get('TargetCount')}" for g in groups)
+
+
+def parse_budget_input(raw: Any, start_time: Any, managed_cluster: str) -> BudgetRequest:
+    """Any accepted input -> BudgetRequest; else MalformedEventError / UnknownClusterError."""
+    if not isinstance(raw, dict):
+        raise MalformedEventError(f"expected a JSON object, got {type(raw).__name__}")
+    if "detail-type" in raw:
+        if raw.get("detail-type") != STATE_CHANGE:
+            raise MalformedEventError("budget guard only accepts the HyperPod cluster state change event")
+        try:
+            event = parse(event=raw, model=ClusterStateChangeEvent)
+        except ValidationError as error:
+            raise MalformedEventError(f"invalid {STATE_CHANGE}: {_validation_summary(error)}") from None
+        except Exception as error:  # Powertools wraps some failures in its own exception types
+            raise MalformedEventError(f"invalid {STATE_CHANGE}: {type(error).__name__}") from None
+        detail = event.detail
+        observed = {
+            "ClusterStatus": detail.ClusterStatus,
+            "InstanceGroups": _compact_groups([g.model_dump() for g in detail.InstanceGroups]),
+        }
+        groups = describe_groups(observed)
+        request = BudgetRequest(
+            cluster=detail.ClusterName,
+            mode="event",
+            now=_aware(event.time, "event time"),
+            trigger=f"cluster state {detail.ClusterStatus}" + (f" ({groups})" if groups else ""),
+            event_id=event.id,
+            observed=observed,
+        )
+    else:
+        try:
+            sweep = BudgetSweepInput.model_validate(raw)
+        except ValidationError as error:
+            raise MalformedEventError(f"invalid sweep input: {_validation_summary(error)}") from None
+        request = BudgetRequest(
+            cluster=sweep.cluster,
+            mode="sweep",
+            now=_start_time(start_time),
+            trigger="scheduled sweep",
+            event_id=None,
+            observed=None,
+        )
+    if request.cluster != managed_cluster:
+        raise UnknownClusterError(f"cluster {request.cluster!r} is not managed by this stack")
+    return request

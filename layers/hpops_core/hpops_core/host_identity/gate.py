@@ -1,0 +1,56 @@
+"""Pure: which planned registrations may go ahead once their host identity was checked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GatedPlan:
+    register: tuple[str, ...]
+    deregister: tuple[str, ...]
+    rejected: tuple[dict, ...]  # {"ip", "instanceId", "reason"}
+    reasons: tuple[str, ...]
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "register": list(self.register),
+            "deregister": list(self.deregister),
+            "rejected": list(self.rejected),
+            "reasons": list(self.reasons),
+            "hasChanges": bool(self.register or self.deregister),
+        }
+
+
+def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]], repair: bool) -> GatedPlan:
+    """Register only nodes whose presented host keys matched; in a repair, also drop registered ones that failed.
+
+    A registered node that fails a repair's re-verification is deregistered, unless that would
+    leave the target group empty (a broken canonical identity must not take the whole tier down).
+    """
+    by_ip = {v["ip"]: v for v in verdicts}
+    register, rejected, reasons = [], [], []
+    for ip in plan.get("register", []):
+        verdict = by_ip.get(ip)
+        if verdict and verdict.get("ok"):
+            register.append(ip)
+            reasons.append(f"register {ip}: {verdict['instanceId']} presents the canonical host keys")
+        else:
+            why = verdict["reason"] if verdict else "not verified"
+            rejected.append({"ip": ip, "instanceId": verdict["instanceId"] if verdict else "", "reason": why})
+            reasons.append(f"keep {ip} out: {why}")
+    deregister = list(plan.get("deregister", []))
+    if repair:
+        failing = [ip for ip in plan.get("keep", []) if ip in by_ip and not by_ip[ip].get("ok")]
+        survivors = len(plan.get("keep", [])) - len(failing) + len(register)
+        for ip in failing:
+            verdict = by_ip[ip]
+            rejected.append({"ip": ip, "instanceId": verdict["instanceId"], "reason": verdict["reason"]})
+            if survivors > 0:
+                deregister.append(ip)
+                reasons.append(f"deregister {ip}: {verdict['reason']}")
+            else:
+                reasons.append(f"keep {ip} registered despite failing ({verdict['reason']}): it would empty the target group")
+    return GatedPlan(tuple(register), tuple(sorted(deregister)), tuple(rejected), tuple(reasons))

@@ -1,0 +1,46 @@
+"""The canonical host identity's PUBLIC half, where the sync reads it.
+
+The private keys live only in Secrets Manager (read by the node script with the node's role and
+by the operator's `hpops host-keys`). What a verifier needs, the expected fingerprints, is public.
+It is published as the `hostIdentity` attribute of the cluster's sync-lease item, so the lease
+acquire that every reconcile makes anyway returns it (no extra read). It then travels through the
+state machine to the verifier, which has no access to the secret or the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+
+class HostIdentityNotConfigured(Exception):
+    """No canonical host identity was published yet: run `hpops host-keys generate` or `adopt`."""
+
+
+def expected_fingerprints(expected: Mapping[str, Any] | None) -> dict[str, str]:
+    if not expected or not expected.get("fingerprints"):
+        raise HostIdentityNotConfigured("no canonical host identity published; run `hpops host-keys generate|adopt`")
+    return dict(expected["fingerprints"])
+
+
+def from_lease_item(item: Mapping[str, Any]) -> dict | None:
+    raw = item.get("hostIdentity", {}).get("S")
+    return json.loads(raw) if raw else None
+
+
+def publish_expected(ddb, table: str, cluster: str, fingerprints: Mapping[str, str], version: str) -> None:
+    """Written by the operator's `hpops host-keys` right after the secret changes."""
+    record = {"mode": "keys", "fingerprints": dict(sorted(fingerprints.items())), "version": version}
+    ddb.update_item(
+        TableName=table,
+        Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}},
+        UpdateExpression="SET hostIdentity = :identity",
+        ExpressionAttributeValues={":identity": {"S": json.dumps(record)}},
+    )
+
+
+def read_expected(ddb, table: str, cluster: str) -> dict | None:
+    """For `hpops host-keys show`."""
+    item = ddb.get_item(TableName=table, Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}}).get("Item")
+    return from_lease_item(item) if item else None

@@ -1,0 +1,188 @@
+"""Session-limit configuration: frozen dataclasses read from the environment at call time.
+
+template.yaml sets these variables from the stack parameters (section "session limits (issue 4)").
+Anything missing or malformed raises :class:`~hpops_core.errors.ConfigurationError` naming the
+variable, so a bad deployment fails loudly (named Step Functions error, alarm) instead of
+enforcing a limit nobody meant.
+
+    CLUSTER_NAME, CLUSTER_ID, LOGIN_GROUP_NAME    which login nodes (CLUSTER_ID: last segment of the ARN)
+    MAX_SESSIONS_PER_USER                         default limit, >= 1
+    SESSION_LIMIT_OVERRIDES                       JSON object {"posix-user": limit >= 0}
+    SESSION_EXEMPT_USERS                          comma-separated POSIX users with no limit
+    SESSION_EXEMPT_PRINCIPALS                     comma-separated globs over the owner ARN
+    SESSION_OWNER_MAPPINGS                        JSON array of {"pattern": "<ARN glob>", "user": "<posix>"}
+                                                  (or ["<ARN glob>", "<posix>"]), first match wins
+    UNMAPPED_SESSION_POLICY                       count-as-principal | ignore
+    SESSION_EXCESS_POLICY                         newest | oldest
+    SESSION_LIMITS_DRY_RUN                        true | false
+    ALERT_TOPIC_ARN, STATE_TABLE_NAME             where notifications and ended-session records go
+    SESSION_TAG_CACHE_SECONDS                     optional, default 300: how long run-as tags are trusted
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hpops_core.errors import ConfigurationError
+
+from .identity import IdentityConfig, InvalidIdentityConfig
+from .models import CLUSTER_ID_RE, INSTANCE_GROUP_RE
+from .policy import InvalidPolicy, LimitPolicy
+
+_CLUSTER_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+_TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
+_TRUE, _FALSE = frozenset({"true", "yes", "1"}), frozenset({"false", "no", "0", ""})
+
+
+def _require(env: Mapping[str, str], name: str, pattern: re.Pattern[str] | None = None) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ConfigurationError(f"missing environment variable {name}")
+    if pattern is not None and not pattern.match(value):
+        raise ConfigurationError(f"environment variable {name} is malformed")
+    return value
+
+
+def _int(env: Mapping[str, str], name: str, low: int, high: int, default: int | None = None) -> int:
+    raw = env.get(name, "").strip()
+    if not raw and default is not None:
+        return default
+    if not raw:
+        raise ConfigurationError(f"missing environment variable {name}")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"environment variable {name} must be an integer") from None
+    if not low <= value <= high:
+        raise ConfigurationError(f"environment variable {name} must be between {low} and {high}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ConfigurationError(f"environment variable {name} must be true or false")
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    value = _require(env, name)
+    if value not in allowed:
+        raise ConfigurationError(f"environment variable {name} must be one of {', '.join(allowed)}")
+    return value
+
+
+def _csv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+
+
+def _json(env: Mapping[str, str], name: str, default: str) -> Any:
+    raw = env.get(name, "").strip() or default
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ConfigurationError(f"environment variable {name} is not valid JSON") from None
+
+
+def _overrides(env: Mapping[str, str]) -> dict[str, int]:
+    name = "SESSION_LIMIT_OVERRIDES"
+    value = _json(env, name, "{}")
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"environment variable {name} must be a JSON object of user -> limit")
+    for user, limit in value.items():
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise ConfigurationError(f"environment variable {name}: limit for {user!r} must be an integer")
+    return value
+
+
+def _mappings(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    name = "SESSION_OWNER_MAPPINGS"
+    value = _json(env, name, "[]")
+    if not isinstance(value, list):
+        raise ConfigurationError(f"environment variable {name} must be a JSON array of mapping rules")
+    rules = []
+    for index, rule in enumerate(value):
+        if isinstance(rule, dict) and set(rule) == {"pattern", "user"}:
+            rules.append((rule["pattern"], rule["user"]))
+        elif isinstance(rule, list) and len(rule) == 2:
+            rules.append((rule[0], rule[1]))
+        else:
+            raise ConfigurationError(
+                f"environment variable {name}: rule {index} must be {{\"pattern\": ..., \"user\": ...}}"
+            )
+    return tuple(rules)
+
+
+@dataclass(frozen=True)
+class SessionTriggerConfig:
+    """What ParseSessionTrigger needs: which cluster and login group this stack guards."""
+
+    cluster_name: str
+    cluster_id: str
+    login_group: str
+    dry_run: bool
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SessionTriggerConfig:
+        env = os.environ if env is None else env
+        return cls(
+            cluster_name=_require(env, "CLUSTER_NAME", _CLUSTER_NAME_RE),
+            cluster_id=_require(env, "CLUSTER_ID", CLUSTER_ID_RE),
+            login_group=_require(env, "LOGIN_GROUP_NAME", INSTANCE_GROUP_RE),
+            dry_run=_bool(env, "SESSION_LIMITS_DRY_RUN"),
+        )
+
+
+@dataclass(frozen=True)
+class SessionLimitsConfig:
+    """Everything EnforceSessionLimits needs. ``policy`` and ``identity`` are validated on read."""
+
+    cluster_name: str
+    cluster_id: str
+    login_group: str
+    policy: LimitPolicy
+    identity: IdentityConfig
+    dry_run: bool
+    topic_arn: str
+    state_table: str
+    tag_cache_seconds: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SessionLimitsConfig:
+        env = os.environ if env is None else env
+        trigger = SessionTriggerConfig.from_env(env)
+        try:
+            policy = LimitPolicy(
+                default_max=_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
+                overrides=_overrides(env),
+                exempt_users=frozenset(_csv(env, "SESSION_EXEMPT_USERS")),
+                exempt_principal_patterns=_csv(env, "SESSION_EXEMPT_PRINCIPALS"),
+                excess=_choice(env, "SESSION_EXCESS_POLICY", ("newest", "oldest")),  # type: ignore[arg-type]
+            )
+        except InvalidPolicy as exc:
+            raise ConfigurationError(f"session limit policy: {exc}") from None
+        try:
+            identity = IdentityConfig(
+                mapping_rules=_mappings(env),
+                unmapped_policy=_choice(env, "UNMAPPED_SESSION_POLICY", ("count-as-principal", "ignore")),  # type: ignore[arg-type]
+            )
+        except InvalidIdentityConfig as exc:
+            raise ConfigurationError(f"SESSION_OWNER_MAPPINGS / UNMAPPED_SESSION_POLICY: {exc}") from None
+        return cls(
+            cluster_name=trigger.cluster_name,
+            cluster_id=trigger.cluster_id,
+            login_group=trigger.login_group,
+            policy=policy,
+            identity=identity,
+            dry_run=trigger.dry_run,
+            topic_arn=_require(env, "ALERT_TOPIC_ARN", _TOPIC_ARN_RE),
+            state_table=_require(env, "STATE_TABLE_NAME"),
+            tag_cache_seconds=_int(env, "SESSION_TAG_CACHE_SECONDS", 0, 3600, default=300),
+        )

@@ -1,0 +1,106 @@
+"""DynamoDB record of the sessions enforcement has ended (or, in a dry run, reported).
+
+Why a record at all: ``DescribeSessions`` can keep listing a session as Connected for a while after
+``TerminateSession``. If the next run (a duplicate event, another user's event, the sweep) counted
+it, the user would look over the limit again and a *second*, legitimate session could be ended.
+``enforce(already_terminated=...)`` neither counts nor picks the ids recorded here.
+
+Items live in the stack's SyncStateTable next to the LoginNodeSync lease, in their own sort-key
+namespace, and expire through the table's TTL attribute:
+
+    pk = "cluster#<cluster name>"   sk = "session#<session id>"
+    kind = "ended" | "dry-run-reported"   user, at (ISO time), ttl (epoch seconds)
+
+Reading is one ``Query`` (strongly consistent, so the previous run's writes are visible); writing
+is one ``BatchWriteItem`` per 25 sessions. Enforcement only reads when its first plan would end or
+report something, so a StartSession event for a user under the limit never touches the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.errors import TransientAwsError
+
+ENDED = "ended"
+DRY_RUN_REPORTED = "dry-run-reported"
+SK_PREFIX = "session#"
+# Terminated sessions leave the Active listing within minutes; a day is a wide margin, and
+# session ids are never reused, so an expired record can never hide a new session.
+RECORD_TTL_SECONDS = 24 * 3600
+BATCH = 25  # BatchWriteItem maximum
+UNPROCESSED_RETRIES = 4
+
+
+@dataclass(frozen=True)
+class RecordedSession:
+    session_id: str
+    user: str
+
+
+def _pk(cluster: str) -> str:
+    return f"cluster#{cluster}"
+
+
+def recorded_sessions(table: str, cluster: str, now: datetime) -> dict[str, str]:
+    """Session id -> kind, for every record of this cluster that has not expired at ``now``."""
+    ddb = client("dynamodb")
+    kwargs = {
+        "TableName": table,
+        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
+        "ExpressionAttributeValues": {":pk": {"S": _pk(cluster)}, ":prefix": {"S": SK_PREFIX}},
+        "ProjectionExpression": "sk, #kind, #ttl",
+        "ExpressionAttributeNames": {"#kind": "kind", "#ttl": "ttl"},  # TTL is a reserved word
+        "ConsistentRead": True,
+    }
+    found: dict[str, str] = {}
+    cutoff = int(now.timestamp())
+    while True:
+        with transient_errors_named("dynamodb:Query"):
+            page = ddb.query(**kwargs)
+        for item in page.get("Items", []):
+            # TTL deletion lags by up to days; an expired record no longer means anything.
+            if "ttl" in item and int(item["ttl"]["N"]) < cutoff:
+                continue
+            found[item["sk"]["S"][len(SK_PREFIX):]] = item.get("kind", {}).get("S", ENDED)
+        if "LastEvaluatedKey" not in page:
+            return found
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def record_sessions(
+    table: str, cluster: str, sessions: Iterable[RecordedSession], kind: str, at: datetime
+) -> int:
+    """Write one record per session; returns how many were written. Raises TransientAwsError if
+    DynamoDB keeps some unprocessed after a few retries."""
+    at_iso = at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    expires = str(int(at.timestamp()) + RECORD_TTL_SECONDS)
+    requests = [
+        {
+            "PutRequest": {
+                "Item": {
+                    "pk": {"S": _pk(cluster)},
+                    "sk": {"S": SK_PREFIX + s.session_id},
+                    "kind": {"S": kind},
+                    "user": {"S": s.user},
+                    "at": {"S": at_iso},
+                    "ttl": {"N": expires},
+                }
+            }
+        }
+        for s in sessions
+    ]
+    ddb = client("dynamodb")
+    for start in range(0, len(requests), BATCH):
+        pending = {table: requests[start : start + BATCH]}
+        for _ in range(UNPROCESSED_RETRIES):
+            with transient_errors_named("dynamodb:BatchWriteItem"):
+                pending = ddb.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+            if not pending:
+                break
+        if pending:
+            raise TransientAwsError(f"dynamodb:BatchWriteItem left {len(pending.get(table, []))} item(s) unprocessed")
+    return len(requests)

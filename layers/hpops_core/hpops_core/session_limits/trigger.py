@@ -1,0 +1,123 @@
+"""What starts a SessionLimits execution, normalised to one :class:`SessionLimitsRequest`.
+
+Accepted inputs (the state machine wraps them as ``{"input": ...}`` first):
+
+* a CloudTrail ``StartSession`` record via EventBridge (``events/ssm-start-session.json``);
+* a sweep: ``{"cluster": "<name>", "mode": "sweep", "dryRun": <bool, optional>}`` (the schedule's
+  Input, or an operator's start-execution).
+
+Everything else raises :class:`~hpops_core.errors.MalformedEventError`; a cluster this stack does
+not guard raises :class:`~hpops_core.errors.UnknownClusterError`. Both change nothing. A
+StartSession on another instance group of *this* cluster is not an error: the rule's target
+prefix ``..._login-`` also matches group ``login-2``, so such a request comes back ``ignored``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from hpops_core.errors import MalformedEventError, UnknownClusterError
+
+from .config import SessionTriggerConfig
+from .models import SESSION_ID_RE, MalformedSessionEvent, parse_start_session, parse_target
+
+Mode = Literal["event", "sweep"]
+
+
+class SweepInput(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    cluster: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    mode: Literal["sweep"]
+    dry_run: StrictBool = Field(default=False, alias="dryRun")
+
+
+@dataclass(frozen=True)
+class SessionLimitsRequest:
+    cluster: str
+    mode: Mode
+    dry_run: bool
+    trigger: str
+    session_id: str | None = None  # the session a StartSession event announced
+    owner: str | None = None  # its principal ARN (what DescribeSessions reports as Owner)
+    event_id: str | None = None
+    ignored: str | None = None  # why there is nothing to check (another instance group)
+
+    def to_state(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "mode": self.mode,
+            "dryRun": self.dry_run,
+            "trigger": self.trigger,
+            "sessionId": self.session_id,
+            "owner": self.owner,
+            "eventId": self.event_id,
+            "ignored": self.ignored is not None,
+            "ignoredReason": self.ignored,
+        }
+
+    @classmethod
+    def from_state(cls, state: Any) -> SessionLimitsRequest:
+        """The request as ParseSessionTrigger emitted it; anything else is MalformedEventError."""
+        if not isinstance(state, dict):
+            raise MalformedEventError("request must be a JSON object")
+        mode, dry_run, cluster = state.get("mode"), state.get("dryRun"), state.get("cluster")
+        session_id, owner = state.get("sessionId"), state.get("owner")
+        if mode not in ("event", "sweep") or not isinstance(dry_run, bool) or not isinstance(cluster, str):
+            raise MalformedEventError("request needs cluster, mode (event|sweep) and dryRun")
+        if mode == "event" and not (isinstance(session_id, str) and SESSION_ID_RE.match(session_id) and isinstance(owner, str)):
+            raise MalformedEventError("an event request needs sessionId and owner")
+        return cls(
+            cluster=cluster,
+            mode=mode,
+            dry_run=dry_run,
+            trigger=str(state.get("trigger") or mode)[:300],
+            session_id=session_id if mode == "event" else None,
+            owner=owner if mode == "event" else None,
+            event_id=state.get("eventId") if isinstance(state.get("eventId"), str) else None,
+            ignored=state.get("ignoredReason") if state.get("ignored") else None,
+        )
+
+
+def _summary(error: ValidationError) -> str:
+    fields = sorted({".".join(str(p) for p in e["loc"]) or "<input>" for e in error.errors()})
+    return ", ".join(fields[:8])
+
+
+def parse_session_input(raw: Any, config: SessionTriggerConfig) -> SessionLimitsRequest:
+    if not isinstance(raw, dict):
+        raise MalformedEventError(f"expected a JSON object, got {type(raw).__name__}")
+    if "detail-type" in raw or "detail" in raw or "source" in raw:
+        try:
+            event = parse_start_session(raw)
+        except MalformedSessionEvent as exc:
+            raise MalformedEventError(str(exc)) from None
+        cluster_id, group, instance_id = parse_target(event.target)  # validated by the model
+        if cluster_id != config.cluster_id:
+            raise UnknownClusterError(f"session target is on cluster id {cluster_id}, this stack guards {config.cluster_id}")
+        trigger = f"StartSession {event.session_id} on {instance_id} by {event.owner_arn}"
+        ignored = None
+        if group != config.login_group:
+            ignored = f"session is on instance group {group!r}, not the login group {config.login_group!r}"
+        return SessionLimitsRequest(
+            cluster=config.cluster_name,
+            mode="event",
+            dry_run=config.dry_run,
+            trigger=trigger,
+            session_id=event.session_id,
+            owner=event.owner_arn,
+            event_id=event.event_id,
+            ignored=ignored,
+        )
+    try:
+        sweep = SweepInput.model_validate(raw)
+    except ValidationError as error:
+        raise MalformedEventError(f"invalid sweep input: {_summary(error)}") from None
+    if sweep.cluster != config.cluster_name:
+        raise UnknownClusterError(f"cluster {sweep.cluster} is not managed by this stack ({config.cluster_name})")
+    # The deployment's dry-run setting cannot be switched off from an execution's input.
+    dry_run = config.dry_run or sweep.dry_run
+    return SessionLimitsRequest(cluster=sweep.cluster, mode="sweep", dry_run=dry_run, trigger="sweep")

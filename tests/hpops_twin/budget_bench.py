@@ -1,0 +1,73 @@
+"""`make bench`, budget guard (issue 5): what each budget check costs, per event and per sweep.
+
+BudgetGuard executions are started directly with the event as input (what its EventBridge rule
+does), so the counts are the budget guard's alone, not LoginNodeSync's on the same event.
+Counts are exact; seconds are this machine's. Cost Explorer charges $0.01 per request, so it is
+called only when an instance group scaled out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+
+from hpops_twin.budget_twin import at
+from hpops_twin.world import TwinWorld
+
+NOV_10 = dt.datetime(2026, 11, 10, 12, 0, tzinfo=dt.timezone.utc)
+
+
+@dataclass
+class BudgetRow:
+    scenario: str
+    calls: dict
+    total_calls: int
+    state_transitions: int
+    seconds: float
+
+
+def _measure(world: TwinWorld, scenario: str, payload: dict | None) -> BudgetRow:
+    world.counter.reset()
+    began = time.perf_counter()
+    arn = world.budget.start_raw(payload) if payload is not None else world.budget.sweep()
+    (result,) = world.wait([arn], timeout=120)
+    seconds = time.perf_counter() - began
+    if result.status != "SUCCEEDED":
+        raise RuntimeError(f"budget bench '{scenario}': {result.error} {result.cause}")
+    calls = dict(sorted(world.counter.calls.items()))
+    return BudgetRow(scenario, calls, sum(calls.values()), world.state_transitions(arn), seconds)
+
+
+def budget_guard_section() -> tuple[list[BudgetRow], dict[str, bool]]:
+    rows = []
+    with TwinWorld() as world:
+        sim, cluster = world.sim, world.cluster_name
+        world.budget.tag_cluster("hpops:monthly-budget-usd", "750000")
+        world.budget.set_month_to_date_cost("200000")
+        rows.append(_measure(world, "first event: budget created", at(sim.state_change_event(cluster), NOV_10)))
+        rows.append(_measure(world, "state change, no scale-out", at(sim.state_change_event(cluster), NOV_10 + dt.timedelta(minutes=1))))
+        scale_out = at(sim.scale_group(cluster, world.worker_group, 16)[0], NOV_10 + dt.timedelta(minutes=2))
+        rows.append(_measure(world, "scale-out -> projected overrun alert", scale_out))
+        rows.append(_measure(world, "same scale-out event again", scale_out))
+        rows.append(_measure(world, "hourly sweep (DescribeCluster)", None))
+
+    render = [f"{'budget guard scenario':<38} {'calls':>5} {'transitions':>11} {'seconds':>8}  calls"]
+    render.append("-" * len(render[0]))
+    for r in rows:
+        calls = ", ".join(f"{k}={v}" for k, v in r.calls.items())
+        render.append(f"{r.scenario:<38} {r.total_calls:>5} {r.state_transitions:>11} {r.seconds:8.2f}  {calls}")
+    print()
+    print("\n".join(render))
+
+    by_name = {r.scenario: r for r in rows}
+    quiet = [by_name["state change, no scale-out"], by_name["same scale-out event again"]]
+    alert = by_name["scale-out -> projected overrun alert"]
+    verdicts = {
+        "budget check without a scale-out <= 5 AWS calls, no Cost Explorer": all(
+            r.total_calls <= 5 and "cost-explorer.GetCostAndUsage" not in r.calls for r in quiet),
+        "a scale-out alert: 1 Cost Explorer call, 1 SNS publish, 1 PutEvents": (
+            alert.calls.get("cost-explorer.GetCostAndUsage") == 1 and alert.calls.get("sns.Publish") == 1
+            and alert.calls.get("eventbridge.PutEvents") == 1),
+    }
+    return rows, verdicts

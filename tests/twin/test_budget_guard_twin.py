@@ -1,0 +1,250 @@
+"""Budget guardrails (issue 5): the real BudgetGuard state machine and handlers in the twin.
+
+Each test asserts what an operator would see: the budgets in the account (moto's Budgets), the
+messages on the AlertTopic (an SQS queue subscribed to it), the events another team's rule on
+the default bus receives, and the guard's DynamoDB items. "Now" is the event's time, so the
+tests set it (time is an input).
+"""
+
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pytest
+
+from hpops_twin.budget_twin import at
+from hpops_twin.world import TwinWorld
+
+UTC = dt.timezone.utc
+NOV_10 = dt.datetime(2026, 11, 10, 12, 0, tzinfo=UTC)
+BUDGET_TAG = "hpops:monthly-budget-usd"
+
+
+def succeeded(results):
+    failed = [(r.name, r.error, r.cause, r.output) for r in results if r.status != "SUCCEEDED"]
+    assert not failed, failed
+    assert results, "no BudgetGuard execution started"
+    return results
+
+
+def state_change(world, when):
+    return at(world.sim.state_change_event(world.cluster_name), when)
+
+
+def scale(world, group, count, when):
+    return [at(e, when) for e in world.sim.scale_group(world.cluster_name, group, count)]
+
+
+@pytest.fixture
+def guarded(world):
+    """A cluster tagged with a $750,000 monthly budget, $200,000 spent this month, first seen
+    (InService, 8 gpu nodes) on Nov 10: the budget exists and the baseline is stored."""
+    world.budget.tag_cluster(BUDGET_TAG, "750000")
+    world.budget.set_month_to_date_cost("200000")
+    succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
+    return world
+
+
+# --------------------------------------------------------------------------- budgets follow the cluster
+
+
+def test_the_cluster_gets_one_budget_with_alerts_to_the_topic(world):
+    world.budget.tag_cluster(BUDGET_TAG, "750000")
+    event = state_change(world, NOV_10)
+
+    first = succeeded(world.budget.run(world.publish([event])))[0]
+    second = succeeded(world.budget.run(world.publish([event])))[0]
+
+    assert [b["action"] for b in first.output["budgets"]["budgets"]] == ["created"]
+    assert [b["action"] for b in second.output["budgets"]["budgets"]] == ["unchanged"]
+    budgets = world.budget.budgets()
+    assert list(budgets) == ["hpops-ml-research"], "one budget, however many events"
+    budget = budgets["hpops-ml-research"]
+    assert Decimal(budget["BudgetLimit"]["Amount"]) == Decimal("750000")
+    assert budget["FilterExpression"] == {
+        "Tags": {"Key": "ClusterName", "Values": ["ml-research"], "MatchOptions": ["EQUALS"]}
+    }
+    notifications = sorted((n["NotificationType"], n["Threshold"]) for n in world.budget.notifications("hpops-ml-research"))
+    assert notifications == [("ACTUAL", 50.0), ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)]
+    assert world.counter.calls["budgets.CreateBudget"] == 1
+
+
+def test_a_new_limit_in_the_cluster_tag_updates_the_budget(guarded):
+    world = guarded
+    world.budget.tag_cluster(BUDGET_TAG, "900000.50")
+
+    result = succeeded(world.budget.run([world.budget.sweep()]))[0]
+
+    assert result.output["budgets"]["budgets"][0]["action"] == "updated"
+    assert result.output["budgets"]["limitSource"] == "tag"
+    budget = world.budget.budgets()["hpops-ml-research"]
+    assert Decimal(budget["BudgetLimit"]["Amount"]) == Decimal("900000.50")
+    assert len(world.budget.notifications("hpops-ml-research")) == 4, "notifications are left as they were"
+    assert world.counter.calls["sagemaker.DescribeCluster"] == 1, "a sweep reads the cluster's state itself"
+
+
+def test_user_budgets_for_the_listed_users():
+    with TwinWorld(parameters={"BudgetUsers": "alice,bob", "UserMonthlyBudgetUsd": "500"}) as world:
+        world.budget.tag_cluster(BUDGET_TAG, "750000")
+        succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
+        budgets = world.budget.budgets()
+        assert sorted(budgets) == ["hpops-ml-research", "hpops-ml-research-u-alice", "hpops-ml-research-u-bob"]
+        alice = budgets["hpops-ml-research-u-alice"]
+        assert Decimal(alice["BudgetLimit"]["Amount"]) == Decimal("500")
+        assert alice["FilterExpression"]["And"][1] == {
+            "Tags": {"Key": "hpops:user", "Values": ["alice"], "MatchOptions": ["EQUALS"]}
+        }
+
+
+@pytest.mark.parametrize("delete, left", [("false", ["hpops-ml-research"]), ("true", [])])
+def test_deleting_the_cluster_keeps_or_removes_its_budgets(delete, left):
+    with TwinWorld(parameters={"DeleteBudgetsWithCluster": delete}) as world:
+        world.budget.tag_cluster(BUDGET_TAG, "750000")
+        succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
+        world.sim.cluster(world.cluster_name).status = "Deleting"
+        result = succeeded(world.budget.run(world.publish([state_change(world, NOV_10 + dt.timedelta(hours=1))])))[0]
+        assert list(world.budget.budgets()) == left
+        assert result.output["budgets"]["budgets"][0]["action"] == ("deleted" if delete == "true" else "kept")
+
+
+# --------------------------------------------------------------------------- early alerts on scale-out
+
+
+def test_a_scale_out_that_overruns_alerts_once_saying_why(guarded):
+    world = guarded
+    result = succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5)))))[0]
+
+    (alert,) = world.budget.alerts()
+    (event,) = world.budget.alert_events()
+    assert alert["summary"].startswith(
+        "scale-out of group 'gpu' to 16 x ml.p5.48xlarge (+8): projected $975,"
+    ), alert["summary"]
+    assert "by 2026-11-30 vs limit $750,000.00" in alert["summary"]
+    assert alert["thresholdsCrossed"] == [80.0, 100.0] and alert["thresholdPercent"] == 100.0
+    assert alert["scaleOuts"] == [{"group": "gpu", "instanceType": "ml.p5.48xlarge", "from": 8, "to": 16}]
+    assert alert["projection"]["monthToDateUsd"] == 200000.0
+    assert alert["_subject"] == "[hpops] ml-research: projected 130% of its monthly budget by 2026-11-30"
+    assert event["source"] == "hpops.budget-guard" and event["detail-type"] == "HyperPod Budget Projection Alert"
+    assert event["detail"]["summary"] == alert["summary"]
+    assert event["resources"] == [world.resolver.parameters["ClusterArn"]]
+    assert event["time"] == "2026-11-10T12:05:00Z", "the event's time is the alert's time"
+
+    items = world.budget.state_items()
+    assert {"2026-11:projected:80", "2026-11:projected:100"} <= set(items)
+    assert int(items["2026-11:projected:100"]["ttl"]["N"]) > int(NOV_10.timestamp()), "the table's TTL attribute"
+    assert json.loads(items["last-seen"]["observed"]["S"])["InstanceGroups"][1]["TargetCount"] == 16
+    assert result.output["published"]["summary"] == alert["summary"]
+
+
+def test_the_same_event_again_does_not_alert_again(guarded):
+    world = guarded
+    events = scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5))
+    succeeded(world.budget.run(world.publish(events)))
+    world.counter.reset()
+
+    again = succeeded(world.budget.run(world.publish(events)))[0]
+
+    assert len(world.budget.alerts()) == 1 and len(world.budget.alert_events()) == 1
+    assert again.output["projection"]["alert"] is None
+    assert "no instance group's TargetCount went up" in again.output["projection"]["reason"]
+    assert world.counter.calls["cost-explorer.GetCostAndUsage"] == 0, "no scale-out, no Cost Explorer call"
+
+
+def test_each_threshold_fires_once_a_month_and_again_next_month(guarded):
+    world = guarded
+    succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5)))))
+    # Later in November, another scale-out: both thresholds already alerted this month.
+    later = succeeded(world.budget.run(world.publish(scale(world, "gpu", 20, NOV_10 + dt.timedelta(days=2)))))[0]
+    assert later.output["projection"]["alert"] is None
+    assert "already alerted this month" in later.output["projection"]["reason"]
+    assert len(world.budget.alerts()) == 1
+
+    # December: a new billing month, same limit; the next scale-out alerts again.
+    dec_3 = dt.datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+    world.budget.set_month_to_date_cost("150000")
+    succeeded(world.budget.run(world.publish(scale(world, "gpu", 24, dec_3))))
+    alerts = world.budget.alerts()
+    assert [a["month"] for a in alerts] == ["2026-11", "2026-12"]
+    assert alerts[1]["summary"].startswith("scale-out of group 'gpu' to 24 x ml.p5.48xlarge (+4)")
+    assert "by 2026-12-31" in alerts[1]["summary"]
+    assert {"2026-12:projected:80", "2026-12:projected:100"} <= set(world.budget.state_items())
+
+
+def test_a_scale_out_missed_by_events_is_caught_by_the_sweep(guarded):
+    world = guarded
+    world.sim.scale_group(world.cluster_name, "gpu", 16)  # the event is lost (EventBridge is best effort)
+    # A sweep's "now" is its execution's start (today): with $700,000 already spent the projection
+    # is over 80% of $750,000 whatever day of the month this runs.
+    world.budget.set_month_to_date_cost("700000")
+    result = succeeded(world.budget.run([world.budget.sweep()]))[0]
+    assert result.output["projection"]["scaleOuts"] == [{"group": "gpu", "instanceType": "ml.p5.48xlarge", "from": 8, "to": 16}]
+    assert len(world.budget.alerts()) == 1
+
+
+# --------------------------------------------------------------------------- warnings, not crashes
+
+
+def test_an_instance_type_without_a_price_is_a_named_warning(guarded):
+    world = guarded
+    gpu = next(g for g in world.sim.cluster(world.cluster_name).instance_groups if g["InstanceGroupName"] == "gpu")
+    gpu["InstanceType"] = "ml.p6-b200.48xlarge"  # newer than the price table
+
+    result = succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5)))))[0]
+
+    warnings = result.output["projection"]["warnings"]
+    assert [w["warning"] for w in warnings] == ["MissingHourlyPrice"]
+    assert "ml.p6-b200.48xlarge" in warnings[0]["reason"] and "16 node(s)" in warnings[0]["reason"]
+    assert result.output["projection"]["projection"]["missingPrices"] == ["ml.p6-b200.48xlarge"]
+    ensure_logs = [i.logs for i in world.dispatcher.invocations if i.function.endswith("ProjectSpendFunction")][-2]
+    assert '"warning":"MissingHourlyPrice"' in ensure_logs.replace(" ", "")
+
+
+def test_a_cluster_without_a_limit_gets_no_budget_and_a_named_warning(world):
+    result = succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))[0]
+    assert [w["warning"] for w in result.output["budgets"]["warnings"]] == ["NoBudgetLimit"]
+    assert world.budget.budgets() == {}
+    # and a scale-out is noticed but not projected (nothing to compare against)
+    later = succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5)))))[0]
+    assert "no budget limit" in later.output["projection"]["reason"]
+    assert world.budget.alerts() == []
+
+
+def test_a_malformed_budget_tag_falls_back_with_a_named_warning():
+    with TwinWorld(parameters={"MonthlyBudgetUsd": "1000"}) as world:
+        world.budget.tag_cluster(BUDGET_TAG, "lots")
+        result = succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))[0]
+        assert [w["warning"] for w in result.output["budgets"]["warnings"]] == ["MalformedBudgetTag"]
+        assert Decimal(world.budget.budgets()["hpops-ml-research"]["BudgetLimit"]["Amount"]) == Decimal("1000")
+
+
+def test_a_broken_price_table_fails_the_execution_with_a_named_error():
+    with TwinWorld(parameters={"HourlyPricesJson": '{"ml.p5.48xlarge": "cheap"}'}) as world:
+        result = world.budget.run(world.publish([state_change(world, NOV_10)]))[0]
+        assert (result.status, result.error) == ("FAILED", "ConfigurationError")
+        assert "HOURLY_PRICES_JSON" in result.cause
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "payload, error",
+    [
+        ({"detail-type": "SageMaker HyperPod Cluster Node Health Event", "source": "aws.sagemaker",
+          "detail": {"ClusterName": "ml-research"}}, "MalformedEventError"),
+        ({"version": "0", "id": "1", "detail-type": "SageMaker HyperPod Cluster State Change", "source": "aws.sagemaker",
+          "account": "123456789012", "time": "2026-11-10T12:00:00Z", "region": "us-east-1", "resources": [],
+          "detail": {"ClusterName": "ml-research", "ClusterStatus": "InService"}}, "MalformedEventError"),
+        ({"cluster": "ml-research", "mode": "sweep", "extra": "x"}, "MalformedEventError"),
+        ({"cluster": "someone-elses-cluster", "mode": "sweep"}, "UnknownClusterError"),
+        (["not", "an", "object"], "MalformedEventError"),
+    ],
+)
+def test_bad_input_fails_with_a_named_error_and_creates_nothing(world, payload, error):
+    world.budget.tag_cluster(BUDGET_TAG, "750000")
+    result = world.wait([world.budget.start_raw(payload)])[0]
+    assert (result.status, result.error) == ("FAILED", error)
+    assert world.budget.budgets() == {}
+    assert world.budget.state_items() == {}
+    assert world.budget.sns_messages() == []
+    assert world.counter.calls["budgets.CreateBudget"] == 0

@@ -1,0 +1,169 @@
+"""One SSH host identity: nodes are keyed by the stack's SSM document, verified, and only then registered.
+
+Asserts what users see: the fingerprints a node presents, and whether it is in the target group.
+"""
+
+import json
+import re
+
+import pytest
+
+from hpops_twin.world import TwinWorld
+
+
+def login_nodes(world):
+    return sorted(world.sim.nodes(world.cluster_name, world.login_group), key=lambda n: n.ip)
+
+
+def succeeded(world, arns):
+    results = world.wait(arns, timeout=120)
+    bad = [(r.error, r.cause) for r in results if r.status != "SUCCEEDED"]
+    assert not bad, bad
+    return results
+
+
+def replace_and_provision(world, index=0):
+    victim = login_nodes(world)[index]
+    succeeded(world, world.publish(world.sim.replace_node(world.cluster_name, victim.instance_id)))
+    new = next(n for n in login_nodes(world) if n.status == "Pending")
+    succeeded(world, world.publish(world.sim.finish_provisioning(world.cluster_name)))
+    return victim, new
+
+
+def test_fresh_nodes_present_their_own_keys_until_keyed(world):
+    node = login_nodes(world)[0]
+    assert world.presented_fingerprints(node.instance_id) != world.canonical_fingerprints()
+    succeeded(world, [world.run_schedule()])
+    for node in login_nodes(world):
+        assert world.presented_fingerprints(node.instance_id) == world.canonical_fingerprints()
+    assert len(world.target_ips()) == 3
+
+
+def test_replaced_node_is_keyed_then_verified_then_registered(synced_world):
+    world = synced_world
+    world.counter.reset()
+    _, new = replace_and_provision(world)
+    assert world.presented_fingerprints(new.instance_id) == world.canonical_fingerprints()
+    assert new.ip in world.target_ips()
+    assert world.counter.calls["ssm.SendCommand"] == 1, "only the new node was pushed keys"
+    pushed = [r for r in world.hosts.runs if r["InstanceId"] == new.instance_id]
+    assert json.loads(pushed[-1]["StandardOutputContent"])["result"] == "changed"
+
+
+def test_node_that_already_presents_the_keys_is_not_pushed_again(synced_world):
+    world = synced_world
+    lost = world.target_ips()[0]
+    world.deregister_by_hand(lost)
+    world.counter.reset()
+    succeeded(world, [world.run_schedule()])
+    assert lost in world.target_ips()
+    assert world.counter.calls["ssm.SendCommand"] == 0
+
+
+def test_node_whose_push_fails_stays_out_with_an_alarm_and_a_notification(synced_world):
+    world = synced_world
+    world.notifications()  # drain
+    victim = login_nodes(world)[0]
+    succeeded(world, world.publish(world.sim.replace_node(world.cluster_name, victim.instance_id)))
+    new = next(n for n in login_nodes(world) if n.status == "Pending")
+    world.hosts.unreachable.add(new.instance_id)
+    succeeded(world, world.publish(world.sim.finish_provisioning(world.cluster_name)))
+
+    assert new.ip not in world.target_ips()
+    assert victim.ip not in world.target_ips()
+    assert len(world.target_ips()) == 2
+    notes = world.notifications()
+    assert notes and new.instance_id in notes[0]["message"] and "Undeliverable" in notes[0]["message"]
+    gate_logs = "".join(i.logs for i in world.dispatcher.invocations if i.function.endswith("GateTargetChangesFunction"))
+    assert '"HostIdentityRejected":[1.0]' in gate_logs.replace(" ", "") or '"HostIdentityRejected":1.0' in gate_logs.replace(" ", "")
+
+    world.hosts.unreachable.discard(new.instance_id)
+    succeeded(world, [world.run_schedule()])
+    assert new.ip in world.target_ips(), "retried and admitted on the next sweep"
+
+
+def test_repair_reverifies_every_registered_node_and_rekeys_a_drifted_one(synced_world):
+    world = synced_world
+    drifted = login_nodes(world)[1]
+    ssh = world.hosts.root(drifted.instance_id) / "etc" / "ssh"
+    from hpops_twin.node_hosts import node_bundle
+
+    for pair in node_bundle(1).pairs():  # someone regenerated this node's keys by hand
+        (ssh / f"ssh_host_{pair.name}_key").write_text(pair.private_openssh)
+        (ssh / f"ssh_host_{pair.name}_key.pub").write_text(pair.public_line + "\n")
+    assert world.presented_fingerprints(drifted.instance_id) != world.canonical_fingerprints()
+
+    before = len([i for i in world.dispatcher.invocations if i.function.endswith("VerifyNodeIdentityFunction")])
+    succeeded(world, [world.start_repair()])
+    verifies = [i for i in world.dispatcher.invocations if i.function.endswith("VerifyNodeIdentityFunction")][before:]
+    assert {i.event["ip"] for i in verifies} == set(world.target_ips())
+    assert world.presented_fingerprints(drifted.instance_id) == world.canonical_fingerprints()
+    assert drifted.ip in world.target_ips()
+
+
+def test_repair_takes_out_a_registered_node_that_cannot_be_fixed(synced_world):
+    world = synced_world
+    drifted = login_nodes(world)[2]
+    from hpops_twin.node_hosts import node_bundle
+
+    ssh = world.hosts.root(drifted.instance_id) / "etc" / "ssh"
+    for pair in node_bundle(2).pairs():
+        (ssh / f"ssh_host_{pair.name}_key.pub").write_text(pair.public_line + "\n")
+        (ssh / f"ssh_host_{pair.name}_key").write_text(pair.private_openssh)
+    world.hosts.unreachable.add(drifted.instance_id)
+    succeeded(world, [world.start_repair()])
+    assert drifted.ip not in world.target_ips()
+    assert len(world.target_ips()) == 2
+
+
+def test_without_a_published_identity_new_nodes_stay_out_and_say_why(world):
+    table = world.resolver.physical_ids["SyncStateTable"]
+    world.aws.client("dynamodb").update_item(
+        TableName=table, Key={"pk": {"S": f"cluster#{world.cluster_name}"}, "sk": {"S": "sync-lease"}},
+        UpdateExpression="REMOVE hostIdentity",
+    )
+    result = succeeded(world, [world.run_schedule()])[0]
+    assert world.target_ips() == []
+    assert all("hpops host-keys" in r["reason"] for r in result.output["changes"]["rejected"])
+
+
+def test_mode_off_registers_without_checks():
+    with TwinWorld(parameters={"HostIdentityMode": "off"}) as world:
+        succeeded(world, [world.run_schedule()])
+        assert len(world.target_ips()) == 3
+        assert world.counter.calls["ssm.SendCommand"] == 0
+
+
+def _private_key_fragments(world) -> list[str]:
+    secret = world.aws.client("secretsmanager").get_secret_value(SecretId=world.output("HostIdentitySecretArn"))["SecretString"]
+    bodies = [key["private"] for key in json.loads(secret)["keys"].values()]
+    # any 40-character run of a private key's base64 body is enough to call it a leak
+    return [line[:40] for body in bodies for line in body.splitlines() if re.fullmatch(r"[A-Za-z0-9+/=]{60,}", line)]
+
+
+def test_private_keys_never_leave_secrets_manager_and_the_node(synced_world):
+    world = synced_world
+    replace_and_provision(world)
+    succeeded(world, [world.start_repair()])
+    fragments = _private_key_fragments(world)
+    assert fragments
+
+    history = json.dumps([world.history(r.execution_arn) for r in world.routes], default=str)
+    logs = "".join(i.logs for i in world.dispatcher.invocations)
+    lambda_io = json.dumps([[i.event, i.result] for i in world.dispatcher.invocations], default=str)
+    ssm = world.aws.client("ssm")
+    commands = json.dumps(ssm.list_commands()["Commands"], default=str)
+    outputs = json.dumps(world.hosts.runs)
+    notes = json.dumps(world.notification_log + world.notifications())
+    for where, text in {"Step Functions history": history, "Lambda logs": logs, "Lambda input/output": lambda_io,
+                        "SSM command parameters": commands, "SSM command output": outputs, "notifications": notes}.items():
+        leaked = [f for f in fragments if f in text]
+        assert not leaked, f"private key material in {where}"
+
+
+def test_no_fresh_node_ever_starts_with_the_canonical_keys(world):
+    canonical = world.canonical_fingerprints()
+    for index in range(12):
+        from hpops_twin.node_hosts import node_bundle
+
+        assert node_bundle(index).public_fingerprints() != canonical

@@ -1,0 +1,63 @@
+"""template.yaml's budget guard section agrees with the code and keeps its promises (issue 5)."""
+
+import json
+
+from hpops_core.budget_guard.guard import ALERT_DETAIL_TYPE, ALERT_SOURCE
+from hpops_core.budget_guard.trigger import parse_budget_input
+from hpops_twin.template_model import Resolver, TemplateModel
+
+TEMPLATE = TemplateModel()
+RESOURCES = TEMPLATE.resources
+MACHINE = TEMPLATE.state_machines()["BudgetGuardStateMachine"]
+
+
+def statements(logical_id):
+    return [s for p in RESOURCES[logical_id]["Properties"].get("Policies", []) if isinstance(p, dict)
+            for s in p.get("Statement", [])]
+
+
+def test_budgets_may_publish_to_the_alert_topic_for_this_account_only():
+    policy = RESOURCES["AlertTopicPolicy"]["Properties"]
+    assert policy["Topics"] == [{"Ref": "AlertTopic"}]
+    budgets = next(s for s in policy["PolicyDocument"]["Statement"] if s["Principal"] == {"Service": "budgets.amazonaws.com"})
+    assert budgets["Action"] == "sns:Publish"
+    assert budgets["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert budgets["Condition"]["ArnLike"]["aws:SourceArn"] == {"Fn::Sub": "arn:${AWS::Partition}:budgets::${AWS::AccountId}:*"}
+    # The policy replaces the default one: the stack's alarms must still reach the topic.
+    assert any(s["Principal"] == {"Service": "cloudwatch.amazonaws.com"} for s in policy["PolicyDocument"]["Statement"])
+
+
+def test_the_budget_role_only_touches_this_clusters_budgets():
+    (budgets,) = [s for s in statements("EnsureBudgetsFunction") if "budgets:ModifyBudget" in s["Action"]]
+    resolver = Resolver(TEMPLATE.raw, {"ClusterName": "lab"}, "us-east-1", "123456789012", "s")
+    assert resolver.resolve(budgets["Resource"]) == [
+        "arn:aws:budgets::123456789012:budget/hpops-lab",
+        "arn:aws:budgets::123456789012:budget/hpops-lab-u-*",
+    ]
+
+
+def test_alerts_go_to_the_default_bus_with_the_documented_pattern():
+    (put,) = [s for s in statements("PublishAlertFunction") if s.get("Action") == "events:PutEvents"]
+    assert put["Resource"]["Fn::Sub"].endswith(":event-bus/default")
+    pattern = json.loads(TEMPLATE.raw["Outputs"]["BudgetAlertEventPattern"]["Value"])
+    assert pattern == {"source": [ALERT_SOURCE], "detail-type": [ALERT_DETAIL_TYPE]}
+
+
+def test_the_rule_and_the_sweep_feed_inputs_the_parser_accepts():
+    events = {e.name: e for e in MACHINE.events}
+    rule = events["BudgetClusterStateChange"].properties["Pattern"]
+    assert rule["detail-type"] == ["SageMaker HyperPod Cluster State Change"]
+    assert rule["detail"] == {"ClusterName": [{"Ref": "ClusterName"}]}
+    resolver = Resolver(TEMPLATE.raw, {"ClusterName": "lab"}, "us-east-1", "123456789012", "s")
+    sweep = json.loads(resolver.resolve(events["BudgetSweep"].properties["Input"]))
+    assert parse_budget_input(sweep, "2026-11-10T00:00:00Z", "lab").mode == "sweep"
+
+
+def test_bad_input_ends_in_input_rejected_before_anything_is_touched():
+    states = json.loads(MACHINE.definition_path.read_text())["States"]
+    assert states["WrapInput"]["Next"] == "ParseBudgetTrigger"
+    catches = states["ParseBudgetTrigger"]["Catch"]
+    assert catches[0] == {"ErrorEquals": ["MalformedEventError", "UnknownClusterError"], "ResultPath": "$.error",
+                          "Next": "InputRejected"}
+    for name in ("EnsureBudgets", "ProjectSpend", "PublishAlert", "RememberClusterState"):
+        assert "TransientAwsError" in states[name]["Retry"][0]["ErrorEquals"], name
