@@ -19,7 +19,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import ClientError
 
 from hpops_core.aws.clients import client
-from hpops_core.config import _require, _require_int
+from hpops_core.config import env_int, env_str
 from hpops_core.errors import MalformedEventError
 from hpops_core.host_identity import verifier
 from hpops_core.host_identity.gate import gate_registrations
@@ -47,13 +47,13 @@ class HostIdentityConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> HostIdentityConfig:
         env = os.environ if env is None else env
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME"),
-            state_table=_require(env, "STATE_TABLE_NAME"),
-            ssh_port=_require_int(env, "SSH_PORT", 1, 65535),
-            document=_require(env, "HOST_IDENTITY_DOCUMENT"),
-            secret_arn=_require(env, "HOST_IDENTITY_SECRET_ARN"),
-            alert_topic_arn=_require(env, "ALERT_TOPIC_ARN"),
-            poll_seconds=_require_int(env, "PUSH_POLL_SECONDS", 0, 300),
+            cluster_name=env_str(env, "CLUSTER_NAME"),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
+            ssh_port=env_int(env, "SSH_PORT", 1, 65535),
+            document=env_str(env, "HOST_IDENTITY_DOCUMENT"),
+            secret_arn=env_str(env, "HOST_IDENTITY_SECRET_ARN"),
+            alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
+            poll_seconds=env_int(env, "PUSH_POLL_SECONDS", 0, 300),
         )
 
 

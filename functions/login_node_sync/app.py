@@ -9,7 +9,6 @@ statemachines/login_node_sync.asl.json.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit

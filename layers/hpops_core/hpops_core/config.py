@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpops_core.errors import ConfigurationError
 
 
-def _require(env: Mapping[str, str], name: str) -> str:
+def env_str(env: Mapping[str, str], name: str, pattern: re.Pattern[str] | None = None) -> str:
+    """A required variable; with `pattern`, it must also match (a malformed value is named, not echoed)."""
     value = env.get(name, "").strip()
     if not value:
         raise ConfigurationError(f"missing environment variable {name}")
+    if pattern is not None and not pattern.match(value):
+        raise ConfigurationError(f"environment variable {name} is malformed")
     return value
 
 
-def _require_int(env: Mapping[str, str], name: str, low: int, high: int) -> int:
-    raw = _require(env, name)
+def env_int(env: Mapping[str, str], name: str, low: int, high: int, default: int | None = None) -> int:
+    if default is not None and not env.get(name, "").strip():
+        return default
+    raw = env_str(env, name)
     try:
         value = int(raw)
     except ValueError:
@@ -27,8 +33,8 @@ def _require_int(env: Mapping[str, str], name: str, low: int, high: int) -> int:
     return value
 
 
-def _require_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
-    value = _require(env, name)
+def env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    value = env_str(env, name)
     if value not in choices:
         raise ConfigurationError(f"environment variable {name} must be one of {', '.join(choices)}")
     return value
@@ -51,12 +57,12 @@ class SyncConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
         env = os.environ if env is None else env
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME"),
-            cluster_arn=_require(env, "CLUSTER_ARN"),
-            login_group=_require(env, "LOGIN_GROUP_NAME"),
-            target_group_arn=_require(env, "TARGET_GROUP_ARN"),
-            ssh_port=_require_int(env, "SSH_PORT", 1, 65535),
-            state_table=_require(env, "STATE_TABLE_NAME"),
-            lease_seconds=_require_int(env, "LEASE_SECONDS", 60, 86400),
-            host_identity_mode=_require_choice(env, "HOST_IDENTITY_MODE", ("keys", "off")),
+            cluster_name=env_str(env, "CLUSTER_NAME"),
+            cluster_arn=env_str(env, "CLUSTER_ARN"),
+            login_group=env_str(env, "LOGIN_GROUP_NAME"),
+            target_group_arn=env_str(env, "TARGET_GROUP_ARN"),
+            ssh_port=env_int(env, "SSH_PORT", 1, 65535),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
+            lease_seconds=env_int(env, "LEASE_SECONDS", 60, 86400),
+            host_identity_mode=env_choice(env, "HOST_IDENTITY_MODE", ("keys", "off")),
         )

@@ -143,10 +143,21 @@ class SyncRequest:
         }
 
 
-def _validation_summary(error: ValidationError) -> str:
+def validation_summary(error: ValidationError) -> str:
     # Name the fields that failed, never echo the offending (possibly hostile) values.
     fields = sorted({".".join(str(p) for p in e["loc"]) for e in error.errors()})
     return ", ".join(fields[:8]) or "unknown"
+
+
+def parse_event(event: dict, model: type[EventBridgeModel]) -> EventBridgeModel:
+    """Parse with a Powertools Parser model; any failure becomes MalformedEventError naming the bad fields."""
+    label = event.get("detail-type", "event")
+    try:
+        return parse(event=event, model=model)
+    except ValidationError as error:
+        raise MalformedEventError(f"invalid {label}: {validation_summary(error)}") from None
+    except Exception as error:  # Powertools wraps some failures in its own exception types
+        raise MalformedEventError(f"invalid {label}: {type(error).__name__}") from None
 
 
 def parse_sync_input(event: Any) -> SyncRequest:
@@ -157,17 +168,11 @@ def parse_sync_input(event: Any) -> SyncRequest:
         model = _EVENT_MODELS.get(event["detail-type"]) if isinstance(event["detail-type"], str) else None
         if model is None:
             raise MalformedEventError("unsupported detail-type")
-        try:
-            parsed = parse(event=event, model=model)
-        except ValidationError as error:
-            raise MalformedEventError(f"invalid {event['detail-type']}: {_validation_summary(error)}") from None
-        except Exception as error:  # Powertools wraps some failures in its own exception types
-            raise MalformedEventError(f"invalid {event['detail-type']}: {type(error).__name__}") from None
-        return _request_from_event(parsed)
+        return _request_from_event(parse_event(event, model))
     try:
         manual = SyncInput.model_validate(event)
     except ValidationError as error:
-        raise MalformedEventError(f"invalid sweep/repair input: {_validation_summary(error)}") from None
+        raise MalformedEventError(f"invalid sweep/repair input: {validation_summary(error)}") from None
     return SyncRequest(
         cluster=manual.cluster,
         mode=manual.mode,

@@ -15,17 +15,14 @@ from decimal import Decimal, InvalidOperation
 
 from hpops_core.budget_guard.budget_spec import DEFAULT_USER_TAG, _check_tag_key, _check_user
 from hpops_core.budget_guard.prices import InvalidPriceTable, hourly_prices
+from hpops_core.config import env_str
 from hpops_core.errors import ConfigurationError
 
 _AMOUNT = re.compile(r"\d{1,12}(\.\d{1,2})?")
 _ACCOUNT = re.compile(r"\d{12}")
 
 
-def _require(env: Mapping[str, str], name: str) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise ConfigurationError(f"missing environment variable {name}")
-    return value
+_require = env_str
 
 
 def _optional_amount(env: Mapping[str, str], name: str) -> Decimal | None:

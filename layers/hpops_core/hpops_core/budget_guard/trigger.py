@@ -16,11 +16,10 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from aws_lambda_powertools.utilities.parser import parse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hpops_core.errors import MalformedEventError, UnknownClusterError
-from hpops_core.events import STATE_CHANGE, ClusterNameStr, ClusterStateChangeEvent, _validation_summary
+from hpops_core.events import STATE_CHANGE, ClusterNameStr, ClusterStateChangeEvent, parse_event, validation_summary
 
 __all__ = ["BudgetRequest", "observed_from_describe", "parse_budget_input"]
 
@@ -92,12 +91,7 @@ def parse_budget_input(raw: Any, start_time: Any, managed_cluster: str) -> Budge
     if "detail-type" in raw:
         if raw.get("detail-type") != STATE_CHANGE:
             raise MalformedEventError("budget guard only accepts the HyperPod cluster state change event")
-        try:
-            event = parse(event=raw, model=ClusterStateChangeEvent)
-        except ValidationError as error:
-            raise MalformedEventError(f"invalid {STATE_CHANGE}: {_validation_summary(error)}") from None
-        except Exception as error:  # Powertools wraps some failures in its own exception types
-            raise MalformedEventError(f"invalid {STATE_CHANGE}: {type(error).__name__}") from None
+        event = parse_event(raw, ClusterStateChangeEvent)
         detail = event.detail
         observed = {
             "ClusterStatus": detail.ClusterStatus,
@@ -116,7 +110,7 @@ def parse_budget_input(raw: Any, start_time: Any, managed_cluster: str) -> Budge
         try:
             sweep = BudgetSweepInput.model_validate(raw)
         except ValidationError as error:
-            raise MalformedEventError(f"invalid sweep input: {_validation_summary(error)}") from None
+            raise MalformedEventError(f"invalid sweep input: {validation_summary(error)}") from None
         request = BudgetRequest(
             cluster=sweep.cluster,
             mode="sweep",

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpops_core.config import env_int, env_str
 from hpops_core.errors import ConfigurationError
 
 from .identity import IdentityConfig, InvalidIdentityConfig
@@ -39,28 +40,8 @@ _TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9
 _TRUE, _FALSE = frozenset({"true", "yes", "1"}), frozenset({"false", "no", "0", ""})
 
 
-def _require(env: Mapping[str, str], name: str, pattern: re.Pattern[str] | None = None) -> str:
-    value = env.get(name, "").strip()
-    if not value:
-        raise ConfigurationError(f"missing environment variable {name}")
-    if pattern is not None and not pattern.match(value):
-        raise ConfigurationError(f"environment variable {name} is malformed")
-    return value
-
-
-def _int(env: Mapping[str, str], name: str, low: int, high: int, default: int | None = None) -> int:
-    raw = env.get(name, "").strip()
-    if not raw and default is not None:
-        return default
-    if not raw:
-        raise ConfigurationError(f"missing environment variable {name}")
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigurationError(f"environment variable {name} must be an integer") from None
-    if not low <= value <= high:
-        raise ConfigurationError(f"environment variable {name} must be between {low} and {high}")
-    return value
+_require = env_str
+_int = env_int
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
