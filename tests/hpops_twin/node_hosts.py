@@ -6,6 +6,8 @@
   document* against that root (the node reads the secret with its own role; here the twin hands
   it the secret's value on stdin, never on a command line). moto records commands but runs
   nothing, so SendCommand / GetCommandInvocation are wrapped for this document only.
+* SendCommand with the stack's LoginLimitsDocument likewise runs its extracted script (issue 4)
+  against the node's root, which then holds etc/security/limits.d/90-hpops-maxlogins.conf.
 * The verifier's network read (an SSH handshake to ip:22) is answered from the node's public
   key files, which is what its sshd would present. The real handshake is covered by
   tests/ssh/test_real_sshd.py against real sshd and haproxy.
@@ -58,8 +60,12 @@ def ssh_keygen() -> str | None:
 
 class NodeHosts:
     def __init__(self, node_by_instance: Callable[[str], Any], node_by_ip: Callable[[str], Any],
-                 document_name: Callable[[], str], document_content: Callable[[], dict], secret_value: Callable[[str], str]):
+                 document_name: Callable[[], str], document_content: Callable[[], dict], secret_value: Callable[[str], str],
+                 limits_document_name: Callable[[], str] | None = None,
+                 limits_document_content: Callable[[], dict] | None = None):
         self._node_by_instance = node_by_instance
+        self._limits_document_name = limits_document_name
+        self._limits_document_content = limits_document_content
         self._node_by_ip = node_by_ip
         self._document_name = document_name
         self._document_content = document_content
@@ -98,17 +104,34 @@ class NodeHosts:
         return lines
 
     def run_document(self, command_id: str, instance_id: str, parameters: dict) -> dict:
+        return self._run(command_id, instance_id, self._document_name(), "InstallHostIdentity",
+                         lambda: self._document_content(), "install_host_keys.py",
+                         lambda root: ["--bundle-file", "-", "--root", str(root), "--sshd-cmd", "true", "--reload-cmd", "true",
+                                       "--ssh-keygen-cmd", ssh_keygen() or "ssh-keygen"],
+                         lambda: self._secret_value(parameters["SecretId"][0]).encode())
+
+    def run_limits_document(self, command_id: str, instance_id: str, parameters: dict) -> dict:
+        assert self._limits_document_name is not None and self._limits_document_content is not None
+        return self._run(command_id, instance_id, self._limits_document_name(), "ApplyLoginLimits",
+                         self._limits_document_content, "apply_login_limits.py",
+                         lambda root: ["--root", str(root), "--limits-json", parameters["LimitsJson"][0]],
+                         lambda: b"")
+
+    def limits_file(self, instance_id: str) -> Path:
+        return self.root(instance_id) / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf"
+
+    def _run(self, command_id: str, instance_id: str, document_name: str, plugin: str, content: Callable[[], dict],
+             script_name: str, arguments: Callable[[Path], list[str]], stdin: Callable[[], bytes]) -> dict:
         node = self._node_by_instance(instance_id)
         if node is None or instance_id in self.unreachable:
             result = {"Status": "Failed", "StatusDetails": "Undeliverable", "StandardOutputContent": "",
                       "ResponseCode": -1}
         else:
-            script = self._script_dir() / "install_host_keys.py"
-            script.write_text(extract_script(self._document_content()))
+            script = self._script_dir() / script_name
+            script.write_text(extract_script(content()))
             completed = subprocess.run(
-                [sys.executable, str(script), "--bundle-file", "-", "--root", str(self.root(instance_id)),
-                 "--sshd-cmd", "true", "--reload-cmd", "true", "--ssh-keygen-cmd", ssh_keygen() or "ssh-keygen"],
-                input=self._secret_value(parameters["SecretId"][0]).encode(), capture_output=True, timeout=60,
+                [sys.executable, str(script), *arguments(self.root(instance_id))],
+                input=stdin(), capture_output=True, timeout=60,
             )
             result = {
                 "Status": "Success" if completed.returncode == 0 else "Failed",
@@ -117,8 +140,8 @@ class NodeHosts:
                 "StandardErrorContent": completed.stderr.decode(errors="replace"),
                 "ResponseCode": completed.returncode,
             }
-        result |= {"CommandId": command_id, "InstanceId": instance_id, "DocumentName": self._document_name(),
-                   "PluginName": "InstallHostIdentity"}
+        result |= {"CommandId": command_id, "InstanceId": instance_id, "DocumentName": document_name,
+                   "PluginName": plugin}
         self.results[(command_id, instance_id)] = result
         self.runs.append(result)
         return result
@@ -139,6 +162,9 @@ class NodeHosts:
             if command.document_name == hosts._document_name():
                 for instance_id in command.instance_ids:
                     hosts.run_document(command.command_id, instance_id, command.parameters)
+            elif hosts._limits_document_name is not None and command.document_name == hosts._limits_document_name():
+                for instance_id in command.instance_ids:
+                    hosts.run_limits_document(command.command_id, instance_id, command.parameters)
             return command
 
         def get_command_invocation(backend, command_id: str, instance_id: str, plugin_name: str | None):

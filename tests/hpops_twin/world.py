@@ -185,6 +185,8 @@ class TwinWorld:
             document_name=lambda: self.resolver.physical_ids["HostIdentityDocument"],
             document_content=lambda: self.resolver.resolve(self.template.resources["HostIdentityDocument"]["Properties"])["Content"],
             secret_value=lambda arn: self.aws.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"],
+            limits_document_name=lambda: self.resolver.physical_ids["LoginLimitsDocument"],
+            limits_document_content=lambda: self.resolver.resolve(self.template.resources["LoginLimitsDocument"]["Properties"])["Content"],
         )
         hosts = self.hosts.installed()
         hosts.__enter__()

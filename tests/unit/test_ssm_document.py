@@ -1,21 +1,43 @@
-"""The stack's SSM document runs exactly the node script in the repository."""
+"""The stack's SSM documents run exactly the node scripts in the repository."""
 
-from hpops_twin.ssm_document import SCRIPT_PATH, current_block, extract_script, render_resource
+import re
+
+import pytest
+
+from hpops_twin.ssm_document import DOCUMENTS, HOST_IDENTITY, LOGIN_LIMITS, current_block, extract_script, render_resource
 from hpops_twin.template_model import TEMPLATE_PATH, TemplateModel
 
 
-def test_template_document_is_generated_from_the_node_script():
-    assert current_block(TEMPLATE_PATH.read_text()) == render_resource(SCRIPT_PATH.read_text()), "run `make ssm-document`"
+@pytest.mark.parametrize("spec", DOCUMENTS, ids=lambda s: s.logical_id)
+def test_template_document_is_generated_from_the_node_script(spec):
+    assert current_block(TEMPLATE_PATH.read_text(), spec) == render_resource(spec.script_path.read_text(), spec), "run `make ssm-document`"
 
 
-def test_the_script_a_node_runs_is_the_file_in_the_repository():
-    content = TemplateModel().resources["HostIdentityDocument"]["Properties"]["Content"]
-    assert extract_script(content) == SCRIPT_PATH.read_text()
+@pytest.mark.parametrize("spec", DOCUMENTS, ids=lambda s: s.logical_id)
+def test_the_script_a_node_runs_is_the_file_in_the_repository(spec):
+    content = TemplateModel().resources[spec.logical_id]["Properties"]["Content"]
+    assert extract_script(content) == spec.script_path.read_text()
 
 
-def test_document_parameters_are_public_and_pattern_checked():
-    content = TemplateModel().resources["HostIdentityDocument"]["Properties"]["Content"]
-    assert set(content["parameters"]) == {"SecretId", "Region"}, "no key material ever travels as a parameter"
+@pytest.mark.parametrize("spec", DOCUMENTS, ids=lambda s: s.logical_id)
+def test_document_parameters_are_pattern_checked(spec):
+    content = TemplateModel().resources[spec.logical_id]["Properties"]["Content"]
     assert all("allowedPattern" in p for p in content["parameters"].values())
     command = content["mainSteps"][0]["inputs"]["runCommand"][0]
+    assert command.rstrip().endswith(spec.command)
+
+
+def test_host_identity_parameters_are_public():
+    content = TemplateModel().resources[HOST_IDENTITY.logical_id]["Properties"]["Content"]
+    assert set(content["parameters"]) == {"SecretId", "Region"}, "no key material ever travels as a parameter"
+    command = content["mainSteps"][0]["inputs"]["runCommand"][0]
     assert command.rstrip().endswith("python3 \"$script\" --secret-id '{{ SecretId }}' --region '{{ Region }}'")
+
+
+def test_login_limits_parameter_admits_limits_json_and_nothing_shell_can_interpret():
+    content = TemplateModel().resources[LOGIN_LIMITS.logical_id]["Properties"]["Content"]
+    assert set(content["parameters"]) == {"LimitsJson"}
+    pattern = re.compile(content["parameters"]["LimitsJson"]["allowedPattern"])
+    assert pattern.match('{"default":2,"exempt":["ops-1"],"overrides":{"alice":4,"intern_2":0}}')
+    for bad in ("{\"default\":2}'; rm -rf /", '{"default":"$(id)"}', '{"default":`id`}', '{"a":"\\u0027"}', ""):
+        assert not pattern.match(bad), bad

@@ -31,22 +31,23 @@ class CommandOutcome:
 
 
 class NodeCommandTransport(Protocol):
-    def send(self, instance_id: str, document: str, parameters: dict[str, list[str]]) -> str: ...
+    def send(self, instance_id: str, document: str, parameters: dict[str, list[str]], comment: str = ...) -> str: ...
 
     def outcome(self, command_id: str, instance_id: str) -> CommandOutcome: ...
 
 
 class SsmRunCommand:
-    """SSM Run Command with the stack-owned document."""
+    """SSM Run Command with a stack-owned document (HostIdentityDocument, LoginLimitsDocument)."""
 
-    def send(self, instance_id: str, document: str, parameters: dict[str, list[str]]) -> str:
+    def send(self, instance_id: str, document: str, parameters: dict[str, list[str]],
+             comment: str = "hpops: install the canonical SSH host identity") -> str:
         with transient_errors_named("ssm:SendCommand"):
             response = client("ssm").send_command(
                 InstanceIds=[instance_id],
                 DocumentName=document,
                 Parameters=parameters,
                 TimeoutSeconds=60,
-                Comment="hpops: install the canonical SSH host identity",
+                Comment=comment,
             )
         return response["Command"]["CommandId"]
 

@@ -167,3 +167,48 @@ class SessionLimitsConfig:
             state_table=_require(env, "STATE_TABLE_NAME"),
             tag_cache_seconds=_int(env, "SESSION_TAG_CACHE_SECONDS", 0, 3600, default=300),
         )
+
+
+@dataclass(frozen=True)
+class LoginLimitsConfig:
+    """What PushLoginLimits needs: the same limits as enforcement, as the node script's JSON.
+
+    ``limits_json`` is validated here by the node script's own parser, so a user name or limit
+    the nodes would refuse fails the push step with ConfigurationError instead of every node.
+    Also reads LOGIN_LIMITS_DOCUMENT and LOGIN_LIMITS_POLL_SECONDS (optional, default 20).
+    """
+
+    cluster_name: str
+    login_group: str
+    limits_json: str
+    document: str
+    state_table: str
+    dry_run: bool
+    poll_seconds: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LoginLimitsConfig:
+        from hpops_core.session_limits.node import apply_login_limits as node_script
+
+        env = os.environ if env is None else env
+        trigger = SessionTriggerConfig.from_env(env)
+        wanted = {
+            "default": _int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
+            "overrides": _overrides(env),
+            "exempt": list(_csv(env, "SESSION_EXEMPT_USERS")),
+        }
+        try:
+            limits_json = node_script.canonical_json(node_script.parse_limits(json.dumps(wanted)))
+        except node_script.BadInput as exc:
+            raise ConfigurationError(f"login node limits: {exc}") from None
+        if len(limits_json) > 4000:  # the document parameter's allowedPattern
+            raise ConfigurationError("login node limits: too many overrides/exempt users for one SSM parameter")
+        return cls(
+            cluster_name=trigger.cluster_name,
+            login_group=trigger.login_group,
+            limits_json=limits_json,
+            document=_require(env, "LOGIN_LIMITS_DOCUMENT"),
+            state_table=_require(env, "STATE_TABLE_NAME"),
+            dry_run=trigger.dry_run,
+            poll_seconds=_int(env, "LOGIN_LIMITS_POLL_SECONDS", 0, 60, default=20),
+        )
