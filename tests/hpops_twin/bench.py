@@ -4,6 +4,8 @@ Counts are exact (every AWS call our Lambda code makes goes through boto3's defa
 the twin counts them there); times are wall-clock on this machine and only indicative.
 Targets (issue #2): <= 6 SageMaker+ELB calls for a single-node replacement whatever the cluster
 size, <= 2 for an idle sweep, <= 2 DynamoDB calls per reconcile, nothing growing with workers.
+Certificate mode (issue #3): a replacement costs two Run Commands and one signature; the daily
+check costs only handshakes when nothing is due.
 """
 
 from __future__ import annotations
@@ -78,6 +80,21 @@ def bench_size(size: int) -> list[Row]:
     return rows
 
 
+def certificate_mode_rows(size: int = 100) -> list[Row]:
+    """HostIdentityMode=certificate: a replacement costs two Run Commands and one signature."""
+    parameters = {"HostIdentityMode": "certificate", "HostCertificatePrincipals": "login.hpc.example.edu"}
+    with TwinWorld(login_count=LOGIN_NODES, worker_count=size - LOGIN_NODES, parameters=parameters) as world:
+        world.wait([world.run_schedule()])
+        cluster, sim = world.cluster_name, world.sim
+        victim = sorted(sim.nodes(cluster, world.login_group), key=lambda n: n.ip)[0]
+        sim.replace_node(cluster, victim.instance_id)
+        provisioned = sim.finish_provisioning(cluster)
+        rows = [_measure(world, "cert mode: replacement -> converged", size, lambda: world.publish([provisioned[0]]))]
+        rows.append(_measure(world, "cert mode: daily check, nothing due", size,
+                             lambda: [world.run_schedule("CertificateRenewal")]))
+    return rows
+
+
 def render(rows: list[Row]) -> str:
     header = f"{'scenario':<38} {'nodes':>6} {'SM+ELB':>7} {'DDB':>4} {'transitions':>11} {'seconds':>8}  calls"
     lines = [header, "-" * len(header)]
@@ -90,6 +107,8 @@ def render(rows: list[Row]) -> str:
 
 def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> int:
     rows = [row for size in sizes for row in bench_size(size)]
+    certificate_rows = certificate_mode_rows()
+    rows += certificate_rows
     print(render(rows))
     single = [r for r in rows if r.scenario.startswith("replacement: one")]
     idle = [r for r in rows if r.scenario == "idle sweep"]
@@ -98,6 +117,10 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
         "idle sweep <= 2 SageMaker+ELB calls": all(r.sagemaker_elb_calls <= 2 for r in idle),
         "<= 2 DynamoDB calls per single reconcile": all(r.dynamodb_calls <= 2 for r in single + idle),
         "calls do not grow with cluster size": len({r.sagemaker_elb_calls for r in single}) == 1,
+        "cert mode replacement: 2 Run Commands (report keys, install), <= 6 SageMaker+ELB":
+            certificate_rows[0].calls.get("ssm.SendCommand") == 2 and certificate_rows[0].sagemaker_elb_calls <= 6,
+        "cert mode daily check with nothing due: no Run Command, no signature":
+            "ssm.SendCommand" not in certificate_rows[1].calls and "ssm.PutParameter" not in certificate_rows[1].calls,
     }
     from hpops_twin.session_bench import session_limits_section  # issue 4
 

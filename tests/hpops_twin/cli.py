@@ -5,7 +5,8 @@
     hpops status  --stack-name S | --twin    target group vs login nodes, recent executions
     hpops repair  --stack-name S | --twin [--dry-run]
     hpops bench [--json FILE]                API calls, state transitions, times (the twin)
-    hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys
+    hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys (keys mode)
+    hpops host-keys ca-generate|ca-show --stack-name S         the host certificate CA (certificate mode)
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -138,6 +139,8 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
     from hpops_core.host_identity.operator import install_canonical_bundle
 
     outputs, parameters, session = _stack(args.stack_name, args.region)
+    if args.action.startswith("ca-"):
+        return _host_ca(args, outputs, parameters, session)
     if args.action == "show":
         from hpops_core.host_identity.identity_record import read_expected
 
@@ -164,6 +167,32 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         print(f"{key_type:<22} {value}")
     if args.action == "rotate":
         print("now run: hpops repair --stack-name", args.stack_name, "(pushes and re-verifies every login node)")
+    return 0
+
+
+def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session: Any) -> int:
+    """Certificate mode: create (or rotate) the CA, or print the line users trust."""
+    from hpops_core.host_identity.identity_record import read_expected
+    from hpops_core.host_identity.keys import generate_ca
+    from hpops_core.host_identity.operator import install_certificate_authority
+
+    table, cluster = outputs["SyncStateTableName"], parameters["ClusterName"]
+    if args.action == "ca-generate":
+        ca = generate_ca()
+        install_certificate_authority(session.client("secretsmanager"), session.client("dynamodb"),
+                                      outputs["HostCertificateAuthoritySecretArn"], table, cluster, ca)
+        public_line, fingerprint = ca.public_line, ca.fingerprint()
+        print("host certificate CA installed. A repair certifies every login node: hpops repair --stack-name",
+              args.stack_name)
+    else:
+        record = read_expected(session.client("dynamodb"), table, cluster) or {}
+        if record.get("mode") != "certificate":
+            print("no host certificate CA published; run: hpops host-keys ca-generate --stack-name", args.stack_name)
+            return 1
+        public_line, fingerprint = record["caPublic"], record["caFingerprint"]
+    host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
+    print(f"CA fingerprint {fingerprint}\nusers add this one line to ~/.ssh/known_hosts:")
+    print(f"  @cert-authority {host},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} {public_line}")
     return 0
 
 
@@ -200,8 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--timeout", type=float, default=300)
         sub.set_defaults(func=func)
 
-    keys = commands.add_parser("host-keys", help="canonical SSH host keys: generate | adopt | rotate | show")
-    keys.add_argument("action", choices=("generate", "adopt", "rotate", "show"))
+    keys = commands.add_parser("host-keys", help="host identity: generate | adopt | rotate | show | ca-generate | ca-show")
+    keys.add_argument("action", choices=("generate", "adopt", "rotate", "show", "ca-generate", "ca-show"))
     keys.add_argument("--stack-name", required=True)
     keys.add_argument("--region")
     keys.add_argument("--from-dir", help="adopt: folder holding a login node's ssh_host_*_key files")

@@ -99,13 +99,17 @@ class Demo:
             result = invocation.result if isinstance(invocation.result, dict) else {}
             lines = []
             if invocation.function.endswith("PlanTargetChangesFunction"):
-                lines = [r for r in result.get("reasons", []) if not r.startswith("register ")] if world.resolver.parameters["HostIdentityMode"] == "keys" else result.get("reasons", [])
+                lines = [r for r in result.get("reasons", []) if not r.startswith("register ")] if world.resolver.parameters["HostIdentityMode"] != "off" else result.get("reasons", [])
             elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
                 lines = [f"verify {result['ip']}: {result['reason'][:90]}"]
             elif invocation.function.endswith("PushHostIdentityFunction") and result:
-                lines = [f"push canonical keys to {invocation.event['instanceId']}: " + ("Run Command sent" if result["sent"] else result["reason"])]
+                what = {"collect": "ask {} for its public host keys", "install": "push the host identity to {}"}[result["phase"]]
+                lines = [what.format(invocation.event["instanceId"]) + ": " + ("Run Command sent" if result["sent"] else result["reason"])]
             elif invocation.function.endswith("CheckHostIdentityPushFunction") and result.get("finished"):
-                lines = [f"key push on {invocation.event['instanceId']}: {result['status']} ({result['result']})"]
+                lines = [f"{invocation.event.get('phase', 'install')} on {invocation.event['instanceId']}: "
+                         f"{result['status']} ({result['result']})"]
+            elif invocation.function.endswith("SignHostCertificatesFunction") and result:
+                lines = [f"sign host certificates for {invocation.event['instanceId']}: {result['reason']}"]
             elif invocation.function.endswith("GateTargetChangesFunction"):
                 lines = result.get("reasons", [])
             for line in lines:
@@ -223,16 +227,19 @@ class Demo:
 
 
 def run_demo(json_path: str | None = None, out: Callable[[str], None] = print) -> int:
+    from hpops_twin.certificate_demo import run_certificate_chapter  # issue 3, certificate mode
+
     random.seed(7)
     with TwinWorld() as world:
         demo = Demo(world, out)
         steps = demo.run()
-        out("")
-        out(demo.table())
-        all_ok = all(s.ok for s in steps)
-        out("")
-        out("all steps converged" if all_ok else "SOME STEPS FAILED")
-        if json_path:
-            with open(json_path, "w", encoding="utf-8") as handle:
-                json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
-        return 0 if all_ok else 1
+    run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
+    out("")
+    out(demo.table())
+    all_ok = all(s.ok for s in steps)
+    out("")
+    out("all steps converged" if all_ok else "SOME STEPS FAILED")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
+    return 0 if all_ok else 1

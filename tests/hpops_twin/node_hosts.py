@@ -3,13 +3,15 @@
 * Each login node gets its own root directory with etc/ssh/ssh_host_*_key files: a fresh node
   has its own keys, exactly the situation that makes users see "host key changed".
 * SendCommand with the stack's document runs the node script *extracted from template.yaml's
-  document* against that root (the node reads the secret with its own role; here the twin hands
-  it the secret's value on stdin, never on a command line). moto records commands but runs
-  nothing, so SendCommand / GetCommandInvocation are wrapped for this document only.
+  document* against that root, in the document's Mode (keys, certificate, report-public-keys).
+  The node reads its bundle with its own role (the key secret, or its certificate parameter);
+  here the twin hands it that value on stdin, never on a command line. moto records commands but
+  runs nothing, so SendCommand / GetCommandInvocation are wrapped for these documents only.
 * SendCommand with the stack's LoginLimitsDocument likewise runs its extracted script (issue 4)
   against the node's root, which then holds etc/security/limits.d/90-hpops-maxlogins.conf.
 * The verifier's network read (an SSH handshake to ip:22) is answered from the node's public
-  key files, which is what its sshd would present. The real handshake is covered by
+  key files and, for certificate algorithms, from the certificate files its sshd_config names
+  (HostCertificate), which is what its sshd would present. The real handshake is covered by
   tests/ssh/test_real_sshd.py against real sshd and haproxy.
 """
 
@@ -61,6 +63,7 @@ def ssh_keygen() -> str | None:
 class NodeHosts:
     def __init__(self, node_by_instance: Callable[[str], Any], node_by_ip: Callable[[str], Any],
                  document_name: Callable[[], str], document_content: Callable[[], dict], secret_value: Callable[[str], str],
+                 parameter_value: Callable[[str], str] | None = None,
                  limits_document_name: Callable[[], str] | None = None,
                  limits_document_content: Callable[[], dict] | None = None):
         self._node_by_instance = node_by_instance
@@ -70,6 +73,7 @@ class NodeHosts:
         self._document_name = document_name
         self._document_content = document_content
         self._secret_value = secret_value
+        self._parameter_value = parameter_value
         self._dir = Path(tempfile.mkdtemp(prefix="hpops-twin-nodes-"))
         self._counter = itertools.count()
         self.roots: dict[str, Path] = {}
@@ -103,12 +107,37 @@ class NodeHosts:
             lines[line.split()[0]] = line
         return lines
 
+    def presented_host_certificate(self, ip: str, port: int, key_type: str = "ssh-ed25519",
+                                   timeout: float = 5.0) -> verifier.PresentedHostCertificate:
+        """What sshd offers under <key_type>-cert-v01: the certificate file sshd_config names, if any."""
+        node = self._node_by_ip(ip)
+        if node is None or node.status != "Running":
+            raise verifier.HostUnreachable(f"{ip}:{port}: connection refused")
+        ssh = self.root(node.instance_id) / "etc" / "ssh"
+        configured = {line.split()[1] for line in (ssh / "sshd_config").read_text().splitlines()
+                      if len(line.split()) >= 2 and line.split()[0].lower() == "hostcertificate"}
+        for path in map(Path, sorted(configured)):
+            if path.exists() and path.read_text().split()[0] == key_type + "-cert-v01@openssh.com":
+                return verifier._describe_certificate(path.read_text().strip(), key_type, f"{ip}:{port}")
+        raise verifier.HostCertificateMissing(f"{ip}:{port} offers no {key_type} host certificate")
+
     def run_document(self, command_id: str, instance_id: str, parameters: dict) -> dict:
+        mode, source = parameters["Mode"][0], parameters["Source"][0]
+
+        def bundle() -> bytes:
+            if mode == "keys":
+                return self._secret_value(source).encode()
+            if mode == "certificate":
+                assert self._parameter_value is not None
+                return self._parameter_value(source).encode()
+            return b""
+
         return self._run(command_id, instance_id, self._document_name(), "InstallHostIdentity",
                          lambda: self._document_content(), "install_host_keys.py",
-                         lambda root: ["--bundle-file", "-", "--root", str(root), "--sshd-cmd", "true", "--reload-cmd", "true",
+                         lambda root: ["--mode", mode, *(["--bundle-file", "-"] if mode != "report-public-keys" else []),
+                                       "--root", str(root), "--sshd-cmd", "true", "--reload-cmd", "true",
                                        "--ssh-keygen-cmd", ssh_keygen() or "ssh-keygen"],
-                         lambda: self._secret_value(parameters["SecretId"][0]).encode())
+                         bundle)
 
     def run_limits_document(self, command_id: str, instance_id: str, parameters: dict) -> dict:
         assert self._limits_document_name is not None and self._limits_document_content is not None
@@ -176,6 +205,7 @@ class NodeHosts:
             stack.enter_context(mock.patch.object(SimpleSystemManagerBackend, "send_command", send_command))
             stack.enter_context(mock.patch.object(SimpleSystemManagerBackend, "get_command_invocation", get_command_invocation))
             stack.enter_context(mock.patch.object(verifier, "read_presented_public_keys", self.presented_public_keys))
+            stack.enter_context(mock.patch.object(verifier, "read_presented_host_certificate", self.presented_host_certificate))
             try:
                 yield self
             finally:

@@ -33,7 +33,7 @@ class DocumentSpec:
     step_name: str
     description: str
     parameters_yaml: str  # the document's `parameters:` entries, indented 10 spaces (f-string escaped)
-    command: str  # the line that runs "$script" with the document's parameters
+    command: str  # the shell that runs "$script" with the document's parameters (may be several lines)
 
     @property
     def begin(self) -> str:
@@ -49,16 +49,37 @@ HOST_IDENTITY = DocumentSpec(
     logical_id="HostIdentityDocument",
     script_path=REPO_ROOT / "layers/hpops_core/hpops_core/host_identity/node/install_host_keys.py",
     step_name="InstallHostIdentity",
-    description="Install the canonical SSH host identity (hpops). The node reads the keys from Secrets Manager with its own role.",
-    parameters_yaml="""          SecretId:
+    description=(
+        "Install the canonical SSH host identity (hpops). Mode=keys installs the shared host keys from"
+        " Secrets Manager; Mode=report-public-keys prints this node's public host keys; Mode=certificate"
+        " installs this node's host certificates from its SSM parameter. The node reads with its own role."
+    ),
+    # Source is one pattern for three kinds of value, none of which can carry a quote, space, ';',
+    # '$' or backtick into the shell; the script also checks that the value fits the mode.
+    parameters_yaml="""          Mode:
             type: String
-            description: ARN of the host identity secret.
-            allowedPattern: "^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+$"
+            description: "keys, certificate or report-public-keys (prints the node's public host keys, changes nothing)."
+            allowedValues:
+              - keys
+              - certificate
+              - report-public-keys
+            allowedPattern: "^(keys|certificate|report-public-keys)$"
+            default: keys
+          Source:
+            type: String
+            description: "Mode=keys: ARN of the host key secret. Mode=certificate: the node's certificate parameter /hpops/<cluster>/host-certificates/<instance-id>. Mode=report-public-keys: none."
+            allowedPattern: "^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:[A-Za-z0-9/_+=.@-]+|/hpops/[A-Za-z0-9_.-]+/host-certificates/[A-Za-z0-9_.-]+|none)$"
+            default: none
           Region:
             type: String
             allowedPattern: "^[a-z]{2}(-[a-z]+)+-[0-9]$"
 """,
-    command="""python3 "$script" --secret-id '{{ SecretId }}' --region '{{ Region }}'""",
+    command="""case '{{ Mode }}' in
+  keys) python3 "$script" --mode keys --secret-id '{{ Source }}' --region '{{ Region }}' ;;
+  certificate) python3 "$script" --mode certificate --certificate-parameter '{{ Source }}' --region '{{ Region }}' ;;
+  report-public-keys) python3 "$script" --mode report-public-keys ;;
+  *) echo "unknown mode" >&2; exit 2 ;;
+esac""",
 )
 
 LOGIN_LIMITS = DocumentSpec(
@@ -87,6 +108,8 @@ def render_resource(script: str, spec: DocumentSpec = HOST_IDENTITY) -> str:
     if HEREDOC in script or "{{" in script:
         raise ValueError("the node script must not contain the heredoc marker or SSM '{{' interpolation")
     body = textwrap.indent(script, " " * 18)
+    # Every line of a multi-line command belongs to the same block scalar as the heredoc.
+    command = textwrap.indent(spec.command, " " * 18)
     return spec.begin + f"""  {spec.logical_id}:
     Type: AWS::SSM::Document
     Properties:
@@ -110,7 +133,7 @@ def render_resource(script: str, spec: DocumentSpec = HOST_IDENTITY) -> str:
                   trap 'rm -f "$script"' EXIT
                   cat > "$script" <<'{HEREDOC}'
 {body}                  {HEREDOC}
-                  {spec.command}
+{command}
 """ + spec.end
 
 

@@ -33,8 +33,9 @@ from moto.events.models import EventPattern
 from moto.stepfunctions.models import StateMachine as MotoStateMachine
 
 from hpops_core.aws import clients as hpops_clients
-from hpops_core.host_identity.keys import HostKeyBundle, fingerprint
-from hpops_core.host_identity.operator import install_canonical_bundle
+from hpops_core.host_identity import certificates, verifier
+from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, generate_ca
+from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.node_hosts import NodeHosts, canonical_bundle, ssh_keygen
@@ -185,6 +186,7 @@ class TwinWorld:
             document_name=lambda: self.resolver.physical_ids["HostIdentityDocument"],
             document_content=lambda: self.resolver.resolve(self.template.resources["HostIdentityDocument"]["Properties"])["Content"],
             secret_value=lambda arn: self.aws.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"],
+            parameter_value=self._parameter_value,
             limits_document_name=lambda: self.resolver.physical_ids["LoginLimitsDocument"],
             limits_document_content=lambda: self.resolver.resolve(self.template.resources["LoginLimitsDocument"]["Properties"])["Content"],
         )
@@ -204,6 +206,8 @@ class TwinWorld:
         self.aws.client("sns").subscribe(TopicArn=self.output("AlertTopicArn"), Protocol="sqs", Endpoint=queue_arn)
         if self.resolver.parameters["HostIdentityMode"] == "keys":
             self.install_canonical_host_keys(canonical_bundle())
+        elif self.resolver.parameters["HostIdentityMode"] == "certificate":
+            self.install_host_certificate_authority(generate_ca())
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -381,8 +385,9 @@ class TwinWorld:
                 self.rules[source.name] = {"kind": source.kind, "pattern": props["Pattern"], "state_machine": arn}
             elif source.kind in ("Schedule", "ScheduleV2"):
                 schedule = props.get("Schedule") or props.get("ScheduleExpression")
-                events.put_rule(Name=rule_name, ScheduleExpression=schedule)
-                self.rules[source.name] = {"kind": source.kind, "schedule": schedule,
+                state = props.get("State", "ENABLED")
+                events.put_rule(Name=rule_name, ScheduleExpression=schedule, State=state)
+                self.rules[source.name] = {"kind": source.kind, "schedule": schedule, "enabled": state == "ENABLED",
                                            "input": json.loads(props.get("Input", "{}")), "state_machine": arn}
             else:
                 raise NotImplementedError(f"event source type {source.kind}")
@@ -412,6 +417,8 @@ class TwinWorld:
 
     def run_schedule(self, name: str = "Sweep") -> str:
         rule = self.rules[name]
+        if not rule["enabled"]:
+            raise RuntimeError(f"schedule {name} is disabled in this deployment")
         return self._start(rule["state_machine"], rule["input"], name, None)
 
     def start_repair(self, dry_run: bool = False, cluster: str | None = None) -> str:
@@ -487,6 +494,8 @@ class TwinWorld:
         if self.resolver.parameters["HostIdentityMode"] == "keys":
             canonical = self.canonical_fingerprints()
             running = [n for n in running if self.presented_fingerprints(n.instance_id) == canonical]
+        elif self.resolver.parameters["HostIdentityMode"] == "certificate":
+            running = [n for n in running if self.certificate_verdict(n.instance_id).acceptable]
         return sorted(n.ip for n in running)
 
     def notifications(self) -> list[dict]:
@@ -530,6 +539,35 @@ class TwinWorld:
         """What the node's sshd presents (read from its key files)."""
         node = self._node_by_instance(instance_id)
         return {t: fingerprint(line) for t, line in self.hosts.presented_public_keys(node.ip, 22).items()}
+
+    # certificate mode
+    def _parameter_value(self, name: str) -> str:
+        """What the node's `aws ssm get-parameter` prints ('' when missing: the script then refuses)."""
+        try:
+            return self.aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
+        except self.aws.client("ssm").exceptions.ParameterNotFound:
+            return ""
+
+    def install_host_certificate_authority(self, ca: HostCA) -> str:
+        """What the operator's `hpops host-keys ca-generate` does."""
+        self.host_ca = ca
+        return install_certificate_authority(
+            self.aws.client("secretsmanager"), self.aws.client("dynamodb"), self.output("HostCertificateAuthoritySecretArn"),
+            self.resolver.physical_ids["SyncStateTable"], self.cluster_name, ca,
+        )
+
+    def certificate_policy(self) -> certificates.CertificatePolicy:
+        env = self.resolver.resolve(self.template.function_environment("SignHostCertificatesFunction"))
+        return certificates.CertificatePolicy.from_strings(
+            env["HOST_CERTIFICATE_PRINCIPALS"], int(env["HOST_CERTIFICATE_VALIDITY_DAYS"]), int(env["HOST_CERTIFICATE_RENEW_DAYS"]))
+
+    def certificate_verdict(self, instance_id: str, now: datetime | None = None) -> verifier.VerificationResult:
+        """Would a user with only the CA's @cert-authority line accept what this node presents?"""
+        node = self._node_by_instance(instance_id)
+        return certificates.verify_node_certificates(
+            node.ip, 22, self.host_ca.fingerprint(), self.certificate_policy(), now or datetime.now(timezone.utc),
+            self.hosts.presented_public_keys, self.hosts.presented_host_certificate,
+        )
 
     def lease_item(self) -> dict | None:
         table = self.resolver.physical_ids["SyncStateTable"]

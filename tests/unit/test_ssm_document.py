@@ -29,9 +29,11 @@ def test_document_parameters_are_pattern_checked(spec):
 
 def test_host_identity_parameters_are_public():
     content = TemplateModel().resources[HOST_IDENTITY.logical_id]["Properties"]["Content"]
-    assert set(content["parameters"]) == {"SecretId", "Region"}, "no key material ever travels as a parameter"
+    # Mode picks the action, Source names where the node fetches its bundle: names only, never keys.
+    assert set(content["parameters"]) == {"Mode", "Source", "Region"}, "no key material ever travels as a parameter"
     command = content["mainSteps"][0]["inputs"]["runCommand"][0]
-    assert command.rstrip().endswith("python3 \"$script\" --secret-id '{{ SecretId }}' --region '{{ Region }}'")
+    assert "python3 \"$script\" --mode keys --secret-id '{{ Source }}' --region '{{ Region }}' ;;" in command
+    assert "--mode certificate --certificate-parameter '{{ Source }}' --region '{{ Region }}' ;;" in command
 
 
 def test_login_limits_parameter_admits_limits_json_and_nothing_shell_can_interpret():

@@ -51,7 +51,8 @@ class SyncConfig:
     ssh_port: int
     state_table: str
     lease_seconds: int
-    host_identity_mode: str  # "keys": new login nodes take traffic only once their host keys verify
+    # "keys" | "certificate": new login nodes take traffic only once their host identity verifies
+    host_identity_mode: str
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
@@ -64,5 +65,5 @@ class SyncConfig:
             ssh_port=env_int(env, "SSH_PORT", 1, 65535),
             state_table=env_str(env, "STATE_TABLE_NAME"),
             lease_seconds=env_int(env, "LEASE_SECONDS", 60, 86400),
-            host_identity_mode=env_choice(env, "HOST_IDENTITY_MODE", ("keys", "off")),
+            host_identity_mode=env_choice(env, "HOST_IDENTITY_MODE", ("keys", "certificate", "off")),
         )

@@ -2,7 +2,8 @@
 
 Inputs (see events/*.json for samples):
   * the three HyperPod detail-types EventBridge delivers (source aws.sagemaker);
-  * the scheduled sweep and manual repairs: {"cluster": "...", "mode": "sweep"|"repair", "dryRun": bool}.
+  * the scheduled sweep and manual repairs: {"cluster": "...", "mode": "sweep"|"repair", "dryRun": bool,
+    "trigger": optional label, e.g. the daily host certificate check}.
 
 None of the HyperPod events carries a login node's IP (see shared/aws-facts.md), so every event
 is reduced to "cluster X may have changed" and the state machine reconciles the whole login
@@ -113,6 +114,8 @@ class SyncInput(BaseModel):
     cluster: ClusterNameStr
     mode: Literal["sweep", "repair"]
     dry_run: bool = Field(default=False, alias="dryRun")
+    # Set by schedules that start a repair (the daily host certificate check), shown in the plan.
+    trigger: str | None = Field(default=None, pattern=r"^[A-Za-z0-9 ._-]{1,80}$")
 
 
 _EVENT_MODELS: dict[str, type[EventBridgeModel]] = {
@@ -177,7 +180,7 @@ def parse_sync_input(event: Any) -> SyncRequest:
         cluster=manual.cluster,
         mode=manual.mode,
         dry_run=manual.dry_run,
-        trigger="scheduled sweep" if manual.mode == "sweep" else "manual repair",
+        trigger=manual.trigger or ("scheduled sweep" if manual.mode == "sweep" else "manual repair"),
     )
 
 

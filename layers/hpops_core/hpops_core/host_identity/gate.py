@@ -13,6 +13,8 @@ class GatedPlan:
     deregister: tuple[str, ...]
     rejected: tuple[dict, ...]  # {"ip", "instanceId", "reason"}
     reasons: tuple[str, ...]
+    # Nodes still serving on a valid certificate whose renewal failed: {"ip", "instanceId", "reason"}.
+    renewal_failed: tuple[dict, ...] = ()
 
     def to_state(self) -> dict[str, Any]:
         return {
@@ -20,6 +22,7 @@ class GatedPlan:
             "deregister": list(self.deregister),
             "rejected": list(self.rejected),
             "reasons": list(self.reasons),
+            "renewalFailed": list(self.renewal_failed),
             "hasChanges": bool(self.register or self.deregister),
         }
 
@@ -36,7 +39,7 @@ def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, 
         verdict = by_ip.get(ip)
         if verdict and verdict.get("ok"):
             register.append(ip)
-            reasons.append(f"register {ip}: {verdict['instanceId']} presents the canonical host keys")
+            reasons.append(f"register {ip}: {verdict['instanceId']} presents the canonical host identity")
         else:
             why = verdict["reason"] if verdict else "not verified"
             rejected.append({"ip": ip, "instanceId": verdict["instanceId"] if verdict else "", "reason": why})
@@ -53,4 +56,8 @@ def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, 
                 reasons.append(f"deregister {ip}: {verdict['reason']}")
             else:
                 reasons.append(f"keep {ip} registered despite failing ({verdict['reason']}): it would empty the target group")
-    return GatedPlan(tuple(register), tuple(sorted(deregister)), tuple(rejected), tuple(reasons))
+    renewal_failed = tuple(
+        {"ip": v["ip"], "instanceId": v["instanceId"], "reason": f"{v['reason']} (still serving: {v.get('before', '')})"}
+        for v in verdicts if v.get("ok") and v.get("renewalFailed")
+    )
+    return GatedPlan(tuple(register), tuple(sorted(deregister)), tuple(rejected), tuple(reasons), renewal_failed)

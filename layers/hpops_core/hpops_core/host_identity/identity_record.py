@@ -19,9 +19,17 @@ class HostIdentityNotConfigured(Exception):
 
 
 def expected_fingerprints(expected: Mapping[str, Any] | None) -> dict[str, str]:
-    if not expected or not expected.get("fingerprints"):
-        raise HostIdentityNotConfigured("no canonical host identity published; run `hpops host-keys generate|adopt`")
+    """Keys mode: key type -> fingerprint every node must present."""
+    if not expected or expected.get("mode", "keys") != "keys" or not expected.get("fingerprints"):
+        raise HostIdentityNotConfigured("no canonical host keys published; run `hpops host-keys generate|adopt`")
     return dict(expected["fingerprints"])
+
+
+def expected_ca_fingerprint(expected: Mapping[str, Any] | None) -> str:
+    """Certificate mode: the fingerprint of the CA every node's certificates must be signed by."""
+    if not expected or expected.get("mode") != "certificate" or not expected.get("caFingerprint"):
+        raise HostIdentityNotConfigured("no host certificate authority published; run `hpops host-keys ca-generate`")
+    return str(expected["caFingerprint"])
 
 
 def from_lease_item(item: Mapping[str, Any]) -> dict | None:
@@ -30,13 +38,23 @@ def from_lease_item(item: Mapping[str, Any]) -> dict | None:
 
 
 def publish_expected(ddb, table: str, cluster: str, fingerprints: Mapping[str, str], version: str) -> None:
-    """Written by the operator's `hpops host-keys` right after the secret changes."""
-    record = {"mode": "keys", "fingerprints": dict(sorted(fingerprints.items())), "version": version}
+    """Keys mode, written by the operator's `hpops host-keys` right after the secret changes."""
+    _publish(ddb, table, cluster, {"mode": "keys", "fingerprints": dict(sorted(fingerprints.items())), "version": version})
+
+
+def publish_certificate_authority(ddb, table: str, cluster: str, ca_public_line: str, ca_fingerprint: str,
+                                  version: str) -> None:
+    """Certificate mode: the CA's public half (what users put after @cert-authority)."""
+    _publish(ddb, table, cluster, {"mode": "certificate", "caFingerprint": ca_fingerprint, "caPublic": ca_public_line,
+                                   "version": version})
+
+
+def _publish(ddb, table: str, cluster: str, record: dict) -> None:
     ddb.update_item(
         TableName=table,
         Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}},
         UpdateExpression="SET hostIdentity = :identity",
-        ExpressionAttributeValues={":identity": {"S": json.dumps(record)}},
+        ExpressionAttributeValues={":identity": {"S": json.dumps(record, sort_keys=True)}},
     )
 
 

@@ -35,6 +35,8 @@ class NodeCommandTransport(Protocol):
 
     def outcome(self, command_id: str, instance_id: str) -> CommandOutcome: ...
 
+    def output(self, command_id: str, instance_id: str) -> str: ...
+
 
 class SsmRunCommand:
     """SSM Run Command with a stack-owned document (HostIdentityDocument, LoginLimitsDocument)."""
@@ -60,6 +62,14 @@ class SsmRunCommand:
                 return CommandOutcome("Pending", "unknown", "invocation not registered yet")
             raise
         return outcome_from_invocation(invocation)
+
+    def output(self, command_id: str, instance_id: str) -> str:
+        """What the node script printed (public by design; at most 24,000 characters are kept by SSM)."""
+        with transient_errors_named("ssm:GetCommandInvocation"):
+            invocation = client("ssm").get_command_invocation(CommandId=command_id, InstanceId=instance_id)
+        if invocation.get("Status") != "Success":
+            return ""
+        return invocation.get("StandardOutputContent") or ""
 
 
 def outcome_from_invocation(invocation: dict) -> CommandOutcome:

@@ -7,8 +7,8 @@ written to Secrets Manager (private half) and its fingerprints published for the
 
 from __future__ import annotations
 
-from hpops_core.host_identity.identity_record import publish_expected
-from hpops_core.host_identity.keys import HostKeyBundle
+from hpops_core.host_identity.identity_record import publish_certificate_authority, publish_expected
+from hpops_core.host_identity.keys import HostCA, HostKeyBundle
 
 
 def install_canonical_bundle(secretsmanager, dynamodb, secret_id: str, table: str, cluster: str,
@@ -18,3 +18,14 @@ def install_canonical_bundle(secretsmanager, dynamodb, secret_id: str, table: st
     fingerprints = bundle.public_fingerprints()
     publish_expected(dynamodb, table, cluster, fingerprints, version)
     return fingerprints
+
+
+def install_certificate_authority(secretsmanager, dynamodb, secret_id: str, table: str, cluster: str, ca: HostCA) -> str:
+    """Certificate mode: store the CA (private half, read only by the signer) and publish its public half.
+
+    Returns the CA fingerprint. Rotating the CA means users need the new @cert-authority line:
+    add it next to the old one before rotating, then run a repair to re-sign every node.
+    """
+    version = secretsmanager.put_secret_value(SecretId=secret_id, SecretString=ca.to_secret_json())["VersionId"]
+    publish_certificate_authority(dynamodb, table, cluster, ca.public_line, ca.fingerprint(), version)
+    return ca.fingerprint()

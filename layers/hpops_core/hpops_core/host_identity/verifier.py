@@ -62,6 +62,8 @@ class VerificationResult:
     reason: str
     presented: Mapping[str, str]
     expected: Mapping[str, str]
+    # Clients accept the node right now, even if not ok (certificate mode: only renewal is due).
+    acceptable: bool = False
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ def verify_node(host: str, port: int, expected: Mapping[str, str], timeout: floa
     algorithms = tuple(_ALGORITHM_FOR_KEY_TYPE.get(key_type, key_type) for key_type in sorted(expected))
     presented = read_presented_host_keys(host, port, algorithms, timeout) if algorithms else {}
     ok, reason = compare_fingerprints(expected, presented)
-    return VerificationResult(ok=ok, reason=reason, presented=presented, expected=dict(expected))
+    return VerificationResult(ok=ok, reason=reason, presented=presented, expected=dict(expected), acceptable=ok)
 
 
 # --------------------------------------------------------------------------- certificate mode

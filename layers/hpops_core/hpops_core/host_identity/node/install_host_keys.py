@@ -10,10 +10,21 @@ Python 3.8+ standard library only: this file is copied to nodes on its own.
                         certificates for them plus the CA public line; they go to
                         /etc/ssh/ssh_host_<type>_key-cert.pub and sshd_config gets
                         matching HostCertificate lines.
+  report-public-keys    changes nothing: prints the node's own public host keys,
+                        derived from the private key files, so a signer can
+                        certify exactly those keys (the first half of certificate mode).
 
-The bundle comes from Secrets Manager through the aws CLI (using the node's own
-role) or from a file. Key material is never printed, never put on a command
-line, and never included in an error message.
+Where the bundle comes from (exactly one, for keys and certificate mode; none for
+report-public-keys):
+
+  --secret-id ARN               keys mode: Secrets Manager, through the aws CLI
+  --certificate-parameter NAME  certificate mode: the SSM parameter
+                                /hpops/<cluster>/host-certificates/<instance-id>
+                                (public data), through the aws CLI
+  --bundle-file PATH            either mode: a file, or '-' for stdin
+
+The aws CLI runs with the node's own role. Key material is never printed, never
+put on a command line, and never included in an error message.
 
 Every change is a transaction. New keys must first pass a signing self-test
 in a private staging directory (OpenSSH before 9.8 re-reads host key files for
@@ -25,7 +36,9 @@ sshd is reloaded with SIGHUP semantics, so established sessions survive.
 Output: one JSON line on stdout (public information only). On failure also one
 line on stderr, and a non-zero exit code:
   1 unexpected local error (e.g. permissions) before anything was written
-  3 bundle unavailable or rejected, or the node lacks what it needs (nothing was changed)
+  2 command line not understood (argparse usage error)
+  3 bundle unavailable or rejected, a source that does not fit the mode, or the
+    node lacks what it needs (nothing was changed)
   4 sshd -t rejected the written files, or writing failed (rolled back)
   5 reload failed (rolled back)
   6 rollback failed (node needs attention; see the backup directory)
@@ -44,6 +57,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -51,6 +65,7 @@ import sys
 import tempfile
 import time
 
+MODES = ("keys", "certificate", "report-public-keys")
 BUNDLE_FORMAT = "hpops.host-keys.v1"
 CERTIFICATE_BUNDLE_FORMAT = "hpops.host-certificates.v1"
 # Short name (as in ssh_host_<name>_key) -> SSH public key type.
@@ -64,6 +79,8 @@ PRIVATE_BEGIN = "-----BEGIN OPENSSH PRIVATE KEY-----"
 PRIVATE_END = "-----END OPENSSH PRIVATE KEY-----"
 OPENSSH_KEY_MAGIC = b"openssh-key-v1\x00"
 MAX_BUNDLE_BYTES = 256 * 1024
+# The only parameters a node may read its certificates from (the stack's naming scheme).
+CERTIFICATE_PARAMETER_PATTERN = re.compile(r"^/hpops/[A-Za-z0-9_.-]+/host-certificates/[A-Za-z0-9_.-]+$")
 SELFTEST_NAMESPACE = "hpops-host-key-selftest"
 BACKUPS_KEPT = 3
 LOCK_WAIT_SECONDS = 60
@@ -584,16 +601,49 @@ def reload_sshd(reload_cmd):
 # --------------------------------------------------------------------------- bundle source
 
 
+def check_source_fits_mode(args):
+    """Each mode reads from its own kind of source; a mismatch is a caller bug, refused before any work.
+
+    argparse already allows at most one source. A keys bundle never lives in a
+    certificate parameter and certificates never in the key secret, so the pairing
+    is enforced here rather than trusting whatever the document was called with.
+    """
+    if args.mode == "report-public-keys":
+        if args.secret_id or args.certificate_parameter or args.bundle_file:
+            raise BundleRejected("--mode report-public-keys reads no bundle; drop the bundle source")
+        return
+    if not (args.secret_id or args.certificate_parameter or args.bundle_file):
+        raise BundleRejected(
+            "--mode {} needs one of --secret-id, --certificate-parameter, --bundle-file".format(args.mode)
+        )
+    if args.secret_id and args.mode != "keys":
+        raise BundleRejected("--secret-id holds shared host keys; it only fits --mode keys")
+    if args.certificate_parameter is not None:
+        if args.mode != "certificate":
+            raise BundleRejected("--certificate-parameter holds host certificates; it only fits --mode certificate")
+        # fullmatch: '$' alone would also accept a trailing newline.
+        if not CERTIFICATE_PARAMETER_PATTERN.fullmatch(args.certificate_parameter):
+            raise BundleRejected("--certificate-parameter must look like /hpops/<cluster>/host-certificates/<instance-id>")
+
+
 def fetch_bundle(args):
     if args.bundle_file:
         return read_bundle_file(args.bundle_file)
+    if args.certificate_parameter:
+        argv = [args.aws_cmd, "ssm", "get-parameter", "--name", args.certificate_parameter]
+        argv += ["--query", "Parameter.Value", "--output", "text"]
+        return fetch_with_aws_cli(argv, args.region, "aws ssm get-parameter", "parameter")
     argv = [args.aws_cmd, "secretsmanager", "get-secret-value", "--secret-id", args.secret_id]
     argv += ["--query", "SecretString", "--output", "text"]
-    if args.region:
-        argv += ["--region", args.region]
-    result = run_command(argv, "aws secretsmanager get-secret-value", BundleRejected)
+    return fetch_with_aws_cli(argv, args.region, "aws secretsmanager get-secret-value", "secret")
+
+
+def fetch_with_aws_cli(argv, region, label, what):
+    if region:
+        argv = argv + ["--region", region]
+    result = run_command(argv, label, BundleRejected)
     if len(result.stdout) > MAX_BUNDLE_BYTES:
-        raise BundleRejected("secret is larger than {} bytes".format(MAX_BUNDLE_BYTES))
+        raise BundleRejected("{} is larger than {} bytes".format(what, MAX_BUNDLE_BYTES))
     return result.stdout.decode("utf-8", "replace")
 
 
@@ -652,6 +702,25 @@ def plan(args, layout, bundle_text):
     return planned, summary, no_preflight
 
 
+def report_public_keys(args, layout):
+    """Public line and fingerprint of each host key the node has; reads only, writes nothing.
+
+    The lines come from the private key files (``ssh-keygen -y``), not from the .pub
+    files: sshd serves the private key, and a .pub left over from an older key would
+    get a certificate the node can never present. Only the path reaches ssh-keygen.
+    """
+    public_keys, fingerprints = {}, {}
+    for name, key_type in KEY_TYPES.items():
+        if not os.path.exists(layout.private_key(name)):
+            continue  # e.g. an image built without RSA: report what sshd can serve
+        blob = derive_public_blob(args.ssh_keygen_cmd, layout.private_key(name), name)
+        public_keys[name] = "{} {}".format(key_type, base64.b64encode(blob).decode("ascii"))
+        fingerprints[key_type] = fingerprint(blob)
+    if not public_keys:
+        raise PreconditionFailed("no host keys under {}".format(layout.ssh_dir))
+    return {"result": "reported", "public_keys": public_keys, "fingerprints": fingerprints}
+
+
 def no_preflight():
     """Certificates were already matched against this node's own keys while planning."""
 
@@ -698,12 +767,23 @@ def emit(summary):
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description="Install the canonical SSH host identity on this node.")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--secret-id", help="Secrets Manager secret holding the bundle JSON")
+    # Not required=True: report-public-keys reads no bundle (check_source_fits_mode enforces the rest).
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--secret-id", help="keys mode: Secrets Manager secret holding the key bundle JSON")
+    source.add_argument(
+        "--certificate-parameter",
+        help="certificate mode: SSM parameter /hpops/<cluster>/host-certificates/<instance-id>",
+    )
     source.add_argument("--bundle-file", help="read the bundle JSON from this file ('-' for stdin)")
-    parser.add_argument("--region", help="AWS region for --secret-id (default: the CLI's own)")
+    parser.add_argument("--region", help="AWS region for the aws CLI (default: the CLI's own)")
     parser.add_argument("--aws-cmd", default="aws", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("keys", "certificate"), default="keys")
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="keys",
+        help="keys: install shared keys; certificate: install host certificates; "
+        "report-public-keys: print this node's public host keys and change nothing",
+    )
     parser.add_argument("--root", default="/", help="alternate root directory (default /)")
     parser.add_argument("--sshd-cmd", default="/usr/sbin/sshd")
     parser.add_argument("--sshd-config", help="default ROOT/etc/ssh/sshd_config")
@@ -717,6 +797,13 @@ def main(argv=None):
     layout = NodeLayout(args.root, args.sshd_config)
     summary = {"mode": args.mode}
     try:
+        check_source_fits_mode(args)
+        if args.mode == "report-public-keys":
+            # No lock: nothing is written, and every key file is replaced atomically,
+            # so a concurrent install shows this run either the old or the new key.
+            summary.update(report_public_keys(args, layout))
+            emit(summary)
+            return 0
         with InstallLock(layout):
             planned, public_facts, preflight = plan(args, layout, fetch_bundle(args))
             summary.update(public_facts)
