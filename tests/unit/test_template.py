@@ -96,3 +96,55 @@ def test_outputs_name_what_operators_need():
     outputs = TEMPLATE.raw["Outputs"]
     for name in ("LoginNodeSyncStateMachineArn", "TargetGroupArn", "AlertTopicArn", "EventDeliveryDLQUrl"):
         assert name in outputs
+
+
+def _statements(logical_id: str) -> list[dict]:
+    resource = TEMPLATE.raw["Resources"][logical_id]
+    if resource["Type"] == "AWS::IAM::Policy":
+        return resource["Properties"]["PolicyDocument"]["Statement"]
+    return [s for policy in resource["Properties"].get("Policies", []) if isinstance(policy, dict)
+            for s in policy.get("Statement", [])]
+
+
+def _who_may(action: str, resource_ref: str) -> set[str]:
+    """Logical ids whose statements allow `action` on a resource naming `resource_ref`."""
+    holders = set()
+    for logical_id, resource in TEMPLATE.raw["Resources"].items():
+        if resource["Type"] not in ("AWS::Serverless::Function", "AWS::IAM::Policy"):
+            continue
+        for statement in _statements(logical_id):
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if action in actions and resource_ref in json.dumps(statement.get("Resource")):
+                holders.add(logical_id)
+    return holders
+
+
+def test_only_the_signer_reads_the_host_ca_and_only_nodes_read_the_host_keys():
+    assert _who_may("secretsmanager:GetSecretValue", "HostCertificateAuthoritySecret") == {"SignHostCertificatesFunction"}
+    assert _who_may("secretsmanager:GetSecretValue", "HostIdentitySecret") == {"NodesReadHostIdentityPolicy"}
+    verifier = TEMPLATE.raw["Resources"]["VerifyNodeIdentityFunction"]["Properties"]["Policies"]
+    assert verifier == [{"VPCAccessPolicy": {}}], "the verifier reads nothing but the network"
+
+
+def test_certificate_parameters_are_scoped_to_the_clusters_path():
+    path = "parameter/hpops/${ClusterName}/host-certificates/*"
+    assert _who_may("ssm:PutParameter", path) == {"SignHostCertificatesFunction"}
+    assert _who_may("ssm:GetParameter", path) == {"NodesReadHostIdentityPolicy"}
+    assert _who_may("ssm:DeleteParameter", path) == {"CheckHostIdentityPushFunction"}
+
+
+def test_every_custom_metric_alarm_watches_a_metric_the_code_emits_under_that_service():
+    emitted = set()
+    for path in [*(REPO_ROOT / "functions").rglob("*.py"), *(REPO_ROOT / "layers").rglob("*.py")]:
+        emitted |= set(re.findall(r'add_metric\(\s*name="(\w+)"', path.read_text()))
+    services = {v["Environment"]["Variables"].get("POWERTOOLS_SERVICE_NAME") for v in
+                (r["Properties"] for r in TEMPLATE.raw["Resources"].values() if r["Type"] == "AWS::Serverless::Function")
+                if "Environment" in v}
+    services.add(TEMPLATE.globals["Function"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"])
+    alarms = {k: r["Properties"] for k, r in TEMPLATE.of_type("AWS::CloudWatch::Alarm").items()
+              if r["Properties"].get("Namespace") == "HyperPodLoginAutopilot"}
+    assert {"HostIdentityRejectedAlarm", "HostCertificateRenewalFailedAlarm", "LoginLimitsPushFailedAlarm"} <= set(alarms)
+    for logical_id, alarm in alarms.items():
+        assert alarm["MetricName"] in emitted, f"{logical_id} watches a metric nothing emits"
+        dimension = {d["Name"]: d["Value"] for d in alarm["Dimensions"]}
+        assert dimension.get("service") in services, f"{logical_id}: unknown service dimension"
