@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit twin ssh checks lint build bench clean ssm-document
+.PHONY: demo test unit twin ssh checks lint build bench clean lifecycle
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -40,10 +40,6 @@ build: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/hpops bench $(if $(JSON),--json $(JSON))
-
-# The SSM document in template.yaml carries the node script inline; regenerate it after editing the script.
-ssm-document: $(STAMP)
-	$(BIN)/python -m hpops_twin.ssm_document --write
 
 clean:
 	rm -rf .aws-sam .pytest_cache bench-results

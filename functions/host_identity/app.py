@@ -1,11 +1,13 @@
-"""Host identity Lambda handlers, used by LoginNodeSync's VerifyHostIdentity map.
+"""Host identity Lambda handlers, used by LoginNodeSync.
 
-Per node: verify what it presents on port 22 -> if wrong, fix it with the stack's SSM document
--> poll the command -> verify again. Only then may GateTargetChanges let it take traffic.
+Before the per-node map, PublishHostIdentity writes the desired identity for the node agents.
+Per node: verify what it presents on port 22 -> if wrong, wait (ASL Wait loop) until the node's
+agent reports it applied the desired identity -> verify again. Only then may GateTargetChanges
+let it take traffic.
 
-  keys mode         one push: the node fetches the canonical keys from Secrets Manager itself.
-  certificate mode  two pushes: the node reports its own public keys (collect) -> the signer
-                    certifies them into a per-node SSM parameter -> the node installs them.
+  keys mode         the agent fetches the canonical keys from Secrets Manager with its own role.
+  certificate mode  the agent reports its public keys -> the signer certifies the ones the
+                    verifier saw at the node's IP into a per-node parameter -> the agent installs them.
 
 Only the signer reads a private key (the CA); the verifier compares against the published public
 record, and host private keys never leave the node (certificate mode) or Secrets Manager (keys).
@@ -22,9 +24,9 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
-from botocore.exceptions import ClientError
 
 from hpops_core.aws.clients import client
+from hpops_core.aws.login_nodes import describe_private_ip
 from hpops_core.config import env_choice, env_int, env_str
 from hpops_core.errors import MalformedEventError
 from hpops_core.host_identity import certificate_delivery, certificates, verifier
@@ -36,24 +38,20 @@ from hpops_core.host_identity.identity_record import (
     expected_fingerprints,
 )
 from hpops_core.host_identity.keys import InvalidCertificateRequest, fingerprint
-from hpops_core.host_identity.node_commands import SsmRunCommand
+from hpops_core.node_channel import contract, desired_state, report_store
+from hpops_core.node_channel.acknowledgement import judge_acknowledgement
 
 logger = Logger()
 tracer = Tracer()
 metrics = Metrics()
-
-MAX_PUSH_POLLS = 24
-
 
 @dataclass(frozen=True)
 class HostIdentityConfig:
     cluster_name: str
     state_table: str
     ssh_port: int
-    document: str
     secret_arn: str
     alert_topic_arn: str
-    poll_seconds: int
     mode: str  # keys | certificate | off
     ca_secret_arn: str
     certificate_policy: CertificatePolicy | None  # certificate mode only
@@ -73,10 +71,8 @@ class HostIdentityConfig:
             cluster_name=env_str(env, "CLUSTER_NAME"),
             state_table=env_str(env, "STATE_TABLE_NAME"),
             ssh_port=env_int(env, "SSH_PORT", 1, 65535),
-            document=env_str(env, "HOST_IDENTITY_DOCUMENT"),
             secret_arn=env_str(env, "HOST_IDENTITY_SECRET_ARN"),
             alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
-            poll_seconds=env_int(env, "PUSH_POLL_SECONDS", 0, 300),
             mode=mode,
             ca_secret_arn=env_str(env, "HOST_CA_SECRET_ARN"),
             certificate_policy=policy,
@@ -93,7 +89,7 @@ def _node(event: Any) -> tuple[str, str]:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def verify_node_identity(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, ip, expected} -> {instanceId, ip, ok, acceptable, reason}: does it present the canonical identity?
+    """{instanceId, ip, expected} -> {instanceId, ip, ok, acceptable, reason, presented}: the canonical identity?
 
     ok: nothing to do. acceptable: clients accept it now (certificate mode: a renewal may be due).
     `expected` (the public record: fingerprints, or the CA's fingerprint) comes from the lease item
@@ -109,88 +105,74 @@ def verify_node_identity(event: dict, context: LambdaContext) -> dict:
             )
         else:
             result = verifier.verify_node(ip, config.ssh_port, expected_fingerprints(event.get("expected")))
-        ok, acceptable, reason = result.ok, result.acceptable, result.reason
+        ok, acceptable, reason, presented = result.ok, result.acceptable, result.reason, dict(result.presented)
     except HostIdentityNotConfigured as error:
-        ok, acceptable, reason = False, False, str(error)
+        ok, acceptable, reason, presented = False, False, str(error), {}
     except verifier.HostUnreachable as error:
-        ok, acceptable, reason = False, False, f"port {config.ssh_port} unreachable: {error}"
+        ok, acceptable, reason, presented = False, False, f"port {config.ssh_port} unreachable: {error}", {}
     metrics.add_metric(name="HostIdentityVerified" if ok else "HostIdentityMismatch", unit=MetricUnit.Count, value=1)
     logger.info("host identity checked", extra={"instanceId": instance_id, "ip": ip, "ok": ok, "reason": reason})
-    return {"instanceId": instance_id, "ip": ip, "ok": ok, "acceptable": acceptable, "reason": reason}
+    return {"instanceId": instance_id, "ip": ip, "ok": ok, "acceptable": acceptable, "reason": reason,
+            "presented": presented}
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-def push_host_identity(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, ip, phase?} -> {sent, phase, commandId, polls, waitSeconds, reason}: run the stack's document.
+def publish_host_identity(event: dict, context: LambdaContext) -> dict:
+    """{expected} -> {published, version}: the desired identity the node agents converge to.
 
-    phase "collect" (certificate mode's first push) asks the node for its public keys; "install"
-    installs the keys (keys mode) or the certificates the signer left for this node.
+    `expected` is the public record from the lease item; the document names the key secret and
+    the fingerprints, never key material. Written only when it changed.
+    """
+    config = HostIdentityConfig.from_env()
+    expected = event.get("expected") if isinstance(event, dict) else None
+    if expected is not None and not isinstance(expected, dict):
+        raise MalformedEventError("expected must be the published identity record or null")
+    document = desired_state.host_identity_document(config.mode, expected, config.secret_arn)
+    published = desired_state.publish_if_changed(
+        contract.host_identity_parameter(config.cluster_name), document,
+        "hpops: the SSH host identity login nodes converge to (public; written by LoginNodeSync)")
+    if published:
+        metrics.add_metric(name="HostIdentityPublished", unit=MetricUnit.Count, value=1)
+        logger.info("desired host identity published", extra={"version": document["version"], "mode": config.mode})
+    return {"published": published, "version": document["version"]}
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def check_node_report(event: dict, context: LambdaContext) -> dict:
+    """{instanceId, phase, polls, since, expected, certificateVersion?} -> {acknowledged, finished, reason, polls, ...}.
+
+    One read of the node's latest report; the wait between reads and its bound are in the ASL.
     """
     config = HostIdentityConfig.from_env()
     instance_id, _ = _node(event)
-    phase = event.get("phase") or ("collect" if config.mode == "certificate" else "install")
-    if phase not in ("collect", "install") or (phase == "collect" and config.mode != "certificate"):
-        raise MalformedEventError("phase must be collect (certificate mode) or install")
-    mode, source, comment = _document_call(config, instance_id, phase)
-    parameters = {"Mode": [mode], "Source": [source], "Region": [os.environ.get("AWS_REGION", "us-east-1")]}
-    try:
-        command_id = SsmRunCommand().send(instance_id, config.document, parameters, comment)
-    except ClientError as error:
-        code = error.response.get("Error", {}).get("Code", "ClientError")
-        if code not in ("InvalidInstanceId", "InvalidDocument", "UnsupportedPlatformType"):
-            raise
-        metrics.add_metric(name="HostIdentityPushUndeliverable", unit=MetricUnit.Count, value=1)
-        return {"sent": False, "phase": phase, "commandId": None, "polls": 0, "waitSeconds": 0,
-                "reason": f"Run Command cannot reach {instance_id}: {code}"}
-    metrics.add_metric(name="HostIdentityPushes", unit=MetricUnit.Count, value=1)
-    logger.info("host identity pushed", extra={"instanceId": instance_id, "commandId": command_id, "phase": phase})
-    return {"sent": True, "phase": phase, "commandId": command_id, "polls": 0, "waitSeconds": config.poll_seconds,
-            "reason": "sent"}
-
-
-def _document_call(config: HostIdentityConfig, instance_id: str, phase: str) -> tuple[str, str, str]:
-    """(Mode, Source, comment) for the HostIdentityDocument. Only names travel; never key material."""
-    if config.mode != "certificate":
-        return "keys", config.secret_arn, "hpops: install the canonical SSH host keys"
-    if phase == "collect":
-        return "report-public-keys", "none", "hpops: report this login node's public host keys"
-    parameter = certificates.certificate_parameter_name(config.cluster_name, instance_id)
-    return "certificate", parameter, "hpops: install this login node's host certificates"
-
-
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def check_host_identity_push(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, commandId, polls, phase} -> {finished, succeeded, status, reason, phase, polls, waitSeconds}."""
-    config = HostIdentityConfig.from_env()
-    instance_id, _ = _node(event)
-    phase = event.get("phase") or "install"
-    polls = int(event.get("polls", 0)) + 1
-    outcome = SsmRunCommand().outcome(str(event.get("commandId")), instance_id)
-    gave_up = not outcome.finished and polls >= MAX_PUSH_POLLS
-    succeeded = outcome.status == "Success"
-    reason = outcome.reason if outcome.finished else ("push still running after %d polls" % polls if gave_up else outcome.status)
-    if config.mode == "certificate" and phase == "install" and (outcome.finished or gave_up):
-        # The node has read its certificates (or never will): don't leave per-node parameters behind.
-        certificate_delivery.delete_certificate_bundle(certificates.certificate_parameter_name(config.cluster_name, instance_id))
-    metrics.add_metric(name="HostIdentityPushPolls", unit=MetricUnit.Count, value=1)
-    what = "key report" if phase == "collect" else "host identity push"
-    return {"finished": outcome.finished or gave_up, "succeeded": succeeded, "status": outcome.status,
-            "result": outcome.result, "reason": f"{what} {outcome.status}: {reason}" if not succeeded else reason,
-            "phase": phase, "commandId": event.get("commandId"), "polls": polls, "waitSeconds": config.poll_seconds}
+    phase, since = event.get("phase"), event.get("since")
+    if phase not in ("collect", "install") or not isinstance(since, str):
+        raise MalformedEventError("expected phase collect|install and since (the time the wait began)")
+    version = event.get("certificateVersion")
+    report = report_store.latest_report(config.state_table, config.cluster_name, instance_id)
+    verdict = judge_acknowledgement(report, phase, event.get("expected"), version if isinstance(version, int) else None, since)
+    if verdict.finished and not verdict.acknowledged:
+        metrics.add_metric(name="NodeReportedFailure", unit=MetricUnit.Count, value=1)
+    if verdict.acknowledged and phase == "install" and config.mode == "certificate":
+        # Installed: the node keeps its certificates; a replaced node leaves no parameter behind.
+        certificate_delivery.delete_certificate_bundle(contract.certificate_parameter(config.cluster_name, instance_id))
+    return verdict.to_state() | {"phase": phase, "polls": int(event.get("polls", 0)) + 1, "since": since,
+                                 "certificateVersion": version}
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def sign_host_certificates(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, ip, commandId} -> {signed, reason, validUntil, certified}: certificate mode's signer.
+    """{instanceId, ip, seen} -> {signed, reason, validUntil, parameterVersion}: certificate mode's signer.
 
-    Certifies exactly the public keys the node reported in its collect command (read from SSM, not
-    from the state machine's input) and leaves the bundle in the node's certificate parameter.
+    Certifies the public keys the node reported (read from the state table, never from the state
+    machine's input), only if `seen` (what the verifier read at the node's IP) has the same keys,
+    for principals from the stack and the IP AWS records for the instance.
     """
     config = HostIdentityConfig.from_env()
     instance_id, ip = _node(event)
@@ -198,22 +180,25 @@ def sign_host_certificates(event: dict, context: LambdaContext) -> dict:
         raise MalformedEventError("the signer only runs in certificate mode")
     now = datetime.now(timezone.utc)
     try:
-        reported = certificates.reported_public_keys(SsmRunCommand().output(str(event.get("commandId")), instance_id))
+        report = report_store.latest_report(config.state_table, config.cluster_name, instance_id)
+        reported = certificates.keys_seen_on_network(certificates.reported_public_keys(report), event.get("seen"))
+        aws_ip = describe_private_ip(config.cluster_name, instance_id)
+        if aws_ip != ip:
+            raise certificates.NodeKeyReportInvalid(f"AWS records IP {aws_ip} for {instance_id}, not {ip}")
         ca = certificate_delivery.read_certificate_authority(config.ca_secret_arn)
         bundle = certificates.issue_certificates(ca, reported, config.certificate_policy, config.cluster_name,
-                                                 instance_id, ip, now)
+                                                 instance_id, aws_ip, now)
     except (certificates.NodeKeyReportInvalid, HostIdentityNotConfigured, InvalidCertificateRequest) as error:
         metrics.add_metric(name="HostCertificatesRefused", unit=MetricUnit.Count, value=1)
         logger.warning("host certificates not issued", extra={"instanceId": instance_id, "reason": str(error)})
-        return {"signed": False, "reason": f"not certified: {error}", "validUntil": None, "certified": {}}
-    certificate_delivery.put_certificate_bundle(certificates.certificate_parameter_name(config.cluster_name, instance_id), bundle)
+        return {"signed": False, "reason": f"not certified: {error}", "validUntil": None, "parameterVersion": None}
+    version = certificate_delivery.put_certificate_bundle(contract.certificate_parameter(config.cluster_name, instance_id), bundle)
     valid_until = (now + config.certificate_policy.validity).isoformat()
     certified = {line.split()[0]: fingerprint(line) for line in reported.values()}
     metrics.add_metric(name="HostCertificatesIssued", unit=MetricUnit.Count, value=len(reported))
     logger.info("host certificates issued", extra={"instanceId": instance_id, "certified": certified, "validUntil": valid_until})
     return {"signed": True, "reason": f"certified {len(reported)} host keys until {valid_until}",
-            "validUntil": valid_until, "certified": certified}
-
+            "validUntil": valid_until, "parameterVersion": version}
 
 
 @logger.inject_lambda_context

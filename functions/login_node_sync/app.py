@@ -40,8 +40,11 @@ def parse_trigger(event: dict, context: LambdaContext) -> dict:
     raw = event["input"] if isinstance(event, dict) and set(event) == {"input"} else event
     request = require_managed_cluster(parse_sync_input(raw), config.cluster_name)
     logger.info("sync requested", extra={"request": request.to_state()})
-    # The state machine branches on this: "keys" gates new nodes on their host identity.
-    return request.to_state() | {"hostIdentityMode": config.host_identity_mode}
+    # The state machine branches on the mode and paces its wait for node reports with these.
+    return request.to_state() | {
+        "hostIdentityMode": config.host_identity_mode,
+        "nodeReport": {"pollSeconds": config.node_report_poll_seconds, "maxPolls": config.node_report_max_polls},
+    }
 
 
 @logger.inject_lambda_context

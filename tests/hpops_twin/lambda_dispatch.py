@@ -78,6 +78,8 @@ class LambdaDispatcher:
     bindings: dict[str, FunctionBinding] = field(default_factory=dict)
     invocations: list[Invocation] = field(default_factory=list)
     base_environment: dict[str, str] = field(default_factory=dict)
+    # Called with (function name, payload) before moto's Step Functions invokes a function.
+    before_invoke: list = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def bind(self, binding: FunctionBinding) -> None:
@@ -150,6 +152,8 @@ class LambdaDispatcher:
 
         def invoke_in_process(function: LambdaFunction, event: Any = None) -> tuple[str, bool, str]:
             payload = json.loads(event) if isinstance(event, str | bytes) else event
+            for hook in dispatcher.before_invoke:
+                hook(function.function_name, payload)
             record = dispatcher.invoke(function.function_name, payload)
             if record.error_type:
                 body = {"errorType": record.error_type, "errorMessage": record.error_message}

@@ -1,38 +1,39 @@
-"""Simulated login nodes' SSH side: host key files on disk, Run Command, what sshd presents.
+"""Simulated login nodes: host key files on disk, the real node agent, what sshd presents.
 
 * Each login node gets its own root directory with etc/ssh/ssh_host_*_key files: a fresh node
   has its own keys, exactly the situation that makes users see "host key changed".
-* SendCommand with the stack's document runs the node script *extracted from template.yaml's
-  document* against that root, in the document's Mode (keys, certificate, report-public-keys).
-  The node reads its bundle with its own role (the key secret, or its certificate parameter);
-  here the twin hands it that value on stdin, never on a command line. moto records commands but
-  runs nothing, so SendCommand / GetCommandInvocation are wrapped for these documents only.
-* SendCommand with the stack's LoginLimitsDocument likewise runs its extracted script (issue 4)
-  against the node's root, which then holds etc/security/limits.d/90-hpops-maxlogins.conf.
+* Each login node runs the real node agent (node/hpops_node_agent) against that root, with its
+  own boto3 session (so its calls hit the emulated account but are counted apart from the
+  Lambdas'). The lifecycle script's `--once` run happens when the node is first seen Running;
+  after that the agent ticks whenever the twin lets time pass for the nodes (tick_all) and right
+  before a state machine reads that node's report (the agent polls at least once per wait).
 * The verifier's network read (an SSH handshake to ip:22) is answered from the node's public
   key files and, for certificate algorithms, from the certificate files its sshd_config names
   (HostCertificate), which is what its sshd would present. The real handshake is covered by
-  tests/ssh/test_real_sshd.py against real sshd and haproxy.
+  tests/ssh/test_real_sshd.py and tests/node against real sshd.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
-import subprocess
-import sys
 import tempfile
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from moto.ssm.models import SimpleSystemManagerBackend
+import boto3
 
 from hpops_core.host_identity import verifier
 from hpops_core.host_identity.keys import KEY_TYPES, HostKeyBundle, generate_bundle
-from hpops_twin.ssm_document import extract_script
+from hpops_node_agent.agent import NodeAgent
+from hpops_node_agent.config import AgentConfig
 
 _BUNDLE_POOL: list[HostKeyBundle] = []  # RSA-3072 generation is slow; fresh nodes draw from a pool
 
@@ -60,26 +61,90 @@ def ssh_keygen() -> str | None:
     return shutil.which("ssh-keygen")
 
 
+@dataclass
+class AgentSettings:
+    """What the lifecycle bundle's agent.json would say for this twin (from the stack's outputs)."""
+
+    cluster: str
+    region: str
+    report_bus: str
+    login_group: str
+    controller_group: str = "controller"
+
+
 class NodeHosts:
     def __init__(self, node_by_instance: Callable[[str], Any], node_by_ip: Callable[[str], Any],
-                 document_name: Callable[[], str], document_content: Callable[[], dict], secret_value: Callable[[str], str],
-                 parameter_value: Callable[[str], str] | None = None,
-                 limits_document_name: Callable[[], str] | None = None,
-                 limits_document_content: Callable[[], dict] | None = None):
+                 running_login_nodes: Callable[[], list[Any]], agent_settings: Callable[[], AgentSettings]):
         self._node_by_instance = node_by_instance
-        self._limits_document_name = limits_document_name
-        self._limits_document_content = limits_document_content
+        self._running_login_nodes = running_login_nodes
         self._node_by_ip = node_by_ip
-        self._document_name = document_name
-        self._document_content = document_content
-        self._secret_value = secret_value
-        self._parameter_value = parameter_value
+        self._agent_settings = agent_settings
         self._dir = Path(tempfile.mkdtemp(prefix="hpops-twin-nodes-"))
         self._counter = itertools.count()
         self.roots: dict[str, Path] = {}
-        self.unreachable: set[str] = set()  # instance ids Run Command cannot reach (agent down)
-        self.results: dict[tuple[str, str], dict] = {}
-        self.runs: list[dict] = []
+        self.agents: dict[str, Any] = {}  # instance id -> NodeAgent
+        self.agent_calls: Counter = Counter()  # the agents' own AWS calls, service.operation
+        self.lifecycle_installs_agent = True  # False: a cluster whose on_create.sh lacks the hpops line
+        self.stopped: set[str] = set()  # instance ids whose agent is down (crashed, masked by hand)
+        self._locks: dict[str, threading.Lock] = {}
+
+    # ------------------------------------------------------------------ the node agent
+    def ensure_agents(self) -> list[str]:
+        """HyperPod ran on_create on every Running login node: install its agent (its `--once` run).
+
+        Returns the instance ids that got an agent now."""
+        if not self.lifecycle_installs_agent:
+            return []
+        settings = self._agent_settings()
+        installed = []
+        for node in self._running_login_nodes():
+            if node.instance_id not in self.agents:
+                self.agents[node.instance_id] = self._make_agent(node, settings)
+                installed.append(node.instance_id)
+                self.tick(node.instance_id)
+        return installed
+
+    def tick(self, instance_id: str) -> Any:
+        """One poll of that node's agent (nothing if it has none or it is stopped)."""
+        agent = self.agents.get(instance_id)
+        node = self._node_by_instance(instance_id)
+        if agent is None or instance_id in self.stopped or node is None or node.status != "Running":
+            return None
+        with self._locks.setdefault(instance_id, threading.Lock()):
+            return agent.tick()
+
+    def tick_all(self) -> None:
+        """Time passes for the nodes: every live agent polls once."""
+        self.ensure_agents()
+        for instance_id in list(self.agents):
+            self.tick(instance_id)
+
+    def _make_agent(self, node: Any, settings: AgentSettings) -> Any:
+        root = self.root(node.instance_id)
+        config_dir = root / "opt" / "ml" / "config"
+        config_dir.mkdir(parents=True, exist_ok=True)
+        groups = [{"Name": settings.login_group, "Instances": [
+            {"InstanceName": f"{settings.login_group}-1", "CustomerIpAddress": node.ip, "InstanceId": node.instance_id}]}]
+        (config_dir / "resource_config.json").write_text(json.dumps({"InstanceGroups": groups}))
+        provisioning = root / "etc" / "hpops" / "provisioning_parameters.json"
+        provisioning.parent.mkdir(parents=True, exist_ok=True)
+        provisioning.write_text(json.dumps({"workload_manager": "slurm", "login_group": settings.login_group,
+                                            "controller_group": settings.controller_group}))
+        config = AgentConfig.from_dict({
+            "cluster": settings.cluster, "region": settings.region, "reportBus": settings.report_bus,
+            "root": str(root), "resourceConfig": str(config_dir / "resource_config.json"),
+            "provisioningParameters": str(provisioning), "stateDir": str(root / "var" / "lib" / "hpops-node-agent"),
+            # The twin has no sshd: `sshd -t` and the reload are the real sshd's job in tests/node.
+            "sshdCmd": "true", "reloadCmd": "true", "sshKeygenCmd": ssh_keygen() or "ssh-keygen",
+            "instanceId": node.instance_id, "ip": node.ip, "pollSeconds": 30,
+        })
+        session = boto3.session.Session(region_name=settings.region)
+        session.events.register("before-call", self._count_agent_call)
+        return NodeAgent(config, session)
+
+    def _count_agent_call(self, event_name: str, **_: Any) -> None:
+        _, service, operation = event_name.split(".", 2)
+        self.agent_calls[f"{service}.{operation}"] += 1
 
     def root(self, instance_id: str) -> Path:
         """The node's filesystem root, created with the node's own (non-canonical) host keys."""
@@ -121,89 +186,12 @@ class NodeHosts:
                 return verifier._describe_certificate(path.read_text().strip(), key_type, f"{ip}:{port}")
         raise verifier.HostCertificateMissing(f"{ip}:{port} offers no {key_type} host certificate")
 
-    def run_document(self, command_id: str, instance_id: str, parameters: dict) -> dict:
-        mode, source = parameters["Mode"][0], parameters["Source"][0]
-
-        def bundle() -> bytes:
-            if mode == "keys":
-                return self._secret_value(source).encode()
-            if mode == "certificate":
-                assert self._parameter_value is not None
-                return self._parameter_value(source).encode()
-            return b""
-
-        return self._run(command_id, instance_id, self._document_name(), "InstallHostIdentity",
-                         lambda: self._document_content(), "install_host_keys.py",
-                         lambda root: ["--mode", mode, *(["--bundle-file", "-"] if mode != "report-public-keys" else []),
-                                       "--root", str(root), "--sshd-cmd", "true", "--reload-cmd", "true",
-                                       "--ssh-keygen-cmd", ssh_keygen() or "ssh-keygen"],
-                         bundle)
-
-    def run_limits_document(self, command_id: str, instance_id: str, parameters: dict) -> dict:
-        assert self._limits_document_name is not None and self._limits_document_content is not None
-        return self._run(command_id, instance_id, self._limits_document_name(), "ApplyLoginLimits",
-                         self._limits_document_content, "apply_login_limits.py",
-                         lambda root: ["--root", str(root), "--limits-json", parameters["LimitsJson"][0]],
-                         lambda: b"")
-
     def limits_file(self, instance_id: str) -> Path:
         return self.root(instance_id) / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf"
 
-    def _run(self, command_id: str, instance_id: str, document_name: str, plugin: str, content: Callable[[], dict],
-             script_name: str, arguments: Callable[[Path], list[str]], stdin: Callable[[], bytes]) -> dict:
-        node = self._node_by_instance(instance_id)
-        if node is None or instance_id in self.unreachable:
-            result = {"Status": "Failed", "StatusDetails": "Undeliverable", "StandardOutputContent": "",
-                      "ResponseCode": -1}
-        else:
-            script = self._script_dir() / script_name
-            script.write_text(extract_script(content()))
-            completed = subprocess.run(
-                [sys.executable, str(script), *arguments(self.root(instance_id))],
-                input=stdin(), capture_output=True, timeout=60,
-            )
-            result = {
-                "Status": "Success" if completed.returncode == 0 else "Failed",
-                "StatusDetails": "Success" if completed.returncode == 0 else "Failed",
-                "StandardOutputContent": completed.stdout.decode(errors="replace"),
-                "StandardErrorContent": completed.stderr.decode(errors="replace"),
-                "ResponseCode": completed.returncode,
-            }
-        result |= {"CommandId": command_id, "InstanceId": instance_id, "DocumentName": document_name,
-                   "PluginName": plugin}
-        self.results[(command_id, instance_id)] = result
-        self.runs.append(result)
-        return result
-
-    def _script_dir(self) -> Path:
-        path = self._dir / "_scripts"
-        path.mkdir(exist_ok=True)
-        return path
-
     @contextmanager
     def installed(self) -> Iterator[NodeHosts]:
-        hosts = self
-        real_send = SimpleSystemManagerBackend.send_command
-        real_invocation = SimpleSystemManagerBackend.get_command_invocation
-
-        def send_command(backend, *args: Any, **kwargs: Any):
-            command = real_send(backend, *args, **kwargs)
-            if command.document_name == hosts._document_name():
-                for instance_id in command.instance_ids:
-                    hosts.run_document(command.command_id, instance_id, command.parameters)
-            elif hosts._limits_document_name is not None and command.document_name == hosts._limits_document_name():
-                for instance_id in command.instance_ids:
-                    hosts.run_limits_document(command.command_id, instance_id, command.parameters)
-            return command
-
-        def get_command_invocation(backend, command_id: str, instance_id: str, plugin_name: str | None):
-            if (command_id, instance_id) in hosts.results:
-                return hosts.results[(command_id, instance_id)]
-            return real_invocation(backend, command_id, instance_id, plugin_name)
-
         with ExitStack() as stack:
-            stack.enter_context(mock.patch.object(SimpleSystemManagerBackend, "send_command", send_command))
-            stack.enter_context(mock.patch.object(SimpleSystemManagerBackend, "get_command_invocation", get_command_invocation))
             stack.enter_context(mock.patch.object(verifier, "read_presented_public_keys", self.presented_public_keys))
             stack.enter_context(mock.patch.object(verifier, "read_presented_host_certificate", self.presented_host_certificate))
             try:

@@ -153,10 +153,15 @@ class FunctionSpec:
     handler: str  # "module.function"
     properties: dict
 
+    @property
+    def events(self) -> tuple[EventSource, ...]:
+        return tuple(EventSource(name=name, kind=event["Type"], properties=event.get("Properties", {}))
+                     for name, event in self.properties.get("Events", {}).items())
+
 
 @dataclass(frozen=True)
 class EventSource:
-    """An EventBridge rule or schedule attached to a state machine in template.yaml."""
+    """An EventBridge rule or schedule attached to a state machine or function in template.yaml."""
 
     name: str
     kind: str  # "EventBridgeRule" | "Schedule"

@@ -29,7 +29,7 @@ from unittest import mock
 import boto3
 import yaml
 from moto import mock_aws
-from moto.events.models import EventPattern
+from moto.events.models import EventPattern, EventsBackend
 from moto.stepfunctions.models import StateMachine as MotoStateMachine
 
 from hpops_core.aws import clients as hpops_clients
@@ -38,7 +38,7 @@ from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, ge
 from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
-from hpops_twin.node_hosts import NodeHosts, canonical_bundle, ssh_keygen
+from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
 from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
 from hpops_twin.template_model import Resolver, TemplateModel
@@ -54,7 +54,8 @@ NOT_PROVISIONED = {
     "AWS::SQS::QueuePolicy",
     "AWS::SNS::Subscription",
     "AWS::SNS::TopicPolicy",
-    "AWS::IAM::Policy",  # the nodes' role is simulated; the twin hands the node script the secret
+    "AWS::IAM::Policy",
+    "AWS::IAM::ManagedPolicy",  # moto does not enforce IAM; tests/unit/test_template.py checks the policies
     "AWS::KMS::Alias",
 }
 
@@ -131,6 +132,19 @@ class ApiCallCounter:
         return totals
 
 
+def _delivering_put_events(world: TwinWorld):
+    real_put_events = EventsBackend.put_events
+
+    def put_events(backend: EventsBackend, events: list[dict]) -> list[dict]:
+        entries = real_put_events(backend, events)
+        for event, entry in zip(events, entries):
+            if "EventId" in entry:
+                world.deliver_to_functions(event.get("EventBusName") or "default", event)
+        return entries
+
+    return put_events
+
+
 class TwinWorld:
     def __init__(
         self,
@@ -154,6 +168,8 @@ class TwinWorld:
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
         self.state_machine_arns: dict[str, str] = {}
+        self.function_rules: dict[str, dict] = {}  # rule name -> {"pattern", "bus", "function", "dlq"}
+        self.delivery_failures: list[dict] = []  # events a function target rejected (sent to the DLQ)
         self._stack: list[Any] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -183,13 +199,15 @@ class TwinWorld:
         self.dispatcher.base_environment = {"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_DEV": "false"}
         self.hosts = NodeHosts(
             node_by_instance=self._node_by_instance, node_by_ip=self._node_by_ip,
-            document_name=lambda: self.resolver.physical_ids["HostIdentityDocument"],
-            document_content=lambda: self.resolver.resolve(self.template.resources["HostIdentityDocument"]["Properties"])["Content"],
-            secret_value=lambda arn: self.aws.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"],
-            parameter_value=self._parameter_value,
-            limits_document_name=lambda: self.resolver.physical_ids["LoginLimitsDocument"],
-            limits_document_content=lambda: self.resolver.resolve(self.template.resources["LoginLimitsDocument"]["Properties"])["Content"],
+            running_login_nodes=lambda: [n for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running"],
+            agent_settings=lambda: AgentSettings(cluster=self.cluster_name, region=REGION,
+                                                 report_bus=self.output("NodeReportBusName"), login_group=self.login_group),
         )
+        # The node agent polls at least once between two reads of its report by a state machine.
+        self.dispatcher.before_invoke.append(self._agent_polls_before_its_report_is_read)
+        bus_delivery = mock.patch.object(EventsBackend, "put_events", _delivering_put_events(self))
+        bus_delivery.start()
+        self._stack.append(bus_delivery)
         hosts = self.hosts.installed()
         hosts.__enter__()
         self._stack.append(hosts)
@@ -240,8 +258,9 @@ class TwinWorld:
             "VpcId": vpc_id,
             "SubnetIds": ",".join(subnets),
             "ClusterExecutionRoleName": "hyperpod-exec",
-            # The twin polls a push without waiting: its Run Command finishes before it returns.
-            "PushPollSeconds": "0",
+            "VerifierSubnetIds": ",".join(subnets),
+            # Agents poll right before each read of their report (node_hosts.py): no need to wait.
+            "NodeReportPollSeconds": "0",
         } | MOTO_PARAMETER_WORKAROUNDS | self.parameter_overrides
         if ssh_keygen() is None:
             print("twin: ssh-keygen (OpenSSH client) not found: host identity checks are off in this twin")
@@ -249,7 +268,7 @@ class TwinWorld:
         self.resolver = Resolver(self.template.raw, parameters, REGION, ACCOUNT_ID, STACK_NAME)
         order = [
             "AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::SNS::Topic", "AWS::Logs::LogGroup",
-            "AWS::KMS::Key", "AWS::SecretsManager::Secret", "AWS::SSM::Document",
+            "AWS::KMS::Key", "AWS::SecretsManager::Secret", "AWS::Events::EventBus", "AWS::EC2::SecurityGroup",
             "AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::ElasticLoadBalancingV2::TargetGroup",
             "AWS::ElasticLoadBalancingV2::Listener", "AWS::Serverless::Function", "AWS::Serverless::StateMachine",
         ]
@@ -285,13 +304,14 @@ class TwinWorld:
         )
         self._record(logical_id, secret["ARN"])
 
-    def _provision_Document(self, logical_id: str, props: dict) -> None:
-        name = self._physical_name(logical_id)
-        self.aws.client("ssm").create_document(
-            Name=name, Content=yaml.safe_dump(props["Content"], sort_keys=False), DocumentType=props["DocumentType"],
-            DocumentFormat=props.get("DocumentFormat", "JSON"),
-        )
-        self._record(logical_id, name)
+    def _provision_EventBus(self, logical_id: str, props: dict) -> None:
+        arn = self.aws.client("events").create_event_bus(Name=props["Name"])["EventBusArn"]
+        self._record(logical_id, props["Name"], Arn=arn, Name=props["Name"])
+
+    def _provision_SecurityGroup(self, logical_id: str, props: dict) -> None:
+        group = self.aws.client("ec2").create_security_group(
+            GroupName=self._physical_name(logical_id), Description=props["GroupDescription"], VpcId=props["VpcId"])
+        self._record(logical_id, group["GroupId"], GroupId=group["GroupId"])
 
     def _provision_Queue(self, logical_id: str, props: dict) -> None:
         sqs = self.aws.client("sqs")
@@ -364,6 +384,15 @@ class TwinWorld:
         )
         self.dispatcher.bind(FunctionBinding(name=name, code_uri=spec.code_uri, handler=spec.handler, environment=environment))
         self._record(logical_id, name, Arn=function["FunctionArn"])
+        for source in spec.events:
+            if source.kind != "EventBridgeRule":
+                raise NotImplementedError(f"function event source type {source.kind}")
+            props = self.resolver.resolve(source.properties)
+            self.aws.client("events").put_rule(Name=self._physical_name(f"{logical_id}{source.name}"),
+                                               EventBusName=props.get("EventBusName", "default"),
+                                               EventPattern=json.dumps(props["Pattern"]))
+            self.function_rules[source.name] = {"pattern": props["Pattern"], "bus": props.get("EventBusName", "default"),
+                                                "function": name, "dlq": props.get("DeadLetterConfig", {}).get("Arn")}
 
     def _provision_StateMachine(self, logical_id: str, props: dict) -> None:
         spec = self.template.state_machines()[logical_id]
@@ -431,12 +460,37 @@ class TwinWorld:
         return self._start(self.output("LoginNodeSyncStateMachineArn"), payload, "manual", None)
 
     def _start(self, state_machine_arn: str, payload: Any, rule: str, event_id: str | None) -> str:
+        self.hosts.ensure_agents()  # HyperPod ran on_create on every node it provisioned
         # EventBridge names executions with a fresh UUID; moto would otherwise reuse "None".
         arn = self.aws.client("stepfunctions").start_execution(
             stateMachineArn=state_machine_arn, name=str(uuid.uuid4()), input=json.dumps(payload)
         )["executionArn"]
         self.routes.append(RouteRecord(rule=rule, event_id=event_id, execution_arn=arn))
         return arn
+
+    def _agent_polls_before_its_report_is_read(self, function_name: str, event: Any) -> None:
+        if function_name.endswith("CheckNodeReportFunction") and isinstance(event, dict):
+            self.hosts.tick(str(event.get("instanceId")))
+
+    def deliver_to_functions(self, bus: str, entry: dict) -> None:
+        """EventBridge delivering one PutEvents entry to the function targets whose rule matches."""
+        event = {"version": "0", "id": str(uuid.uuid4()), "detail-type": entry.get("DetailType"),
+                 "source": entry.get("Source"), "account": ACCOUNT_ID, "time": datetime.now(timezone.utc).isoformat(),
+                 "region": REGION, "resources": entry.get("Resources", []), "detail": json.loads(entry.get("Detail") or "{}")}
+        for rule in self.function_rules.values():
+            if rule["bus"] == bus and EventPattern.load(json.dumps(rule["pattern"])).matches_event(event):
+                record = self.dispatcher.invoke(rule["function"], event)
+                if record.error_type:
+                    # Lambda's async retries end in the function's dead-letter queue (EventDeliveryDLQ).
+                    self.delivery_failures.append({"function": rule["function"], "error": record.error_type,
+                                                   "message": record.error_message})
+                    if rule["dlq"]:
+                        self.aws.client("sqs").send_message(QueueUrl=self.output("EventDeliveryDLQUrl"),
+                                                            MessageBody=json.dumps(event))
+
+    def agents_poll(self) -> None:
+        """Time passes on the login nodes: each node agent polls once (30 s on a real cluster)."""
+        self.hosts.tick_all()
 
     # ------------------------------------------------------------------ observation
     def wait(self, execution_arns: list[str], timeout: float = 60) -> list[ExecutionResult]:
@@ -541,13 +595,6 @@ class TwinWorld:
         return {t: fingerprint(line) for t, line in self.hosts.presented_public_keys(node.ip, 22).items()}
 
     # certificate mode
-    def _parameter_value(self, name: str) -> str:
-        """What the node's `aws ssm get-parameter` prints ('' when missing: the script then refuses)."""
-        try:
-            return self.aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"]
-        except self.aws.client("ssm").exceptions.ParameterNotFound:
-            return ""
-
     def install_host_certificate_authority(self, ca: HostCA) -> str:
         """What the operator's `hpops host-keys ca-generate` does."""
         self.host_ca = ca

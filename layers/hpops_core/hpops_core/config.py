@@ -53,6 +53,9 @@ class SyncConfig:
     lease_seconds: int
     # "keys" | "certificate": new login nodes take traffic only once their host identity verifies
     host_identity_mode: str
+    # How the per-node wait for an agent's report is paced and bounded (read by the ASL map).
+    node_report_poll_seconds: int = 10
+    node_report_max_polls: int = 18
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
@@ -66,4 +69,6 @@ class SyncConfig:
             state_table=env_str(env, "STATE_TABLE_NAME"),
             lease_seconds=env_int(env, "LEASE_SECONDS", 60, 86400),
             host_identity_mode=env_choice(env, "HOST_IDENTITY_MODE", ("keys", "certificate", "off")),
+            node_report_poll_seconds=env_int(env, "NODE_REPORT_POLL_SECONDS", 0, 300),
+            node_report_max_polls=env_int(env, "NODE_REPORT_MAX_POLLS", 1, 60),
         )

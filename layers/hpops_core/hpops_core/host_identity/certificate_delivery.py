@@ -22,12 +22,13 @@ def read_certificate_authority(secret_arn: str) -> HostCA:
         ) from None
 
 
-def put_certificate_bundle(name: str, bundle: HostCertificateBundle) -> None:
+def put_certificate_bundle(name: str, bundle: HostCertificateBundle) -> int:
+    """Leave the bundle for the node; returns the parameter version the node will report installing."""
     with transient_errors_named("ssm:PutParameter"):
-        client("ssm").put_parameter(
+        return client("ssm").put_parameter(
             Name=name, Value=bundle.to_json(), Type="String", Overwrite=True,
             Description="hpops: host certificates waiting for one login node (public; deleted once installed)",
-        )
+        )["Version"]
 
 
 def delete_certificate_bundle(name: str) -> None:

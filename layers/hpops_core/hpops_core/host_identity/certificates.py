@@ -1,11 +1,11 @@
 """Certificate mode: every login node keeps its own host keys and presents host certificates
 signed by one CA, so users trust a single ``@cert-authority`` line.
 
-Per node the flow is: the node reports its public host keys over SSM Run Command (an
-authenticated channel: a key read off the network could belong to anyone answering on that IP)
--> the signer certifies exactly those keys -> the certificate bundle (public) waits in a
-per-node SSM parameter -> the node installs it -> the verifier checks over the network what the
-node now presents. Only the signer Lambda reads the CA private key.
+Per node the flow is: the node agent reports its public host keys (EventBridge, from an instance
+AWS places in the login group at that IP) -> the signer certifies those keys, and only if the
+verifier saw the very same keys presented at the node's IP -> the certificate bundle (public)
+waits in a per-node SSM parameter -> the agent installs it -> the verifier checks over the
+network what the node now presents. Only the signer Lambda reads the CA private key.
 
 Decisions here are pure (time is an input); reading the network is verifier.py's job.
 """
@@ -75,16 +75,29 @@ def certificate_parameter_name(cluster: str, instance_id: str) -> str:
     return f"/hpops/{cluster}/host-certificates/{instance_id}"
 
 
-def reported_public_keys(command_output: str) -> dict[str, str]:
-    """Short key name -> public line, from the node script's report-public-keys JSON line."""
-    for line in reversed((command_output or "").splitlines()):
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(report, dict) and report.get("result") == "reported":
-            return _validated_keys(report.get("public_keys"))
-    raise NodeKeyReportInvalid("the node did not report its public host keys")
+def reported_public_keys(report: Mapping | None) -> dict[str, str]:
+    """Short key name -> public line, from the node agent's latest report (certificate mode)."""
+    identity = (report or {}).get("hostIdentity") or {}
+    if identity.get("mode") != "certificate" or not identity.get("publicKeys"):
+        raise NodeKeyReportInvalid("the node has not reported its public host keys")
+    return _validated_keys(identity["publicKeys"])
+
+
+def keys_seen_on_network(reported: Mapping[str, str], seen: Mapping[str, str] | None) -> dict[str, str]:
+    """The reported keys, provided the verifier saw each one presented at the node's own IP.
+
+    A report is the node's claim; the network read is what clients will meet. The CA vouches for
+    a key only when both agree, so neither a forged report nor whoever answers at an IP alone
+    can get a key certified.
+    """
+    seen = dict(seen or {})
+    if not seen:
+        raise NodeKeyReportInvalid("the verifier saw no host keys at the node's IP")
+    for name, line in reported.items():
+        key_type = line.split()[0]
+        if seen.get(key_type) != fingerprint(line):
+            raise NodeKeyReportInvalid(f"{name}: the reported key is not the one presented at the node's IP")
+    return dict(reported)
 
 
 def _validated_keys(keys: object) -> dict[str, str]:

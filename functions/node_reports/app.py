@@ -1,0 +1,61 @@
+"""Where node agents' reports enter: an EventBridge rule on the stack's node-report bus.
+
+Validate (a named error for anything malformed: EventBridge's retries, then the DLQ and its
+alarm), check AWS's own record of the instance, keep the latest report per node. Waiting state
+machines read it from there (CheckNodeReport); reports never admit a node by themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from hpops_core.config import env_str
+from hpops_core.node_channel import report_store
+from hpops_core.node_channel.reports import NodeReportRejected, check_report_origin, parse_report_event
+
+logger = Logger()
+tracer = Tracer()
+metrics = Metrics()
+
+
+@dataclass(frozen=True)
+class NodeReportConfig:
+    cluster_name: str
+    login_group: str
+    state_table: str
+
+    @classmethod
+    def from_env(cls) -> NodeReportConfig:
+        return cls(env_str(os.environ, "CLUSTER_NAME"), env_str(os.environ, "LOGIN_GROUP_NAME"),
+                   env_str(os.environ, "STATE_TABLE_NAME"))
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def record_node_report(event: dict, context: LambdaContext) -> dict:
+    """EventBridge event (source hpops.node) -> {recorded, instanceId}; a named error otherwise."""
+    config = NodeReportConfig.from_env()
+    report = parse_report_event(event)
+    check = check_report_origin(report, config.cluster_name, config.login_group,
+                                report_store.describe_node(config.cluster_name, report.instanceId))
+    if not check.accepted:
+        metrics.add_metric(name="NodeReportRejected", unit=MetricUnit.Count, value=1)
+        raise NodeReportRejected(check.reason)
+    report_store.store_report(config.state_table, config.cluster_name, report,
+                              datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z", int(time.time()))
+    identity = report.hostIdentity
+    metrics.add_metric(name="NodeReports", unit=MetricUnit.Count, value=1)
+    if identity is not None and identity.result == "failed":
+        metrics.add_metric(name="NodeApplyFailed", unit=MetricUnit.Count, value=1)
+    logger.info("node report recorded", extra={"instanceId": report.instanceId, "trigger": report.trigger,
+                                               "hostIdentity": identity.result if identity else None,
+                                               "reason": identity.reason if identity else None})
+    return {"recorded": True, "instanceId": report.instanceId}

@@ -1,0 +1,36 @@
+"""Where node reports are kept: one item per node in the SyncStateTable, the latest report wins.
+
+    pk = "cluster#<cluster>"   sk = "node-report#<instance id>"   report (JSON), receivedAt, ttl
+"""
+
+from __future__ import annotations
+
+from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.node_channel.reports import SK_PREFIX, NodeReport, report_from_item, report_item
+
+
+def latest_report(table: str, cluster: str, instance_id: str) -> dict | None:
+    with transient_errors_named("dynamodb:GetItem"):
+        item = client("dynamodb").get_item(
+            TableName=table, Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": SK_PREFIX + instance_id}},
+            ConsistentRead=True,
+        ).get("Item")
+    return report_from_item(item)
+
+
+def store_report(table: str, cluster: str, report: NodeReport, received_at: str, now_epoch: int) -> None:
+    with transient_errors_named("dynamodb:PutItem"):
+        client("dynamodb").put_item(TableName=table, Item=report_item(cluster, report, received_at, now_epoch))
+
+
+def describe_node(cluster: str, instance_id: str) -> dict | None:
+    """AWS's record of the instance (NodeDetails), or None when the cluster has no such node."""
+    from botocore.exceptions import ClientError
+
+    try:
+        with transient_errors_named("sagemaker:DescribeClusterNode"):
+            return client("sagemaker").describe_cluster_node(ClusterName=cluster, NodeId=instance_id)["NodeDetails"]
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
+            return None
+        raise
