@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hpops_twin.node_hosts import rotation_bundle
 from hpops_twin.world import ExecutionResult, TwinWorld
 
 
@@ -102,12 +103,15 @@ class Demo:
                 lines = [r for r in result.get("reasons", []) if not r.startswith("register ")] if world.resolver.parameters["HostIdentityMode"] != "off" else result.get("reasons", [])
             elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
                 lines = [f"verify {result['ip']}: {result['reason'][:90]}"]
-            elif invocation.function.endswith("PushHostIdentityFunction") and result:
-                what = {"collect": "ask {} for its public host keys", "install": "push the host identity to {}"}[result["phase"]]
-                lines = [what.format(invocation.event["instanceId"]) + ": " + ("Run Command sent" if result["sent"] else result["reason"])]
-            elif invocation.function.endswith("CheckHostIdentityPushFunction") and result.get("finished"):
-                lines = [f"{invocation.event.get('phase', 'install')} on {invocation.event['instanceId']}: "
-                         f"{result['status']} ({result['result']})"]
+            elif invocation.function.endswith("PublishHostIdentityFunction") and result.get("published"):
+                lines = [f"publish desired host identity {result['version'][:24]} for the node agents"]
+            elif invocation.function.endswith("RecordNodeReportFunction") and isinstance(invocation.event, dict):
+                detail = invocation.event.get("detail") or {}
+                identity = detail.get("hostIdentity") or {}
+                lines = [f"node {detail.get('instanceId')} reports ({detail.get('trigger')}): host identity "
+                         f"{identity.get('result')}" + (f", {identity.get('reason')}" if identity.get("reason") else "")]
+            elif invocation.function.endswith("CheckNodeReportFunction") and result.get("finished"):
+                lines = [f"{invocation.event.get('phase')} on {invocation.event['instanceId']}: {result['reason']}"]
             elif invocation.function.endswith("SignHostCertificatesFunction") and result:
                 lines = [f"sign host certificates for {invocation.event['instanceId']}: {result['reason']}"]
             elif invocation.function.endswith("GateTargetChangesFunction"):
@@ -204,16 +208,24 @@ class Demo:
         self.say(f"host identity: every registered login node presents the canonical keys: {keyed}")
         world.wait(world.publish(sim.scale_group(cluster, login, 5)))
         broken = next(n for n in sim.nodes(cluster, login) if n.status == "Pending")
-        world.hosts.unreachable.add(broken.instance_id)
-        self.step(f"5th login node {broken.instance_id}: Run Command cannot reach it",
+        world.hosts.stopped.add(broken.instance_id)
+        self.step(f"5th login node {broken.instance_id}: its node agent is down",
                   lambda: world.publish(sim.finish_provisioning(cluster)),
                   "kept out of the target group, with a notification",
                   lambda: broken.ip not in world.target_ips() and len(world.target_ips()) == 4
                   and any("kept out" in (n["subject"] or "") for n in world.notification_log))
-        world.hosts.unreachable.discard(broken.instance_id)
-        self.step("Run Command reaches it again; the periodic sweep keys, verifies and registers it",
+        world.hosts.stopped.discard(broken.instance_id)
+        self.step("the agent is back (systemd restarts it); the periodic sweep waits for its report, verifies, registers",
                   lambda: [world.run_schedule("Sweep")], "5 targets, all with the canonical keys",
                   lambda: broken.ip in world.target_ips() and len(world.target_ips()) == 5)
+        old = world.canonical_fingerprints()
+        world.install_canonical_host_keys(rotation_bundle())
+        self.say("        operator: `hpops host-keys rotate` wrote new canonical keys; a repair publishes them")
+        self.step("host key rotation: repair publishes, every agent applies and reports, each node is re-verified",
+                  lambda: [world.start_repair()], "5 targets, all presenting the new keys",
+                  lambda: len(world.target_ips()) == 5 and world.canonical_fingerprints() != old
+                  and all(world.presented_fingerprints(n.instance_id) == world.canonical_fingerprints()
+                          for n in sim.nodes(cluster, login) if n.status == "Running"))
 
     def table(self) -> str:
         header = f"{'#':>2}  {'step':<62} {'exec':>4} {'sync':>4} {'coal':>4} {'fail':>4} {'tgts':>4}  {'sec':>5}  result"
@@ -227,7 +239,7 @@ class Demo:
 
 
 def run_demo(json_path: str | None = None, out: Callable[[str], None] = print) -> int:
-    from hpops_twin.certificate_demo import run_certificate_chapter  # issue 3, certificate mode
+    from hpops_twin.certificate_demo import run_certificate_chapter
 
     random.seed(7)
     with TwinWorld() as world:

@@ -38,11 +38,11 @@ from hpops_node_agent.config import AgentConfig
 _BUNDLE_POOL: list[HostKeyBundle] = []  # RSA-3072 generation is slow; fresh nodes draw from a pool
 
 
-NODE_BUNDLES = 4  # pool[0..3]: fresh nodes' own keys; pool[4]: the canonical set
+NODE_BUNDLES = 4  # pool[0..3]: fresh nodes' own keys; pool[4]: the canonical set; pool[5]: its rotation
 
 
 def _fill_pool() -> None:
-    while len(_BUNDLE_POOL) < NODE_BUNDLES + 1:
+    while len(_BUNDLE_POOL) < NODE_BUNDLES + 2:
         _BUNDLE_POOL.append(generate_bundle())
 
 
@@ -55,6 +55,12 @@ def canonical_bundle() -> HostKeyBundle:
     """A bundle no simulated node starts with (the operator's `hpops host-keys generate`)."""
     _fill_pool()
     return _BUNDLE_POOL[NODE_BUNDLES]
+
+
+def rotation_bundle() -> HostKeyBundle:
+    """The canonical set after `hpops host-keys rotate`."""
+    _fill_pool()
+    return _BUNDLE_POOL[NODE_BUNDLES + 1]
 
 
 def ssh_keygen() -> str | None:

@@ -1,7 +1,8 @@
 """Certificate mode: every login node keeps its own host keys and presents certificates from one CA.
 
-Per node: the node reports its public keys over Run Command -> SignHostCertificates certifies
-them into the node's parameter -> the node installs them -> the verifier checks what it presents.
+Per node: the node agent reports its public keys -> SignHostCertificates certifies the ones the
+verifier saw at the node's IP into the node's parameter -> the agent installs them -> the verifier
+checks what it presents.
 Asserts what users see: whether a client trusting only the CA accepts the node, which keys the
 node presents, and whether it is in the target group.
 """
@@ -81,9 +82,10 @@ def test_every_login_node_keeps_its_own_keys_and_presents_certificates_from_the_
     assert {"login.hpc.example.edu", nodes[0].ip} <= set(certificate.principals)
     assert certificate.key_id == f"hpops:{world.cluster_name}/{nodes[0].instance_id}"
     assert timedelta(days=29) < certificate.valid_before - datetime.now(timezone.utc) <= timedelta(days=30)
-    # Two commands per node (report keys, install), one signature each, nothing left behind.
-    assert world.counter.calls["ssm.SendCommand"] == 2 * len(nodes)
+    # One signature per node, certifying the keys its agent reported; nothing left behind.
     assert len(invocations(world, "SignHostCertificatesFunction")) == len(nodes)
+    for sign in invocations(world, "SignHostCertificatesFunction"):
+        assert sign.result["signed"] and sign.event["seen"] == own_keys[sign.event["instanceId"]]
     assert certificate_parameters(world) == []
     assert world.notifications() == []
 
@@ -99,10 +101,12 @@ def test_replaced_node_is_certified_then_verified_then_registered(cert_world):
 
     assert new.ip in world.target_ips() and victim.ip not in world.target_ips()
     assert world.certificate_verdict(new.instance_id).ok
-    assert world.counter.calls["ssm.SendCommand"] == 2, "only the new node: report keys, install certificates"
-    report, install = [r for r in world.hosts.runs if r["InstanceId"] == new.instance_id]
-    assert json.loads(report["StandardOutputContent"])["result"] == "reported"
-    assert json.loads(install["StandardOutputContent"])["result"] == "changed"
+    signed = [i.event["instanceId"] for i in invocations(world, "SignHostCertificatesFunction")[-1:]]
+    assert signed == [new.instance_id], "only the new node is certified"
+    reports = [i.event["detail"] for i in invocations(world, "RecordNodeReportFunction")
+               if i.event["detail"]["instanceId"] == new.instance_id]
+    assert reports[0]["hostIdentity"]["publicKeys"], "first the node reports its own public keys"
+    assert reports[-1]["hostIdentity"]["result"] == "changed" and reports[-1]["hostIdentity"]["certificateVersion"] >= 1
 
 
 def test_without_a_ca_new_nodes_stay_out_and_the_notification_says_what_to_run():
@@ -147,7 +151,7 @@ def test_failed_renewal_keeps_a_still_valid_node_serving_and_raises_the_alarm(ce
     world.notifications()
     node = login_nodes(world)[0]
     set_certificates(world, node, world.host_ca, valid_for=timedelta(days=3))
-    world.hosts.unreachable.add(node.instance_id)  # Run Command cannot reach it today
+    world.hosts.stopped.add(node.instance_id)  # its node agent is down today
 
     succeeded(world, [world.run_schedule("CertificateRenewal")])
 
@@ -163,7 +167,7 @@ def test_daily_check_takes_out_a_node_with_a_foreign_certificate_that_cannot_be_
     succeeded(world, [world.run_schedule()])
     node = login_nodes(world)[2]
     set_certificates(world, node, generate_ca(), valid_for=timedelta(days=30))  # someone else's CA
-    world.hosts.unreachable.add(node.instance_id)
+    world.hosts.stopped.add(node.instance_id)
 
     succeeded(world, [world.run_schedule("CertificateRenewal")])
 
@@ -196,11 +200,11 @@ def test_ca_private_key_never_leaves_its_secret(cert_world):
     history = json.dumps([world.history(r.execution_arn) for r in world.routes], default=str)
     logs = "".join(i.logs for i in world.dispatcher.invocations)
     lambda_io = json.dumps([[i.event, i.result] for i in world.dispatcher.invocations], default=str)
-    commands = json.dumps(world.aws.client("ssm").list_commands()["Commands"], default=str)
-    outputs = json.dumps(world.hosts.runs)
+    parameters = json.dumps(world.aws.client("ssm").get_parameters_by_path(Path="/hpops", Recursive=True)["Parameters"], default=str)
+    reports = json.dumps([i.event for i in invocations(world, "RecordNodeReportFunction")])
     notes = json.dumps(world.notification_log + world.notifications())
     for where, text in {"Step Functions history": history, "Lambda logs": logs, "Lambda input/output": lambda_io,
-                        "SSM command parameters": commands, "SSM command output": outputs, "notifications": notes}.items():
+                        "SSM parameters": parameters, "node reports": reports, "notifications": notes}.items():
         assert not [f for f in fragments if f in text], f"CA private key material in {where}"
 
 

@@ -1,4 +1,5 @@
-"""One SSH host identity: nodes are keyed by the stack's SSM document, verified, and only then registered.
+"""One SSH host identity: the node agent applies the published keys, reports, and the node is
+verified over the network before it is registered.
 
 Asserts what users see: the fingerprints a node presents, and whether it is in the target group.
 """
@@ -30,59 +31,80 @@ def replace_and_provision(world, index=0):
     return victim, new
 
 
-def test_fresh_nodes_present_their_own_keys_until_keyed(world):
+def node_reports(world):
+    """The latest report of every node, as RecordNodeReport stored it."""
+    table = world.resolver.physical_ids["SyncStateTable"]
+    items = world.aws.client("dynamodb").query(
+        TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
+        ExpressionAttributeValues={":pk": {"S": f"cluster#{world.cluster_name}"}, ":sk": {"S": "node-report#"}})["Items"]
+    return {i["sk"]["S"].split("#", 1)[1]: json.loads(i["report"]["S"]) for i in items}
+
+
+def test_fresh_nodes_present_their_own_keys_until_their_agent_applies_the_published_ones(world):
     node = login_nodes(world)[0]
     assert world.presented_fingerprints(node.instance_id) != world.canonical_fingerprints()
     succeeded(world, [world.run_schedule()])
+    desired = json.loads(world.aws.client("ssm").get_parameter(Name=f"/hpops/{world.cluster_name}/node/host-identity")["Parameter"]["Value"])
+    assert desired["fingerprints"] == world.canonical_fingerprints() and desired["secretArn"] == world.output("HostIdentitySecretArn")
     for node in login_nodes(world):
         assert world.presented_fingerprints(node.instance_id) == world.canonical_fingerprints()
     assert len(world.target_ips()) == 3
+    reports = node_reports(world)
+    assert {n.instance_id for n in login_nodes(world)} == set(reports)
+    assert all(r["hostIdentity"]["fingerprints"] == world.canonical_fingerprints() for r in reports.values())
 
 
-def test_replaced_node_is_keyed_then_verified_then_registered(synced_world):
+def test_replaced_node_installs_the_keys_at_creation_and_is_verified_before_it_is_registered(synced_world):
     world = synced_world
     world.counter.reset()
+    world.hosts.agent_calls.clear()
     _, new = replace_and_provision(world)
     assert world.presented_fingerprints(new.instance_id) == world.canonical_fingerprints()
     assert new.ip in world.target_ips()
-    assert world.counter.calls["ssm.SendCommand"] == 1, "only the new node was pushed keys"
-    pushed = [r for r in world.hosts.runs if r["InstanceId"] == new.instance_id]
-    assert json.loads(pushed[-1]["StandardOutputContent"])["result"] == "changed"
+    verified = [i for i in world.dispatcher.invocations if i.function.endswith("VerifyNodeIdentityFunction")
+                and i.event["instanceId"] == new.instance_id]
+    assert verified and verified[-1].result["ok"]
+    assert node_reports(world)[new.instance_id]["trigger"] == "start"
+    # the lifecycle's first agent run fetched the keys itself: one secret read, no Lambda read any secret
+    assert world.hosts.agent_calls["secretsmanager.GetSecretValue"] == 1
+    assert "secretsmanager.GetSecretValue" not in world.counter.calls
 
 
-def test_node_that_already_presents_the_keys_is_not_pushed_again(synced_world):
+def test_node_that_already_presents_the_keys_costs_its_agent_nothing(synced_world):
     world = synced_world
     lost = world.target_ips()[0]
     world.deregister_by_hand(lost)
-    world.counter.reset()
+    world.hosts.agent_calls.clear()
+    world.agents_poll()
     succeeded(world, [world.run_schedule()])
     assert lost in world.target_ips()
-    assert world.counter.calls["ssm.SendCommand"] == 0
+    assert world.hosts.agent_calls["secretsmanager.GetSecretValue"] == 0
+    assert world.hosts.agent_calls["events.PutEvents"] == 0, "nothing changed, so nothing to report"
 
 
-def test_node_whose_push_fails_stays_out_with_an_alarm_and_a_notification(synced_world):
+def test_node_whose_agent_is_down_stays_out_with_an_alarm_and_a_notification(synced_world):
     world = synced_world
     world.notifications()  # drain
     victim = login_nodes(world)[0]
     succeeded(world, world.publish(world.sim.replace_node(world.cluster_name, victim.instance_id)))
     new = next(n for n in login_nodes(world) if n.status == "Pending")
-    world.hosts.unreachable.add(new.instance_id)
+    world.hosts.lifecycle_installs_agent = False  # this node's on_create.sh lacks the hpops line
     succeeded(world, world.publish(world.sim.finish_provisioning(world.cluster_name)))
 
     assert new.ip not in world.target_ips()
     assert victim.ip not in world.target_ips()
     assert len(world.target_ips()) == 2
     notes = world.notifications()
-    assert notes and new.instance_id in notes[0]["message"] and "Undeliverable" in notes[0]["message"]
+    assert notes and new.instance_id in notes[0]["message"] and "hpops-node-agent" in notes[0]["message"]
     gate_logs = "".join(i.logs for i in world.dispatcher.invocations if i.function.endswith("GateTargetChangesFunction"))
     assert '"HostIdentityRejected":[1.0]' in gate_logs.replace(" ", "") or '"HostIdentityRejected":1.0' in gate_logs.replace(" ", "")
 
-    world.hosts.unreachable.discard(new.instance_id)
+    world.hosts.lifecycle_installs_agent = True  # the platform team adds the line and re-runs it
     succeeded(world, [world.run_schedule()])
-    assert new.ip in world.target_ips(), "retried and admitted on the next sweep"
+    assert new.ip in world.target_ips(), "admitted on the next sweep"
 
 
-def test_repair_reverifies_every_registered_node_and_rekeys_a_drifted_one(synced_world):
+def test_repair_reverifies_every_registered_node_and_its_agent_fixes_a_drifted_one(synced_world):
     world = synced_world
     drifted = login_nodes(world)[1]
     ssh = world.hosts.root(drifted.instance_id) / "etc" / "ssh"
@@ -110,10 +132,38 @@ def test_repair_takes_out_a_registered_node_that_cannot_be_fixed(synced_world):
     for pair in node_bundle(2).pairs():
         (ssh / f"ssh_host_{pair.name}_key.pub").write_text(pair.public_line + "\n")
         (ssh / f"ssh_host_{pair.name}_key").write_text(pair.private_openssh)
-    world.hosts.unreachable.add(drifted.instance_id)
+    world.hosts.stopped.add(drifted.instance_id)
     succeeded(world, [world.start_repair()])
     assert drifted.ip not in world.target_ips()
     assert len(world.target_ips()) == 2
+
+
+def test_rotation_is_published_applied_by_every_agent_and_reverified(synced_world):
+    world = synced_world
+    from hpops_twin.node_hosts import rotation_bundle
+
+    old = world.canonical_fingerprints()
+    world.install_canonical_host_keys(rotation_bundle())
+    assert world.canonical_fingerprints() != old
+    succeeded(world, [world.start_repair()])
+    assert len(world.target_ips()) == 3
+    for node in login_nodes(world):
+        assert world.presented_fingerprints(node.instance_id) == world.canonical_fingerprints()
+    assert all(r["hostIdentity"]["fingerprints"] == world.canonical_fingerprints() for r in node_reports(world).values())
+
+
+def test_a_forged_report_is_refused_recorded_nowhere_and_lands_in_the_dlq(synced_world):
+    world = synced_world
+    node = login_nodes(world)[0]
+    before = node_reports(world)[node.instance_id]
+    forged = before | {"ip": "10.9.9.9", "trigger": "change"}
+    world.aws.client("events").put_events(Entries=[{
+        "Source": "hpops.node", "DetailType": "HyperPod Login Node Report", "EventBusName": world.output("NodeReportBusName"),
+        "Detail": json.dumps(forged)}])
+    assert world.delivery_failures[-1]["error"] == "NodeReportRejected"
+    assert node_reports(world)[node.instance_id] == before
+    dlq = world.aws.client("sqs").receive_message(QueueUrl=world.output("EventDeliveryDLQUrl"), MaxNumberOfMessages=10)
+    assert any("10.9.9.9" in m["Body"] for m in dlq.get("Messages", []))
 
 
 def test_without_a_published_identity_new_nodes_stay_out_and_say_why(world):
@@ -131,7 +181,9 @@ def test_mode_off_registers_without_checks():
     with TwinWorld(parameters={"HostIdentityMode": "off"}) as world:
         succeeded(world, [world.run_schedule()])
         assert len(world.target_ips()) == 3
-        assert world.counter.calls["ssm.SendCommand"] == 0
+        assert "ssm.PutParameter" not in world.counter.calls, "mode off publishes no identity"
+        assert all(world.presented_fingerprints(n.instance_id) != world.canonical_fingerprints() for n in login_nodes(world)), \
+            "mode off: the agents change no node"
 
 
 def _private_key_fragments(world) -> list[str]:
@@ -152,11 +204,11 @@ def test_private_keys_never_leave_secrets_manager_and_the_node(synced_world):
     logs = "".join(i.logs for i in world.dispatcher.invocations)
     lambda_io = json.dumps([[i.event, i.result] for i in world.dispatcher.invocations], default=str)
     ssm = world.aws.client("ssm")
-    commands = json.dumps(ssm.list_commands()["Commands"], default=str)
-    outputs = json.dumps(world.hosts.runs)
+    parameters = json.dumps([ssm.get_parameters_by_path(Path="/hpops", Recursive=True)["Parameters"]], default=str)
+    reports = json.dumps(node_reports(world))
     notes = json.dumps(world.notification_log + world.notifications())
     for where, text in {"Step Functions history": history, "Lambda logs": logs, "Lambda input/output": lambda_io,
-                        "SSM command parameters": commands, "SSM command output": outputs, "notifications": notes}.items():
+                        "SSM parameters": parameters, "node reports": reports, "notifications": notes}.items():
         leaked = [f for f in fragments if f in text]
         assert not leaked, f"private key material in {where}"
 

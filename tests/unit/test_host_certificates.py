@@ -6,12 +6,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from hpops_core.host_identity import certificates, keys, verifier
+from hpops_core.node_channel import contract
 from hpops_core.host_identity.certificates import (
     CertificatePolicy,
     CertificatePolicyError,
     NodeKeyReportInvalid,
-    certificate_parameter_name,
     issue_certificates,
+    keys_seen_on_network,
     judge_certificates,
     reported_public_keys,
 )
@@ -53,7 +54,8 @@ def presented(bundle, ca, policy, now=NOW, principals=None, valid_for=timedelta(
 
 
 def report(public_keys):
-    return "some log line\n" + json.dumps({"mode": "report-public-keys", "result": "reported", "public_keys": public_keys})
+    """The node's latest report as the state table keeps it."""
+    return {"hostIdentity": {"mode": "certificate", "result": "waiting", "publicKeys": public_keys}, "receivedAt": "x"}
 
 
 def test_report_yields_exactly_the_reported_keys_without_comments(node_keys):
@@ -62,9 +64,9 @@ def test_report_yields_exactly_the_reported_keys_without_comments(node_keys):
 
 
 @pytest.mark.parametrize("output", [
-    "",
-    "not json",
-    json.dumps({"result": "failed", "reason": "no host keys"}),
+    None,
+    {},
+    {"hostIdentity": {"mode": "keys", "result": "failed", "reason": "no host keys"}},
     report({}),
     report({"dsa": "ssh-dss AAAA"}),
     report({"ed25519": "ssh-ed25519 not-base64!"}),
@@ -82,14 +84,25 @@ def test_a_key_reported_under_the_wrong_name_is_refused(node_keys):
         reported_public_keys(report({"ed25519": lines["rsa"]}))
 
 
+def test_only_keys_the_verifier_saw_at_the_nodes_ip_are_certified(node_keys):
+    lines = public_lines(node_keys)
+    seen = {keys.KEY_TYPES[name]: keys.fingerprint(line) for name, line in lines.items()}
+    assert keys_seen_on_network(lines, seen) == lines
+    impostor = public_lines(keys.generate_bundle())
+    with pytest.raises(NodeKeyReportInvalid, match="not the one presented"):
+        keys_seen_on_network({"ed25519": impostor["ed25519"]}, seen)
+    with pytest.raises(NodeKeyReportInvalid, match="saw no host keys"):
+        keys_seen_on_network(lines, {})
+
+
 # --------------------------------------------------------------------------- names and policy
 
 
-def test_certificate_parameter_name_matches_the_document_pattern_and_refuses_hostile_ids():
-    assert certificate_parameter_name("ml-research", "i-0abc123") == "/hpops/ml-research/host-certificates/i-0abc123"
+def test_certificate_parameter_name_is_the_contracts_and_refuses_hostile_ids():
+    assert contract.certificate_parameter("ml-research", "i-0abc1234") == "/hpops/ml-research/host-certificates/i-0abc1234"
     for bad in ("i-1/../../x", "i-1 x", "", "i-1'", "../i-1"):
-        with pytest.raises(NodeKeyReportInvalid):
-            certificate_parameter_name("ml-research", bad)
+        with pytest.raises(ValueError):
+            contract.certificate_parameter("ml-research", bad)
 
 
 def test_policy_needs_a_principal_and_a_renewal_window_inside_the_validity():

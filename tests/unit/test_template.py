@@ -55,10 +55,12 @@ def test_every_function_handler_exists():
 
 
 def test_every_event_rule_has_a_dead_letter_queue_and_retry_policy():
-    for spec in MACHINES.values():
-        for event in spec.events:
-            assert "DeadLetterConfig" in event.properties, event.name
-            assert "RetryPolicy" in event.properties, event.name
+    sources = [e for spec in MACHINES.values() for e in spec.events]
+    sources += [e for spec in TEMPLATE.functions().values() for e in spec.events]
+    assert any(e.name == "NodeReport" for e in sources)
+    for event in sources:
+        assert "DeadLetterConfig" in event.properties, event.name
+        assert "RetryPolicy" in event.properties, event.name
 
 
 def test_rules_cover_all_three_hyperpod_detail_types_scoped_to_the_cluster():
@@ -100,7 +102,7 @@ def test_outputs_name_what_operators_need():
 
 def _statements(logical_id: str) -> list[dict]:
     resource = TEMPLATE.raw["Resources"][logical_id]
-    if resource["Type"] == "AWS::IAM::Policy":
+    if resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
         return resource["Properties"]["PolicyDocument"]["Statement"]
     return [s for policy in resource["Properties"].get("Policies", []) if isinstance(policy, dict)
             for s in policy.get("Statement", [])]
@@ -110,7 +112,7 @@ def _who_may(action: str, resource_ref: str) -> set[str]:
     """Logical ids whose statements allow `action` on a resource naming `resource_ref`."""
     holders = set()
     for logical_id, resource in TEMPLATE.raw["Resources"].items():
-        if resource["Type"] not in ("AWS::Serverless::Function", "AWS::IAM::Policy"):
+        if resource["Type"] not in ("AWS::Serverless::Function", "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
             continue
         for statement in _statements(logical_id):
             actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
@@ -121,7 +123,7 @@ def _who_may(action: str, resource_ref: str) -> set[str]:
 
 def test_only_the_signer_reads_the_host_ca_and_only_nodes_read_the_host_keys():
     assert _who_may("secretsmanager:GetSecretValue", "HostCertificateAuthoritySecret") == {"SignHostCertificatesFunction"}
-    assert _who_may("secretsmanager:GetSecretValue", "HostIdentitySecret") == {"NodesReadHostIdentityPolicy"}
+    assert _who_may("secretsmanager:GetSecretValue", "HostIdentitySecret") == {"NodeAgentPolicy"}
     verifier = TEMPLATE.raw["Resources"]["VerifyNodeIdentityFunction"]["Properties"]["Policies"]
     assert verifier == [{"VPCAccessPolicy": {}}], "the verifier reads nothing but the network"
 
@@ -129,8 +131,47 @@ def test_only_the_signer_reads_the_host_ca_and_only_nodes_read_the_host_keys():
 def test_certificate_parameters_are_scoped_to_the_clusters_path():
     path = "parameter/hpops/${ClusterName}/host-certificates/*"
     assert _who_may("ssm:PutParameter", path) == {"SignHostCertificatesFunction"}
-    assert _who_may("ssm:GetParameter", path) == {"NodesReadHostIdentityPolicy"}
-    assert _who_may("ssm:DeleteParameter", path) == {"CheckHostIdentityPushFunction"}
+    assert _who_may("ssm:GetParameters", path) == {"NodeAgentPolicy"}
+    assert _who_may("ssm:DeleteParameter", path) == {"CheckNodeReportFunction"}
+
+
+def test_the_node_agent_policy_names_only_this_clusters_resources():
+    statements = _statements("NodeAgentPolicy")
+    actions = sorted(a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))
+    assert actions == ["events:PutEvents", "kms:Decrypt", "secretsmanager:GetSecretValue", "ssm:GetParameters"]
+    resources = json.dumps([s["Resource"] for s in statements])
+    assert "*\"" not in resources.replace("/*", ""), "no bare wildcard resource"
+    assert "parameter/hpops/${ClusterName}/node/*" in resources and "NodeReportBus" in resources
+    assert "NodeAgentPolicyArn" in TEMPLATE.raw["Outputs"] and "NodeReportBusName" in TEMPLATE.raw["Outputs"]
+
+
+def test_nothing_uses_run_command_which_cannot_reach_hyperpod_nodes():
+    text = (REPO_ROOT / "template.yaml").read_text()
+    assert "ssm:SendCommand" not in text and "AWS::SSM::Document" not in text and "GetCommandInvocation" not in text
+    for path in [*(REPO_ROOT / "functions").rglob("*.py"), *(REPO_ROOT / "layers").rglob("*.py")]:
+        assert "send_command" not in path.read_text(), path
+
+
+def test_the_verifier_always_runs_in_the_vpc_and_a_deploy_without_subnets_is_refused():
+    vpc = TEMPLATE.raw["Resources"]["VerifyNodeIdentityFunction"]["Properties"]["VpcConfig"]
+    assert "Fn::If" not in json.dumps(vpc.get("SubnetIds")), "subnets are not optional"
+    groups = vpc["SecurityGroupIds"]["Fn::If"]
+    assert groups[0] == "CreateVerifierSecurityGroup" and groups[1] == [{"Ref": "VerifierSecurityGroup"}]
+    assertions = TEMPLATE.raw["Rules"]["VerifierRunsInTheClusterVpc"]["Assertions"]
+    asserted = json.dumps([a["Assert"] for a in assertions])
+    assert '"Ref": "VerifierSubnetIds"' in asserted and '"Ref": "VpcId"' in asserted
+    egress = TEMPLATE.raw["Resources"]["VerifierSecurityGroup"]["Properties"]["SecurityGroupEgress"]
+    assert [(e["FromPort"], e["ToPort"]) for e in egress] == [({"Ref": "SshPort"}, {"Ref": "SshPort"})]
+
+
+@pytest.mark.parametrize("subnets, vpc, refused", [("", "vpc-1", True), ("subnet-1", "", True), ("subnet-1,subnet-2", "vpc-1", False)])
+def test_rules_refuse_a_deploy_the_verifier_could_not_work_in(subnets, vpc, refused):
+    from hpops_twin.template_model import Resolver
+
+    parameters = TEMPLATE.parameter_defaults() | {"VerifierSubnetIds": subnets, "VpcId": vpc}
+    resolver = Resolver(TEMPLATE.raw, parameters, "us-east-1", "123456789012", "stack")
+    results = [resolver.resolve(a["Assert"]) for a in TEMPLATE.raw["Rules"]["VerifierRunsInTheClusterVpc"]["Assertions"]]
+    assert (not all(results)) == refused
 
 
 def test_every_custom_metric_alarm_watches_a_metric_the_code_emits_under_that_service():

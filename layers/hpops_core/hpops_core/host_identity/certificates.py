@@ -21,8 +21,6 @@ from datetime import datetime, timedelta
 from .keys import KEY_TYPES, HostCA, HostCertificateBundle, HostIdentityError, certify_host_keys, fingerprint, public_key_blob
 from .verifier import HostUnreachable, PresentedHostCertificate, VerificationResult
 
-# Instance ids and cluster names as HyperPod issues them; anything else never reaches a parameter name.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # Clock skew between the signer and the nodes must not make a fresh certificate "not yet valid".
 BACKDATE = timedelta(minutes=5)
 
@@ -66,13 +64,6 @@ class CertificatePolicy:
 
 def _principal_ok(name: str) -> bool:
     return bool(re.fullmatch(r"[A-Za-z0-9*?][A-Za-z0-9.*?:-]{0,252}", name))
-
-
-def certificate_parameter_name(cluster: str, instance_id: str) -> str:
-    """Where one node's certificate bundle waits for the node (matches the document's Source pattern)."""
-    if not _NAME.fullmatch(cluster) or not _NAME.fullmatch(instance_id):
-        raise NodeKeyReportInvalid("cluster or instance id has characters a parameter name cannot hold")
-    return f"/hpops/{cluster}/host-certificates/{instance_id}"
 
 
 def reported_public_keys(report: Mapping | None) -> dict[str, str]:
