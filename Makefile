@@ -41,5 +41,9 @@ build: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/hpops bench $(if $(JSON),--json $(JSON))
 
+# The node agent bundle for the cluster's lifecycle scripts: make lifecycle STACK=<stack-name>
+lifecycle: $(STAMP)
+	$(BIN)/hpops lifecycle --stack-name $(STACK) --out dist/lifecycle
+
 clean:
-	rm -rf .aws-sam .pytest_cache bench-results
+	rm -rf .aws-sam .pytest_cache bench-results dist

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Install the canonical SSH host identity on a HyperPod login node.
 
-Runs on the node as root (SSM Run Command or a lifecycle on-create snippet).
-Python 3.8+ standard library only: this file is copied to nodes on its own.
+Runs on the node as root. The node agent (hpops_node_agent.agent) imports it as a
+library and calls plan/install_bundle/report_public_keys; it also still works as a
+command-line program for operators and tests. Python 3.8+ standard library only.
 
   keys mode (default)   the bundle holds the shared ed25519/ecdsa/rsa host keys;
                         they replace /etc/ssh/ssh_host_<type>_key{,.pub}.
@@ -14,8 +15,8 @@ Python 3.8+ standard library only: this file is copied to nodes on its own.
                         derived from the private key files, so a signer can
                         certify exactly those keys (the first half of certificate mode).
 
-Where the bundle comes from (exactly one, for keys and certificate mode; none for
-report-public-keys):
+Where the bundle comes from on the command line (exactly one, for keys and
+certificate mode; none for report-public-keys; the agent passes the text itself):
 
   --secret-id ARN               keys mode: Secrets Manager, through the aws CLI
   --certificate-parameter NAME  certificate mode: the SSM parameter
@@ -665,7 +666,7 @@ def read_bundle_file(path):
 
 
 class InstallLock:
-    """One run at a time per node (SSM and lifecycle scripts may overlap)."""
+    """One run at a time per node (the agent, its --once run at install time and an operator may overlap)."""
 
     def __init__(self, layout):
         self.path = os.path.join(layout.backup_base, ".lock")
@@ -804,24 +805,34 @@ def main(argv=None):
             summary.update(report_public_keys(args, layout))
             emit(summary)
             return 0
-        with InstallLock(layout):
-            planned, public_facts, preflight = plan(args, layout, fetch_bundle(args))
-            summary.update(public_facts)
-            changes = [item for item in planned if not item.is_current()]
-            if not changes:
-                summary["result"] = "unchanged"
-                emit(summary)
-                return 0
-            preflight()
-            summary["backup"] = apply_changes(args, layout, changes)
-            summary["result"] = "changed"
-            summary["files"] = sorted(item.path for item in changes)
-            emit(summary)
-            return 0
+        install_bundle(args, layout, fetch_bundle(args), summary)
+        emit(summary)
+        return 0
     except InstallError as exc:
         return report_failure(summary, str(exc), exc.rolled_back, exc.exit_code)
     except OSError as exc:  # e.g. no permission to create the lock or backup directory
         return report_failure(summary, "local error: {}: {}".format(exc.strerror, exc.filename), False, 1)
+
+
+def install_bundle(args, layout, bundle_text, summary):
+    """The whole transaction for one bundle text, under the node lock.
+
+    ``args`` needs mode ("keys"/"certificate"), ssh_keygen_cmd, sshd_cmd and reload_cmd.
+    Updates ``summary`` in place (public facts first, so a failure still reports them) and
+    returns it with result "changed" or "unchanged"; raises InstallError (or OSError).
+    """
+    with InstallLock(layout):
+        planned, public_facts, preflight = plan(args, layout, bundle_text)
+        summary.update(public_facts)
+        changes = [item for item in planned if not item.is_current()]
+        if not changes:
+            summary["result"] = "unchanged"
+            return summary
+        preflight()
+        summary["backup"] = apply_changes(args, layout, changes)
+        summary["result"] = "changed"
+        summary["files"] = sorted(item.path for item in changes)
+        return summary
 
 
 def report_failure(summary, reason, rolled_back, exit_code):

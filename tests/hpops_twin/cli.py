@@ -7,6 +7,7 @@
     hpops bench [--json FILE]                API calls, state transitions, times (the twin)
     hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys (keys mode)
     hpops host-keys ca-generate|ca-show --stack-name S         the host certificate CA (certificate mode)
+    hpops lifecycle --stack-name S [--out DIR] [--no-vendor]  the node agent bundle for on_create.sh
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -166,7 +167,8 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
     for key_type, value in fingerprints.items():
         print(f"{key_type:<22} {value}")
     if args.action == "rotate":
-        print("now run: hpops repair --stack-name", args.stack_name, "(pushes and re-verifies every login node)")
+        print("now run: hpops repair --stack-name", args.stack_name,
+              "(publishes the new keys; every login node's agent applies them and is re-verified)")
     return 0
 
 
@@ -193,6 +195,27 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
     host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
     print(f"CA fingerprint {fingerprint}\nusers add this one line to ~/.ssh/known_hosts:")
     print(f"  @cert-authority {host},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} {public_line}")
+    return 0
+
+
+def cmd_lifecycle(args: argparse.Namespace) -> int:
+    """Write the node agent bundle, configured from the stack's outputs, for the lifecycle S3 prefix."""
+    from pathlib import Path
+
+    from hpops_node_agent.bundle import build_bundle
+
+    if args.stack_name:
+        outputs, parameters, session = _stack(args.stack_name, args.region)
+        cluster, bus, region = parameters["ClusterName"], outputs["NodeReportBusName"], session.region_name
+    elif args.cluster and args.report_bus and args.region:
+        cluster, bus, region = args.cluster, args.report_bus, args.region
+    else:
+        print("lifecycle needs --stack-name, or --cluster, --report-bus and --region")
+        return 2
+    folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
+    print(f"wrote {folder}")
+    print(f"copy it next to on_create.sh:  aws s3 sync {folder} s3://<lifecycle-bucket>/<prefix>/hpops/")
+    print("and add this line to on_create.sh (after sshd is configured):  bash ./hpops/install.sh")
     return 0
 
 
@@ -235,6 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--region")
     keys.add_argument("--from-dir", help="adopt: folder holding a login node's ssh_host_*_key files")
     keys.set_defaults(func=cmd_host_keys)
+
+    lifecycle = commands.add_parser("lifecycle", help="write the node agent bundle for the cluster's lifecycle scripts")
+    lifecycle.add_argument("--stack-name", help="read cluster, region and report bus from this stack")
+    lifecycle.add_argument("--region")
+    lifecycle.add_argument("--cluster", help="without a stack: the HyperPod cluster name")
+    lifecycle.add_argument("--report-bus", help="without a stack: the stack's NodeReportBusName output")
+    lifecycle.add_argument("--out", default="dist/lifecycle", help="folder to write (default dist/lifecycle)")
+    lifecycle.add_argument("--no-vendor", action="store_true",
+                           help="do not bundle boto3 (the nodes' python3 must already have boto3 >= 1.28)")
+    lifecycle.set_defaults(func=cmd_lifecycle)
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")

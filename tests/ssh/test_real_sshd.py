@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hpops_core import host_identity
+import hpops_node_agent.host_keys
 from hpops_core.host_identity import keys, verifier
 
 pytestmark = pytest.mark.realssh
@@ -34,7 +34,7 @@ SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
-NODE_SCRIPT = Path(host_identity.__file__).parent / "node" / "install_host_keys.py"
+NODE_SCRIPT = Path(hpops_node_agent.host_keys.__file__)
 KEY_NAMES = ("ed25519", "ecdsa", "rsa")
 LB_CONNECTIONS = 20
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpops_core import host_identity
+import hpops_node_agent.host_keys
 from hpops_core.host_identity import keys, verifier
 from hpops_core.host_identity.keys import (
     HostIdentityError,
@@ -33,7 +33,7 @@ from hpops_core.host_identity.keys import (
 )
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
-NODE_SCRIPT = Path(host_identity.__file__).parent / "node" / "install_host_keys.py"
+NODE_SCRIPT = Path(hpops_node_agent.host_keys.__file__)
 
 needs_ssh_keygen = pytest.mark.skipif(not os.access(SSH_KEYGEN, os.X_OK), reason="needs /usr/bin/ssh-keygen")
 

@@ -1,9 +1,10 @@
-"""The node script's three modes and three sources, and the SSM document that dispatches them.
+"""The host-key installer's three modes and three sources, run as a command-line program.
 
-Certificate mode end to end on one node: SSM runs the document with Mode=report-public-keys
+Certificate mode end to end on one node: the program runs with --mode report-public-keys
 (the node prints its own public host keys), a signer certifies exactly those keys into
-/hpops/<cluster>/host-certificates/<instance-id>, and SSM runs Mode=certificate with that
-parameter name (the node fetches and installs the bundle). These tests run the real script
+/hpops/<cluster>/host-certificates/<instance-id>, and --mode certificate with that
+parameter name fetches and installs the bundle. (The node agent calls the same functions as a
+library; tests/node covers that path.) These tests run the real script
 with a stand-in aws CLI and OpenSSH's own ssh-keygen as referee; no sshd is needed
 (tests/ssh/test_real_sshd.py plays the same flow against real sshd).
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -20,13 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from hpops_core import host_identity
+import hpops_node_agent.host_keys
 from hpops_core.host_identity import keys
-from hpops_twin.ssm_document import HOST_IDENTITY
-from hpops_twin.template_model import TemplateModel
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
-NODE_SCRIPT = Path(host_identity.__file__).parent / "node" / "install_host_keys.py"
+NODE_SCRIPT = Path(hpops_node_agent.host_keys.__file__)
 KEY_ARGS = {"ed25519": (), "ecdsa": ("-b", "256"), "rsa": ("-b", "3072")}
 PARAMETER = "/hpops/test-cluster/host-certificates/i-0123456789abcdef0"
 SECRET_ARN = "arn:aws:secretsmanager:us-west-2:123456789012:secret:hpops/test-cluster/host-keys-AbCdEf"
@@ -341,110 +339,3 @@ def test_two_sources_at_once_are_a_usage_error(tmp_path):
                         "--root", tmp_path)
     assert result.returncode == 2 and "not allowed with argument" in result.stderr
     assert list(tmp_path.iterdir()) == []
-
-
-# --------------------------------------------------------------------------- the SSM document
-
-
-@pytest.fixture(scope="module")
-def document() -> dict:
-    return TemplateModel().resources[HOST_IDENTITY.logical_id]["Properties"]["Content"]
-
-
-def test_document_mode_parameter_allows_the_three_modes_and_defaults_to_keys(document):
-    mode = document["parameters"]["Mode"]
-    assert mode["type"] == "String"
-    assert mode["allowedValues"] == ["keys", "certificate", "report-public-keys"]
-    assert mode["default"] == "keys"
-    assert [v for v in ("keys", "certificate", "report-public-keys", "Keys", "keys;id", "") if
-            re.fullmatch(mode["allowedPattern"], v)] == ["keys", "certificate", "report-public-keys"]
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        SECRET_ARN,
-        "arn:aws-us-gov:secretsmanager:us-gov-west-1:123456789012:secret:hpops/host-keys-AbCdEf",
-        PARAMETER,
-        "/hpops/my_cluster.v2/host-certificates/i-0123456789abcdef0",
-        "none",
-    ],
-)
-def test_document_source_admits_a_secret_arn_a_certificate_parameter_and_none(document, value):
-    assert re.fullmatch(document["parameters"]["Source"]["allowedPattern"], value)
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        SECRET_ARN + "'",
-        SECRET_ARN + "; reboot",
-        PARAMETER + ";reboot",
-        PARAMETER + " ",
-        "/hpops/$(id)/host-certificates/i-0abc",
-        "/hpops/${HOME}/host-certificates/i-0abc",
-        "/hpops/`id`/host-certificates/i-0abc",
-        '/hpops/"x"/host-certificates/i-0abc',
-        "/hpops/x/host-certificates/i-0abc'; rm -rf / #",
-        "/hpops/x/host-keys/i-0abc",
-        "/hpops/x/host-certificates/a/b",
-        "none ",
-        "None",
-        "",
-    ],
-)
-def test_document_source_rejects_anything_a_shell_could_interpret(document, value):
-    assert not re.fullmatch(document["parameters"]["Source"]["allowedPattern"], value)
-
-
-def test_document_defaults_satisfy_their_own_patterns(document):
-    for name, parameter in document["parameters"].items():
-        if "default" in parameter:
-            assert re.fullmatch(parameter["allowedPattern"], parameter["default"]), name
-    assert document["parameters"]["Source"]["default"] == "none"
-    assert "default" not in document["parameters"]["Region"]
-
-
-DISPATCH = {
-    # Mode, Source -> the script's arguments (after the temp script path)
-    "keys": ("keys", SECRET_ARN, ["--mode", "keys", "--secret-id", SECRET_ARN, "--region", "us-west-2"]),
-    "certificate": ("certificate", PARAMETER,
-                    ["--mode", "certificate", "--certificate-parameter", PARAMETER, "--region", "us-west-2"]),
-    "report-public-keys": ("report-public-keys", "none", ["--mode", "report-public-keys"]),
-}
-
-
-@pytest.mark.parametrize("case", sorted(DISPATCH))
-def test_document_command_runs_the_node_script_with_the_mode_s_arguments(document, tmp_path, case):
-    """The rendered runCommand under a POSIX sh, with python3 replaced by a recorder."""
-    mode, source, expected = DISPATCH[case]
-    result = run_document_command(document, tmp_path, mode, source, exit_code=3)
-    assert result.returncode == 3, result.stderr  # the script's exit code is the command's
-    argv = (tmp_path / "python3-argv").read_text().splitlines()
-    assert argv[1:] == expected
-    assert (tmp_path / "script-as-run.py").read_text() == NODE_SCRIPT.read_text()  # the heredoc is the file
-
-
-def test_document_command_refuses_an_unknown_mode(document, tmp_path):
-    result = run_document_command(document, tmp_path, "bogus", "none", exit_code=0)
-    assert result.returncode == 2 and "unknown mode" in result.stderr
-    assert not (tmp_path / "python3-argv").exists()
-
-
-def run_document_command(document: dict, tmp_path: Path, mode: str, source: str, exit_code: int):
-    command = document["mainSteps"][0]["inputs"]["runCommand"][0]
-    for name, value in {"Mode": mode, "Source": source, "Region": "us-west-2"}.items():
-        command = command.replace("{{ %s }}" % name, value)  # what SSM does with parameters
-    assert "{{" not in command
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    recorder = bin_dir / "python3"
-    recorder.write_text(
-        "#!/bin/sh\n"
-        f"printf '%s\\n' \"$@\" > {tmp_path}/python3-argv\n"
-        f'cp "$1" {tmp_path}/script-as-run.py\n'
-        f"exit {exit_code}\n"
-    )
-    recorder.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TMPDIR": str(tmp_path)}
-    return subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=30, env=env)

@@ -1,0 +1,524 @@
+"""The node agent's loop: poll desired state, converge, report (cfn-hup style, pull only).
+
+One tick:
+  1. ssm:GetParameters for the host-identity, login-limits and this node's certificate parameter
+     (one call; parameters that do not exist are simply absent).
+  2. Host identity, level-triggered: what is on disk is compared with what is desired every tick.
+     Keys mode fetches the secret only when the local fingerprints differ from the desired ones and
+     installs it through host_keys' transaction (self-test, backup, atomic write, sshd -t, reload,
+     rollback). Certificate mode reports the node's own public keys (for the signer) and installs
+     its certificate bundle when the parameter's version is new.
+  3. Login limits: pam_limits maxlogins file from the login-limits parameter.
+  4. events:PutEvents, one entry, when something changed, the outcome differs from the last report
+     sent, on start, or when the heartbeat is due. A failed send is retried on the next tick.
+  5. State (installed certificate version, last report digest, failure backoff) persisted as
+     JSON, mode 0600.
+
+Nothing here ever logs or reports key material: reports carry versions, fingerprints, public
+keys and host_keys' one-line, secret-free reasons.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import threading
+import time
+from argparse import Namespace
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional
+
+import botocore.config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from hpops_core.node_channel import contract
+
+from . import __version__, host_keys, login_limits
+from .config import AgentConfig
+from .identity import IdentityError, NodeIdentity, resolve
+
+FAILURE_RETRY_SECONDS = 600  # a failed install of one desired version is retried at most this often
+JITTER = 0.2
+STATE_FILE = "state.json"
+REASON_MAX = 300
+VERSION_RE = re.compile(r"^[A-Za-z0-9:._-]{1,128}$")
+AWS_ERRORS = (BotoCoreError, ClientError)
+CLIENT_CONFIG = botocore.config.Config(
+    retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10
+)
+
+
+def log(event: str, **fields: Any) -> None:
+    """One JSON line per action on stdout (journald keeps it); callers pass only public facts."""
+    line = {"ts": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "event": event}
+    line.update(fields)
+    sys.stdout.write(json.dumps(line, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def aws_reason(operation: str, error: Exception) -> str:
+    if isinstance(error, ClientError):
+        code = error.response.get("Error", {}).get("Code", "Error")
+        return "{}: {}".format(operation, code)[:REASON_MAX]
+    return "{}: {}".format(operation, type(error).__name__)[:REASON_MAX]
+
+
+def short(reason: str) -> str:
+    return " ".join(str(reason).split())[:REASON_MAX]
+
+
+@dataclass
+class TickOutcome:
+    """What one tick did; ``api_calls`` counts AWS operations ("ssm:GetParameters": 1, ...)."""
+
+    role: str
+    host_identity: Optional[Dict[str, Any]] = None
+    login_limits: Optional[Dict[str, Any]] = None
+    report_sent: bool = False
+    trigger: Optional[str] = None
+    api_calls: Dict[str, int] = field(default_factory=dict)
+    error: Optional[str] = None
+
+    @property
+    def host_identity_result(self) -> Optional[str]:
+        return (self.host_identity or {}).get("result")
+
+
+def section(mode: str, version: Optional[str], result: str, reason: str, **extra: Any) -> Dict[str, Any]:
+    value = {"mode": mode, "version": version, "result": result, "reason": short(reason)}
+    value.update(extra)
+    return value
+
+
+def report_digest(report: Dict[str, Any]) -> str:
+    """Digest of what a report says about the node, not when or why it was sent.
+
+    "changed" and "unchanged" both mean "converged to this version", so a tick after an install
+    does not count as news; reasons count only for failed/waiting (they explain the state).
+    """
+
+    def normal(part: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        if part is None:
+            return None
+        part = dict(part)
+        if part.get("result") in ("changed", "unchanged"):
+            part["result"] = "converged"
+            part.pop("reason", None)
+        return part
+
+    essence = {
+        "instanceId": report.get("instanceId"),
+        "ip": report.get("ip"),
+        "hostIdentity": normal(report.get("hostIdentity")),
+        "loginLimits": normal(report.get("loginLimits")),
+    }
+    return hashlib.sha256(json.dumps(essence, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def choose_trigger(pending_start: bool, changed: bool, digest: str, state: Dict[str, Any], now: float,
+                   heartbeat_seconds: float) -> Optional[str]:
+    if pending_start:
+        return "start"
+    if changed or digest != state.get("lastReportDigest"):
+        return "change"
+    if now - float(state.get("lastReportAt") or 0) >= heartbeat_seconds:
+        return "heartbeat"
+    return None
+
+
+def backoff_active(state: Dict[str, Any], key: str, now: float) -> Optional[str]:
+    """The stored failure reason while the same desired version is inside its retry delay."""
+    backoff = state.get("backoff") or {}
+    if backoff.get("key") == key and now - float(backoff.get("at") or 0) < FAILURE_RETRY_SECONDS:
+        return backoff.get("reason") or "failed"
+    return None
+
+
+class NodeAgent:
+    def __init__(self, config: AgentConfig, session: Any, clock: Callable[[], float] = time.time,
+                 identity: Optional[NodeIdentity] = None) -> None:
+        self.config = config
+        self.session = session
+        self.clock = clock
+        self._identity = identity
+        self._clients: Dict[str, Any] = {}
+        self._calls: collections.Counter = collections.Counter()
+        self.layout = host_keys.NodeLayout(config.root)
+        self.state_path = os.path.join(config.under_root(config.state_dir), STATE_FILE)
+        self.state = self._load_state()
+        self._saved_state_text: Optional[str] = None
+        self._pending_start = True
+        self._public_keys_cache: Optional[tuple] = None
+        self._last_logged: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ plumbing
+
+    def identity(self) -> NodeIdentity:
+        if self._identity is None:
+            self._identity = resolve(self.config)
+        return self._identity
+
+    def _client(self, service: str) -> Any:
+        if service not in self._clients:
+            # AWS_ENDPOINT_URL (boto3 >= 1.28) is honoured by botocore itself.
+            self._clients[service] = self.session.client(service, region_name=self.config.region,
+                                                         config=CLIENT_CONFIG)
+        return self._clients[service]
+
+    def _call(self, service: str, operation: str, method: str, **kwargs: Any) -> Dict[str, Any]:
+        self._calls["{}:{}".format(service, operation)] += 1
+        return getattr(self._client(service), method)(**kwargs)
+
+    def _install_args(self, mode: str) -> Namespace:
+        return Namespace(mode=mode, ssh_keygen_cmd=self.config.ssh_keygen_cmd, sshd_cmd=self.config.sshd_cmd,
+                         reload_cmd=self.config.reload_cmd)
+
+    def _load_state(self) -> Dict[str, Any]:
+        try:
+            with open(self.state_path, "r", encoding="utf-8") as handle:
+                state = json.load(handle)
+            return state if isinstance(state, dict) else {}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            log("state-unreadable", path=self.state_path, reason=type(error).__name__)
+            return {}
+
+    def _save_state(self) -> None:
+        text = json.dumps(self.state, sort_keys=True)
+        if text == self._saved_state_text:
+            return
+        directory = os.path.dirname(self.state_path)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            descriptor, temp = tempfile.mkstemp(prefix=".state.", dir=directory)  # mkstemp: mode 0600
+            try:
+                with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.chmod(temp, 0o600)
+                os.replace(temp, self.state_path)
+            except BaseException:
+                if os.path.exists(temp):
+                    os.unlink(temp)
+                raise
+            self._saved_state_text = text
+        except OSError as error:
+            log("state-not-saved", path=self.state_path, reason=short(error.strerror or str(error)))
+
+    def _log_once(self, key: str, event: str, value: Dict[str, Any]) -> None:
+        """Log an outcome when it differs from the previous tick's, or whenever something changed."""
+        if value.get("result") == "changed" or self._last_logged.get(key) != value:
+            fields = {k: v for k, v in value.items() if k != "publicKeys"}
+            log(event, **fields)
+        self._last_logged[key] = value
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop: threading.Event) -> None:
+        role = self.identity().role
+        if role == "compute":
+            log("idle", role=role, reason="compute node: nothing to do")
+            return
+        if role == "controller":
+            log("idle", role=role, reason="controller: no duties yet")
+            return
+        log("started", role=role, agentVersion=__version__, pollSeconds=self.config.poll_seconds,
+            instanceId=self.identity().instance_id, ip=self.identity().ip)
+        while not stop.is_set():
+            try:
+                self.tick()
+            except Exception as error:  # a bug must not end the loop; systemd would only restart it
+                log("tick-crashed", reason=short("{}: {}".format(type(error).__name__, error)))
+            stop.wait(self.next_interval())
+        log("stopped", reason="stop requested")
+
+    def next_interval(self) -> float:
+        # Jitter spreads a fleet's polls so they do not hit Parameter Store in lockstep.
+        return self.config.poll_seconds * random.uniform(1 - JITTER, 1 + JITTER)
+
+    def tick(self) -> TickOutcome:
+        self._calls = collections.Counter()
+        now = self.clock()
+        try:
+            node = self.identity()
+        except IdentityError as error:
+            log("identity-failed", reason=short(str(error)))
+            return TickOutcome(role="unknown", error=short(str(error)))
+        if node.role != "login":
+            return TickOutcome(role=node.role)
+        cluster = self.config.cluster
+        names = {
+            "host": contract.host_identity_parameter(cluster),
+            "limits": contract.login_limits_parameter(cluster),
+            "certificate": contract.certificate_parameter(cluster, node.instance_id),
+        }
+        try:
+            response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
+        except AWS_ERRORS as error:
+            reason = aws_reason("ssm:GetParameters", error)
+            log("poll-failed", reason=reason)
+            return TickOutcome(role=node.role, api_calls=dict(self._calls), error=reason)
+        found = {parameter["Name"]: parameter for parameter in response.get("Parameters", [])}
+
+        host = self._host_identity(found.get(names["host"]), found.get(names["certificate"]), now)
+        limits = self._login_limits(found.get(names["limits"]))
+        self._log_once("host", "host-identity", host)
+        self._log_once("limits", "login-limits", limits)
+
+        report = self._report(node, host, limits)
+        changed = host["result"] == "changed" or limits["result"] == "changed"
+        digest = report_digest(report)
+        trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
+                                 self.config.heartbeat_seconds)
+        sent = False
+        if trigger is not None:
+            report["trigger"] = trigger
+            sent = self._send(report)
+            if sent:
+                self._pending_start = False
+                self.state["lastReportDigest"] = digest
+                self.state["lastReportAt"] = now
+        self._save_state()
+        return TickOutcome(role=node.role, host_identity=host, login_limits=limits, report_sent=sent,
+                           trigger=trigger, api_calls=dict(self._calls))
+
+    # ------------------------------------------------------------------ host identity
+
+    def _host_identity(self, parameter: Optional[dict], certificate: Optional[dict], now: float) -> Dict[str, Any]:
+        if parameter is None:
+            return section("off", None, "waiting", "no host-identity parameter published yet",
+                           fingerprints=self._local_fingerprints())
+        try:
+            document = json.loads(parameter["Value"])
+            if not isinstance(document, dict) or document.get("format") != contract.HOST_IDENTITY_FORMAT:
+                raise ValueError("format is not {}".format(contract.HOST_IDENTITY_FORMAT))
+            mode, version = document.get("mode"), document.get("version")
+            if mode not in contract.MODES:
+                raise ValueError("unknown mode")
+            if not isinstance(version, str) or not VERSION_RE.match(version):
+                raise ValueError("version is not a version string")
+        except (ValueError, TypeError) as error:
+            return section("off", None, "failed", "desired host identity is malformed: {}".format(error),
+                           fingerprints=self._local_fingerprints())
+        if mode == "keys":
+            return self._keys_mode(document, version, now)
+        if mode == "certificate":
+            return self._certificate_mode(document, version, certificate, now)
+        return section("off", version, "waiting", "host identity mode is off; nothing to converge to",
+                       fingerprints=self._local_fingerprints())
+
+    def _local_fingerprints(self) -> Dict[str, str]:
+        """Fingerprints of the .pub files sshd's keys came with (cheap; no subprocess)."""
+        fingerprints = {}
+        for name, key_type in host_keys.KEY_TYPES.items():
+            try:
+                with open(self.layout.public_key(name), "r", encoding="ascii", errors="replace") as handle:
+                    blob = host_keys.parse_public_line(handle.read(), key_type, name)
+            except (OSError, host_keys.InstallError):
+                continue
+            if os.path.exists(self.layout.private_key(name)):
+                fingerprints[key_type] = host_keys.fingerprint(blob)
+        return fingerprints
+
+    def _keys_mode(self, document: dict, version: str, now: float) -> Dict[str, Any]:
+        desired, secret_arn = document.get("fingerprints"), document.get("secretArn")
+        if not isinstance(desired, dict) or not desired or not isinstance(secret_arn, str) or not secret_arn:
+            return section("keys", version, "waiting", "no shared host keys initialised yet",
+                           fingerprints=self._local_fingerprints())
+        local = self._local_fingerprints()
+        if local == desired:
+            self._clear_backoff("keys:")
+            return section("keys", version, "unchanged", "presenting version {}".format(version), fingerprints=local)
+        key = "keys:" + version
+        held = backoff_active(self.state, key, now)
+        if held:
+            return section("keys", version, "failed", held, fingerprints=local)
+        try:
+            secret_text = self._call("secretsmanager", "GetSecretValue", "get_secret_value",
+                                     SecretId=secret_arn)["SecretString"]
+        except AWS_ERRORS as error:
+            return section("keys", version, "failed", aws_reason("secretsmanager:GetSecretValue", error),
+                           fingerprints=local)
+        except KeyError:
+            return self._failed("keys", version, key, now, "the secret has no SecretString", local)
+        try:
+            entries = host_keys.parse_key_bundle(secret_text)
+        except host_keys.InstallError as error:
+            return self._failed("keys", version, key, now, str(error), local)
+        offered = {host_keys.KEY_TYPES[name]: host_keys.fingerprint(entry[2]) for name, entry in entries.items()}
+        if offered != desired:
+            return section("keys", version, "waiting",
+                           "the secret holds other keys than version {} (rotation in flight)".format(version),
+                           fingerprints=local)
+        summary: Dict[str, Any] = {}
+        try:
+            host_keys.install_bundle(self._install_args("keys"), self.layout, secret_text, summary)
+        except host_keys.InstallError as error:
+            return self._failed("keys", version, key, now, str(error), self._local_fingerprints())
+        except OSError as error:
+            reason = "local error: {}: {}".format(error.strerror, error.filename)
+            return self._failed("keys", version, key, now, reason, self._local_fingerprints())
+        self._clear_backoff("keys:")
+        result = summary["result"]
+        reason = ("installed version {} ({} files)".format(version, len(summary.get("files", [])))
+                  if result == "changed" else "presenting version {}".format(version))
+        return section("keys", version, result, reason, fingerprints=self._local_fingerprints())
+
+    def _failed(self, mode: str, version: str, key: str, now: float, reason: str, fingerprints: Dict[str, str],
+                **extra: Any) -> Dict[str, Any]:
+        reason = short(reason)
+        self.state["backoff"] = {"key": key, "at": now, "reason": reason}
+        return section(mode, version, "failed", reason, fingerprints=fingerprints, **extra)
+
+    def _clear_backoff(self, prefix: str) -> None:
+        if (self.state.get("backoff") or {}).get("key", "").startswith(prefix):
+            self.state.pop("backoff", None)
+
+    def _own_public_keys(self) -> Dict[str, Any]:
+        """host_keys' report-public-keys (ssh-keygen -y per key), rerun only when a key file changed."""
+        signature = []
+        for name in host_keys.KEY_TYPES:
+            try:
+                info = os.stat(self.layout.private_key(name))
+                signature.append((name, info.st_ino, info.st_mtime_ns, info.st_size))
+            except FileNotFoundError:
+                signature.append((name, None))
+        if self._public_keys_cache is None or self._public_keys_cache[0] != signature:
+            result = host_keys.report_public_keys(self._install_args("report-public-keys"), self.layout)
+            self._public_keys_cache = (signature, result)
+        return self._public_keys_cache[1]
+
+    def _certificate_mode(self, document: dict, version: str, certificate: Optional[dict],
+                          now: float) -> Dict[str, Any]:
+        try:
+            own = self._own_public_keys()
+        except host_keys.InstallError as error:
+            return section("certificate", version, "failed", str(error), fingerprints=self._local_fingerprints())
+        installed_version = self.state.get("certificateVersion")
+        base = {"fingerprints": own["fingerprints"], "publicKeys": own["public_keys"],
+                "certificateVersion": installed_version}
+        ca = document.get("caFingerprint")
+        if not isinstance(ca, str) or not ca:
+            return section("certificate", version, "waiting", "no certificate authority initialised yet", **base)
+        current = installed_version is not None and self.state.get("certificateCa") == ca
+        if certificate is None:
+            if current and self._certificate_files_present():
+                return section("certificate", version, "unchanged",
+                               "presenting certificate version {}".format(installed_version), **base)
+            return section("certificate", version, "waiting",
+                           "waiting for the signer to certify this node's public keys", **base)
+        parameter_version = int(certificate.get("Version") or 0)
+        text = certificate.get("Value") or ""
+        # The stack deletes a node's parameter once installed, so a later renewal may come back as
+        # version 1 again: the content, not the version alone, says whether it is new.
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if (current and parameter_version == installed_version and self.state.get("certificateDigest") == digest
+                and self._certificate_files_present()):
+            return section("certificate", version, "unchanged",
+                           "presenting certificate version {}".format(installed_version), **base)
+        key = "certificate:{}:{}".format(version, parameter_version)
+        held = backoff_active(self.state, key, now)
+        if held:
+            return section("certificate", version, "failed", held, **base)
+        try:
+            ca_blob, _ = host_keys.parse_certificate_bundle(text)
+        except host_keys.InstallError as error:
+            return self._failed("certificate", version, key, now, str(error), base.pop("fingerprints"), **base)
+        if host_keys.fingerprint(ca_blob) != ca:
+            return section("certificate", version, "waiting",
+                           "the certificate parameter is from another CA than desired (re-signing in flight)",
+                           **base)
+        summary: Dict[str, Any] = {}
+        try:
+            host_keys.install_bundle(self._install_args("certificate"), self.layout, text, summary)
+        except host_keys.InstallError as error:
+            return self._failed("certificate", version, key, now, str(error), base.pop("fingerprints"), **base)
+        except OSError as error:
+            reason = "local error: {}: {}".format(error.strerror, error.filename)
+            return self._failed("certificate", version, key, now, reason, base.pop("fingerprints"), **base)
+        self._clear_backoff("certificate:")
+        self.state["certificateVersion"] = parameter_version
+        self.state["certificateDigest"] = digest
+        self.state["certificateCa"] = ca
+        base["certificateVersion"] = parameter_version
+        return section("certificate", version, summary["result"],
+                       "installed certificate version {}".format(parameter_version), **base)
+
+    def _certificate_files_present(self) -> bool:
+        own = self._public_keys_cache[1]["public_keys"] if self._public_keys_cache else {}
+        return bool(own) and all(os.path.exists(self.layout.certificate(name)) for name in own)
+
+    # ------------------------------------------------------------------ login limits
+
+    def _login_limits(self, parameter: Optional[dict]) -> Dict[str, Any]:
+        if parameter is None:
+            return {"version": None, "result": "waiting", "reason": "no login-limits parameter published yet"}
+        version = None
+        try:
+            document = json.loads(parameter["Value"])
+            if not isinstance(document, dict) or document.get("format") != contract.LOGIN_LIMITS_FORMAT:
+                raise ValueError("format is not {}".format(contract.LOGIN_LIMITS_FORMAT))
+            version = document.get("version")
+            if not isinstance(version, str) or not VERSION_RE.match(version):
+                version = None
+                raise ValueError("version is not a version string")
+            if "limits" not in document:
+                raise ValueError("no limits")
+            limits = login_limits.parse_limits(json.dumps(document["limits"]))
+        except (ValueError, TypeError) as error:  # login_limits.BadInput is a ValueError
+            return {"version": version, "result": "failed", "reason": short("limits refused: {}".format(error))}
+        try:
+            result = login_limits.apply(Path(self.config.root), limits)
+        except OSError as error:
+            return {"version": version, "result": "failed",
+                    "reason": short("cannot write limits: {}".format(error.strerror))}
+        return {"version": version, "result": result,
+                "reason": short("maxlogins default {}, {} override(s), {} exempt".format(
+                    limits["default"], len(limits["overrides"]), len(limits["exempt"])))}
+
+    # ------------------------------------------------------------------ report
+
+    def _report(self, node: NodeIdentity, host: Dict[str, Any], limits: Dict[str, Any]) -> Dict[str, Any]:
+        return {
+            "format": contract.REPORT_FORMAT,
+            "cluster": self.config.cluster,
+            "instanceId": node.instance_id,
+            "ip": node.ip,
+            "role": node.role,
+            "agentVersion": __version__,
+            "reportedAt": datetime.datetime.fromtimestamp(self.clock(), datetime.timezone.utc)
+            .isoformat(timespec="seconds"),
+            "trigger": None,
+            "hostIdentity": host,
+            "loginLimits": limits,
+        }
+
+    def _send(self, report: Dict[str, Any]) -> bool:
+        detail = json.dumps(report, sort_keys=True, separators=(",", ":"))
+        if len(detail.encode("utf-8")) > contract.MAX_REPORT_BYTES:
+            log("report-too-large", bytes=len(detail.encode("utf-8")))
+        entry = {"Source": contract.REPORT_SOURCE, "DetailType": contract.REPORT_DETAIL_TYPE,
+                 "Detail": detail, "EventBusName": self.config.report_bus}
+        try:
+            response = self._call("events", "PutEvents", "put_events", Entries=[entry])
+        except AWS_ERRORS as error:
+            log("report-not-sent", trigger=report["trigger"], reason=aws_reason("events:PutEvents", error))
+            return False
+        if response.get("FailedEntryCount"):
+            failed = (response.get("Entries") or [{}])[0]
+            log("report-not-sent", trigger=report["trigger"],
+                reason=short("events:PutEvents: {}".format(failed.get("ErrorCode", "entry failed"))))
+            return False
+        log("report-sent", trigger=report["trigger"], hostIdentity=report["hostIdentity"]["result"],
+            version=report["hostIdentity"]["version"], loginLimits=report["loginLimits"]["result"])
+        return True

@@ -1,0 +1,105 @@
+"""Build the lifecycle bundle: the hpops/ folder users drop next to on_create.sh.
+
+    python -m hpops_node_agent.bundle --out DIR --cluster C --region R --report-bus B [--no-vendor]
+
+writes DIR/hpops/ with install.sh, the systemd unit, agent.json, the agent package, the
+standard-library part of hpops_core (node_channel), and lib/ with boto3/botocore (pure Python)
+pinned to the versions this environment runs, so nodes need nothing from PyPI.
+Runs on the operator's machine (Python 3.11), not on nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from hpops_core.node_channel import contract
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+LIFECYCLE_DIR = PACKAGE_DIR.parent / "lifecycle"
+# Modules only the operator's machine needs.
+NOT_SHIPPED = {"bundle.py"}
+# The HyperPod DLAMI's system Python; wheels are resolved for it, not for the operator's Python.
+NODE_PYTHON_VERSION = "3.10"
+
+
+def _node_channel_dir() -> Path:
+    import hpops_core.node_channel
+
+    return Path(hpops_core.node_channel.__file__).resolve().parent
+
+
+def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True) -> Path:
+    """Write out_dir/hpops/ and return its path (replacing an older one)."""
+    contract.parameter_prefix(cluster)  # raises ValueError for a name the agent would refuse
+    if not region or not report_bus:
+        raise ValueError("region and report bus are required")
+    bundle = Path(out_dir) / "hpops"
+    if bundle.exists():
+        shutil.rmtree(bundle)
+    bundle.mkdir(parents=True)
+
+    shutil.copy2(LIFECYCLE_DIR / "install.sh", bundle / "install.sh")
+    (bundle / "install.sh").chmod(0o755)
+    shutil.copy2(LIFECYCLE_DIR / "hpops-node-agent.service", bundle / "hpops-node-agent.service")
+    agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus}
+    (bundle / "agent.json").write_text(json.dumps(agent_config, indent=2, sort_keys=True) + "\n")
+
+    package = bundle / "hpops_node_agent"
+    package.mkdir()
+    for source in sorted(PACKAGE_DIR.glob("*.py")):
+        if source.name not in NOT_SHIPPED:
+            shutil.copy2(source, package / source.name)
+
+    core = bundle / "hpops_core"
+    (core / "node_channel").mkdir(parents=True)
+    (core / "__init__.py").write_text("")
+    for source in sorted(_node_channel_dir().glob("*.py")):
+        shutil.copy2(source, core / "node_channel" / source.name)
+
+    if vendor:
+        vendor_boto3(bundle / "lib")
+    return bundle
+
+
+def vendor_boto3(target: Path) -> None:
+    """pip install boto3/botocore (same versions as here) into target, for the node's Python."""
+    pins = ["boto3=={}".format(metadata.version("boto3")), "botocore=={}".format(metadata.version("botocore"))]
+    command = [
+        sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+        "--target", str(target), "--no-compile",
+        "--only-binary=:all:", "--python-version", NODE_PYTHON_VERSION, "--implementation", "py",
+        *pins,
+    ]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError("pip could not vendor {}: {}".format(" ".join(pins), tail))
+    for leftover in target.glob("bin"):
+        shutil.rmtree(leftover)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the hpops lifecycle bundle (the hpops/ folder).")
+    parser.add_argument("--out", required=True, type=Path, help="directory to write hpops/ into")
+    parser.add_argument("--cluster", required=True)
+    parser.add_argument("--region", required=True)
+    parser.add_argument("--report-bus", required=True)
+    parser.add_argument("--no-vendor", action="store_true", help="skip lib/ (nodes must have boto3 >= 1.28)")
+    args = parser.parse_args(argv)
+    try:
+        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor)
+    except (ValueError, RuntimeError) as error:
+        print("hpops bundle: {}".format(error), file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

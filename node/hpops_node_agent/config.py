@@ -1,0 +1,130 @@
+"""The node agent's configuration file (JSON, default /etc/hpops/node-agent.json).
+
+Written by the lifecycle installer from the bundle's agent.json. Only cluster, region and
+reportBus are required; everything else has a production default, and the identity overrides
+(instanceId, ip, role) exist for tests and the local twin.
+
+Paths the agent writes (etc/ssh, etc/security/limits.d, stateDir) live under ``root``; the two
+files it only reads (resourceConfig, provisioningParameters) are used as given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from hpops_core.node_channel import contract
+
+DEFAULT_CONFIG_PATH = "/etc/hpops/node-agent.json"
+DEFAULT_RESOURCE_CONFIG = "/opt/ml/config/resource_config.json"
+DEFAULT_PROVISIONING_PARAMETERS = "/opt/hpops-node-agent/provisioning_parameters.json"
+DEFAULT_STATE_DIR = "/var/lib/hpops-node-agent"
+DEFAULT_SSHD_CMD = "/usr/sbin/sshd"
+DEFAULT_RELOAD_CMD = "systemctl reload ssh || systemctl reload sshd"
+DEFAULT_SSH_KEYGEN_CMD = "/usr/bin/ssh-keygen"
+
+REQUIRED = ("cluster", "region", "reportBus")
+# JSON key -> (dataclass field, type, default)
+OPTIONAL = {
+    "pollSeconds": ("poll_seconds", (int, float), contract.DEFAULT_POLL_SECONDS),
+    "heartbeatSeconds": ("heartbeat_seconds", (int, float), contract.DEFAULT_HEARTBEAT_SECONDS),
+    "root": ("root", str, "/"),
+    "resourceConfig": ("resource_config", str, DEFAULT_RESOURCE_CONFIG),
+    "provisioningParameters": ("provisioning_parameters", str, DEFAULT_PROVISIONING_PARAMETERS),
+    "stateDir": ("state_dir", str, DEFAULT_STATE_DIR),
+    "sshdCmd": ("sshd_cmd", str, DEFAULT_SSHD_CMD),
+    "reloadCmd": ("reload_cmd", str, DEFAULT_RELOAD_CMD),
+    "sshKeygenCmd": ("ssh_keygen_cmd", str, DEFAULT_SSH_KEYGEN_CMD),
+    "instanceId": ("instance_id", str, None),
+    "ip": ("ip", str, None),
+    "role": ("role", str, None),
+}
+MIN_POLL_SECONDS = 1
+MAX_POLL_SECONDS = 3600
+
+
+class ConfigError(ValueError):
+    """The config file is missing, unreadable or not what the agent accepts (message names the key)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    cluster: str
+    region: str
+    report_bus: str
+    poll_seconds: float = contract.DEFAULT_POLL_SECONDS
+    heartbeat_seconds: float = contract.DEFAULT_HEARTBEAT_SECONDS
+    root: str = "/"
+    resource_config: str = DEFAULT_RESOURCE_CONFIG
+    provisioning_parameters: str = DEFAULT_PROVISIONING_PARAMETERS
+    state_dir: str = DEFAULT_STATE_DIR
+    sshd_cmd: str = DEFAULT_SSHD_CMD
+    reload_cmd: str = DEFAULT_RELOAD_CMD
+    ssh_keygen_cmd: str = DEFAULT_SSH_KEYGEN_CMD
+    instance_id: Optional[str] = None
+    ip: Optional[str] = None
+    role: Optional[str] = None
+
+    @classmethod
+    def from_dict(cls, document: object) -> "AgentConfig":
+        if not isinstance(document, dict):
+            raise ConfigError("config must be a JSON object")
+        unknown = sorted(set(document) - set(REQUIRED) - set(OPTIONAL))
+        if unknown:
+            raise ConfigError("config has unknown key(s): {}".format(", ".join(unknown)))
+        values = {}
+        for key, field in (("cluster", "cluster"), ("region", "region"), ("reportBus", "report_bus")):
+            value = document.get(key)
+            if value is None:
+                raise ConfigError("config is missing required key '{}'".format(key))
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError("config key '{}' must be a non-empty string".format(key))
+            values[field] = value
+        try:
+            contract.parameter_prefix(values["cluster"])
+        except ValueError:
+            raise ConfigError("config key 'cluster' is not a HyperPod cluster name") from None
+        for key, (field, kind, default) in OPTIONAL.items():
+            value = document.get(key, default)
+            if value is None:
+                values[field] = None
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ConfigError("config key '{}' has the wrong type".format(key))
+            values[field] = value
+        for key in ("pollSeconds", "heartbeatSeconds"):
+            field = OPTIONAL[key][0]
+            if not MIN_POLL_SECONDS <= values[field] <= 24 * 3600:
+                raise ConfigError("config key '{}' must be between {} and 86400 seconds".format(key, MIN_POLL_SECONDS))
+        if values["poll_seconds"] > MAX_POLL_SECONDS:
+            raise ConfigError("config key 'pollSeconds' must be at most {}".format(MAX_POLL_SECONDS))
+        if values["role"] is not None and values["role"] not in contract.ROLES:
+            raise ConfigError("config key 'role' must be one of {}".format(", ".join(contract.ROLES)))
+        if values["instance_id"] is not None:
+            try:
+                contract.certificate_parameter(values["cluster"], values["instance_id"])
+            except ValueError:
+                raise ConfigError("config key 'instanceId' is not an EC2 instance id") from None
+        for key in ("root", "stateDir"):
+            if not os.path.isabs(values[OPTIONAL[key][0]]):
+                raise ConfigError("config key '{}' must be an absolute path".format(key))
+        return cls(**values)
+
+    def under_root(self, path: str) -> str:
+        """An absolute node path (e.g. the state dir) inside ``root``."""
+        return os.path.join(self.root, path.lstrip("/"))
+
+
+def load_config(path: str = DEFAULT_CONFIG_PATH) -> AgentConfig:
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(1024 * 1024)
+    except OSError as error:
+        raise ConfigError("cannot read config {}: {}".format(path, error.strerror)) from None
+    try:
+        document = json.loads(text.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise ConfigError("config {} is not valid JSON".format(path)) from None
+    return AgentConfig.from_dict(document)

@@ -1,0 +1,132 @@
+"""Who this node is: role (login/controller/compute), own IP and own instance id.
+
+HyperPod writes /opt/ml/config/resource_config.json on every node (groups, their instances and
+IPs), and the lifecycle folder holds provisioning_parameters.json (which group is the controller
+group and which the login group). The node finds its own entry by its primary IP. Every value can
+be overridden in the agent config (tests, the local twin).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from dataclasses import dataclass
+from typing import Optional
+
+from hpops_core.node_channel import contract
+
+from .config import AgentConfig
+
+IMDS = "http://169.254.169.254"
+IMDS_TIMEOUT_SECONDS = 1
+IMDS_TOKEN_TTL_SECONDS = 60
+
+
+class IdentityError(Exception):
+    """The node cannot tell who it is; the message says which file or source failed."""
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    role: str
+    ip: str
+    instance_id: Optional[str]  # None for roles that never need it (compute, controller)
+    group: Optional[str]
+
+
+def read_json(path: str, what: str) -> dict:
+    try:
+        with open(path, "rb") as handle:
+            document = json.loads(handle.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise IdentityError("{} not found at {}".format(what, path)) from None
+    except OSError as error:
+        raise IdentityError("cannot read {} at {}: {}".format(what, path, error.strerror)) from None
+    except (ValueError, UnicodeDecodeError):
+        raise IdentityError("{} at {} is not valid JSON".format(what, path)) from None
+    if not isinstance(document, dict):
+        raise IdentityError("{} at {} must be a JSON object".format(what, path))
+    return document
+
+
+def primary_ip() -> str:
+    """The source address the kernel picks for off-host traffic; UDP connect sends no packet."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("10.254.254.254", 1))
+            return sock.getsockname()[0]
+        except OSError as error:
+            raise IdentityError("cannot determine this node's IP: {}".format(error.strerror)) from None
+
+
+def own_ip(config: AgentConfig) -> str:
+    return config.ip or primary_ip()
+
+
+def find_instance(resource_config: dict, ip: str):
+    """(group name, instance entry) of the instance with CustomerIpAddress == ip, or (None, None)."""
+    groups = resource_config.get("InstanceGroups")
+    if not isinstance(groups, list):
+        raise IdentityError("resource_config.json has no InstanceGroups list")
+    for group in groups:
+        if not isinstance(group, dict):
+            continue
+        for instance in group.get("Instances") or []:
+            if isinstance(instance, dict) and instance.get("CustomerIpAddress") == ip:
+                return group.get("Name"), instance
+    return None, None
+
+
+def role_of_group(group: str, provisioning: dict) -> str:
+    if group and group == provisioning.get("login_group"):
+        return "login"
+    if group and group == provisioning.get("controller_group"):
+        return "controller"
+    return "compute"
+
+
+def imds_instance_id(timeout: float = IMDS_TIMEOUT_SECONDS) -> str:
+    """IMDSv2: a session token, then the instance id."""
+    try:
+        token_request = urllib.request.Request(
+            IMDS + "/latest/api/token",
+            method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_SECONDS)},
+        )
+        with urllib.request.urlopen(token_request, timeout=timeout) as response:
+            token = response.read().decode("ascii").strip()
+        id_request = urllib.request.Request(
+            IMDS + "/latest/meta-data/instance-id", headers={"X-aws-ec2-metadata-token": token}
+        )
+        with urllib.request.urlopen(id_request, timeout=timeout) as response:
+            return response.read().decode("ascii").strip()
+    except (OSError, ValueError) as error:  # URLError and timeouts are OSErrors
+        raise IdentityError(
+            "instance id: not in resource_config.json and IMDSv2 did not answer ({}); "
+            "set instanceId in the agent config".format(type(error).__name__)
+        ) from None
+
+
+def resolve(config: AgentConfig, need_instance_id: bool = True, imds=imds_instance_id) -> NodeIdentity:
+    """Role, IP and (for login nodes) instance id, overrides first."""
+    ip = own_ip(config)
+    group, instance = None, None
+    if config.role is None or (need_instance_id and config.instance_id is None):
+        resource_config = read_json(config.resource_config, "resource_config.json")
+        group, instance = find_instance(resource_config, ip)
+        if instance is None and config.role is None:
+            raise IdentityError("this node's IP {} is not in {}".format(ip, config.resource_config))
+    role = config.role
+    if role is None:
+        provisioning = read_json(config.provisioning_parameters, "provisioning_parameters.json")
+        role = role_of_group(group, provisioning)
+    instance_id = config.instance_id
+    if instance_id is None and need_instance_id and role == "login":
+        instance_id = (instance or {}).get("InstanceId") or imds()
+    if instance_id is not None:
+        try:
+            contract.certificate_parameter(config.cluster, instance_id)
+        except ValueError:
+            raise IdentityError("instance id {!r} is not an EC2 instance id".format(instance_id[:40])) from None
+    return NodeIdentity(role=role, ip=ip, instance_id=instance_id, group=group)

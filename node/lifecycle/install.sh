@@ -1,0 +1,106 @@
+#!/bin/bash
+# Install the hpops node agent on a HyperPod node. Runs as root from the lifecycle on_create.sh:
+#
+#     bash ./hpops/install.sh
+#
+# (this folder, hpops/, sits next to on_create.sh in the lifecycle S3 prefix). On every node it
+# copies the agent to /opt/hpops-node-agent and writes /etc/hpops/node-agent.json; it then asks the
+# agent for the node's role. Compute and controller nodes stop there. Login nodes run one agent
+# cycle (--once, so the node joins with the cluster's host keys already in place) and get the
+# hpops-node-agent systemd service, which keeps polling.
+#
+# Options (for tests): --root DIR (or HPOPS_ROOT) installs under DIR; --no-systemd skips systemctl.
+# HPOPS_PYTHON picks the interpreter (default /usr/bin/python3, else python3 on PATH).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="${HPOPS_ROOT:-/}"
+use_systemd=1
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --root) root="$2"; shift 2 ;;
+        --root=*) root="${1#--root=}"; shift ;;
+        --no-systemd) use_systemd=0; shift ;;
+        *) echo "hpops install: unknown option $1" >&2; exit 2 ;;
+    esac
+done
+root="$(cd "$root" && pwd)"
+prefix="${root%/}"
+
+say() { echo "hpops install: $*"; }
+
+python="${HPOPS_PYTHON:-}"
+if [ -z "$python" ]; then
+    if [ -x /usr/bin/python3 ]; then python=/usr/bin/python3; else python="$(command -v python3 || true)"; fi
+fi
+if [ -z "$python" ] || ! "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)' 2>/dev/null; then
+    echo "hpops install: the node agent needs python3 >= 3.8 (found: ${python:-none}); install python3 and re-run" >&2
+    exit 78
+fi
+
+install_dir="$prefix/opt/hpops-node-agent"
+config_dir="$prefix/etc/hpops"
+config="$config_dir/node-agent.json"
+provisioning_src="$here/../provisioning_parameters.json"
+
+# Replace the code as a whole so a removed module never lingers; the agent's state lives elsewhere.
+mkdir -p "$install_dir"
+rm -rf "$install_dir/hpops_node_agent" "$install_dir/hpops_core" "$install_dir/lib"
+cp -R "$here/hpops_node_agent" "$here/hpops_core" "$install_dir/"
+if [ -d "$here/lib" ]; then cp -R "$here/lib" "$install_dir/lib"; else mkdir -p "$install_dir/lib"; fi
+find "$install_dir" -name '__pycache__' -prune -exec rm -rf {} +
+# The lifecycle folder is a temporary download; keep the one file the agent reads later.
+if [ -f "$provisioning_src" ]; then
+    install -m 0644 "$provisioning_src" "$install_dir/provisioning_parameters.json"
+else
+    say "warning: $provisioning_src not found; role detection needs it unless agent.json sets role"
+fi
+
+mkdir -p "$config_dir"
+HPOPS_INSTALL_ROOT="$root" HPOPS_INSTALL_DIR="$install_dir" "$python" - "$here/agent.json" "$config.tmp" <<'PY'
+import json, os, sys
+with open(sys.argv[1]) as handle:
+    config = json.load(handle)
+root = os.environ["HPOPS_INSTALL_ROOT"]
+config.setdefault("provisioningParameters", os.path.join(os.environ["HPOPS_INSTALL_DIR"], "provisioning_parameters.json"))
+if root != "/":
+    config.setdefault("root", root)
+with open(sys.argv[2], "w") as handle:
+    json.dump(config, handle, indent=2, sort_keys=True)
+    handle.write("\n")
+PY
+chmod 0644 "$config.tmp"
+mv "$config.tmp" "$config"
+
+agent() {
+    PYTHONPATH="$install_dir/lib:$install_dir" PYTHONDONTWRITEBYTECODE=1 "$python" -m hpops_node_agent --config "$config" "$@"
+}
+
+role="$(agent --print-role)"
+say "node role: $role"
+if [ "$role" != "login" ]; then
+    say "$role node: nothing more to install"
+    exit 0
+fi
+
+mkdir -p -m 0700 "$prefix/var/lib/hpops-node-agent" "$prefix/var/backups/hpops-host-keys"
+# A failed first cycle must not fail the node's provisioning: the service retries and reports.
+if agent --once; then
+    say "first cycle done"
+else
+    say "warning: first cycle did not converge (exit $?); the service will keep trying"
+fi
+
+unit_dir="$prefix/etc/systemd/system"
+mkdir -p "$unit_dir"
+sed "s|@PYTHON@|$python|g" "$here/hpops-node-agent.service" > "$unit_dir/hpops-node-agent.service.tmp"
+chmod 0644 "$unit_dir/hpops-node-agent.service.tmp"
+mv "$unit_dir/hpops-node-agent.service.tmp" "$unit_dir/hpops-node-agent.service"
+if [ "$use_systemd" = 1 ]; then
+    systemctl daemon-reload
+    systemctl enable --now hpops-node-agent.service
+    systemctl restart hpops-node-agent.service  # a re-run (UpdateClusterSoftware) loads the new code
+    say "hpops-node-agent.service enabled and running"
+else
+    say "skipped systemctl (--no-systemd)"
+fi
