@@ -154,7 +154,7 @@ def check_node_report(event: dict, context: LambdaContext) -> dict:
         raise MalformedEventError("expected phase collect|install and since (the time the wait began)")
     version = event.get("certificateVersion")
     report = report_store.latest_report(config.state_table, config.cluster_name, instance_id)
-    verdict = judge_acknowledgement(report, phase, event.get("expected"), version if isinstance(version, int) else None, since)
+    verdict = judge_acknowledgement(config.mode, report, phase, event.get("expected"), version if isinstance(version, int) else None, since)
     if verdict.finished and not verdict.acknowledged:
         metrics.add_metric(name="NodeReportedFailure", unit=MetricUnit.Count, value=1)
     if verdict.acknowledged and phase == "install" and config.mode == "certificate":

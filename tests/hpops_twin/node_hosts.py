@@ -32,6 +32,7 @@ import boto3
 
 from hpops_core.host_identity import verifier
 from hpops_core.host_identity.keys import KEY_TYPES, HostKeyBundle, generate_bundle
+from hpops_node_agent import agent as agent_module
 from hpops_node_agent.agent import NodeAgent
 from hpops_node_agent.config import AgentConfig
 
@@ -93,6 +94,7 @@ class NodeHosts:
         self.lifecycle_installs_agent = True  # False: a cluster whose on_create.sh lacks the hpops line
         self.stopped: set[str] = set()  # instance ids whose agent is down (crashed, masked by hand)
         self._locks: dict[str, threading.Lock] = {}
+        self.journal: list[dict] = []  # what the agents logged, in order
 
     # ------------------------------------------------------------------ the node agent
     def ensure_agents(self) -> list[str]:
@@ -148,6 +150,9 @@ class NodeHosts:
         session.events.register("before-call", self._count_agent_call)
         return NodeAgent(config, session)
 
+    def _journal(self, event: str, **fields: Any) -> None:
+        self.journal.append({"event": event} | fields)
+
     def _count_agent_call(self, event_name: str, **_: Any) -> None:
         _, service, operation = event_name.split(".", 2)
         self.agent_calls[f"{service}.{operation}"] += 1
@@ -198,6 +203,8 @@ class NodeHosts:
     @contextmanager
     def installed(self) -> Iterator[NodeHosts]:
         with ExitStack() as stack:
+            # The agents' journald lines are kept here, not printed over the demo's narrative.
+            stack.enter_context(mock.patch.object(agent_module, "log", self._journal))
             stack.enter_context(mock.patch.object(verifier, "read_presented_public_keys", self.presented_public_keys))
             stack.enter_context(mock.patch.object(verifier, "read_presented_host_certificate", self.presented_host_certificate))
             try:

@@ -115,32 +115,39 @@ def stored(identity, received="2026-11-23T08:00:05.000Z"):
     return {"hostIdentity": identity, "receivedAt": received}
 
 
+def test_nothing_published_ends_the_wait_at_once_with_what_to_run():
+    keys = judge_acknowledgement("keys", None, "install", None, None, SINCE)
+    assert keys.finished and not keys.acknowledged and "hpops host-keys generate" in keys.reason
+    ca = judge_acknowledgement("certificate", None, "collect", {"mode": "keys", "fingerprints": {"x": FP}}, None, SINCE)
+    assert ca.finished and "ca-generate" in ca.reason
+
+
 def test_no_report_means_keep_waiting_and_say_how_to_fix_it():
-    verdict = judge_acknowledgement(None, "install", {"mode": "keys", "fingerprints": {"ssh-ed25519": FP}}, None, SINCE)
+    verdict = judge_acknowledgement("keys", None, "install", {"mode": "keys", "fingerprints": {"ssh-ed25519": FP}}, None, SINCE)
     assert not verdict.acknowledged and not verdict.finished and verdict.reason == NO_AGENT_HINT
 
 
 def test_keys_install_is_acknowledged_when_the_node_reports_the_canonical_fingerprints():
     expected = {"mode": "keys", "fingerprints": {"ssh-ed25519": FP}}
-    assert judge_acknowledgement(stored({"result": "changed", "fingerprints": {"ssh-ed25519": FP}}), "install", expected, None, SINCE).acknowledged
-    other = judge_acknowledgement(stored({"result": "unchanged", "fingerprints": {"ssh-ed25519": FP2}}), "install", expected, None, SINCE)
+    assert judge_acknowledgement("keys", stored({"result": "changed", "fingerprints": {"ssh-ed25519": FP}}), "install", expected, None, SINCE).acknowledged
+    other = judge_acknowledgement("keys", stored({"result": "unchanged", "fingerprints": {"ssh-ed25519": FP2}}), "install", expected, None, SINCE)
     assert not other.acknowledged and not other.finished
 
 
 def test_a_failure_reported_after_the_wait_began_ends_it_with_the_nodes_reason():
     expected = {"mode": "keys", "fingerprints": {"ssh-ed25519": FP}}
     failed = {"result": "failed", "reason": "sshd -t rejected the configuration", "fingerprints": {"ssh-ed25519": FP2}}
-    verdict = judge_acknowledgement(stored(failed), "install", expected, None, SINCE)
+    verdict = judge_acknowledgement("keys", stored(failed), "install", expected, None, SINCE)
     assert verdict.finished and not verdict.acknowledged and "sshd -t" in verdict.reason
-    old = judge_acknowledgement(stored(failed, received="2026-11-23T07:59:00.000Z"), "install", expected, None, SINCE)
+    old = judge_acknowledgement("keys", stored(failed, received="2026-11-23T07:59:00.000Z"), "install", expected, None, SINCE)
     assert not old.finished, "a failure from before this wait says nothing about the current identity"
 
 
 def test_certificate_phases():
     keys = {"ed25519": "ssh-ed25519 " + "A" * 68}
-    collect = judge_acknowledgement(stored({"mode": "certificate", "result": "waiting", "publicKeys": keys}), "collect", None, None, SINCE)
-    assert collect.acknowledged
-    assert not judge_acknowledgement(stored({"mode": "keys", "result": "unchanged"}), "collect", None, None, SINCE).acknowledged
     expected = {"mode": "certificate", "caFingerprint": FP}
-    assert judge_acknowledgement(stored({"mode": "certificate", "result": "changed", "certificateVersion": 3}), "install", expected, 3, SINCE).acknowledged
-    assert not judge_acknowledgement(stored({"mode": "certificate", "result": "unchanged", "certificateVersion": 2}), "install", expected, 3, SINCE).finished
+    collect = judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "waiting", "publicKeys": keys}), "collect", expected, None, SINCE)
+    assert collect.acknowledged
+    assert not judge_acknowledgement("certificate", stored({"mode": "keys", "result": "unchanged"}), "collect", expected, None, SINCE).acknowledged
+    assert judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "changed", "certificateVersion": 3}), "install", expected, 3, SINCE).acknowledged
+    assert not judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "unchanged", "certificateVersion": 2}), "install", expected, 3, SINCE).finished

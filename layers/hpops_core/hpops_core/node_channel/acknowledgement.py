@@ -17,6 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpops_core.host_identity.identity_record import (
+    HostIdentityNotConfigured,
+    expected_ca_fingerprint,
+    expected_fingerprints,
+)
+
 NO_AGENT_HINT = ("no report from the node agent yet: is hpops-node-agent installed by the lifecycle script "
                  "and is the node's role allowed the NodeAgentPolicy?")
 
@@ -31,8 +37,13 @@ class AckVerdict:
         return {"acknowledged": self.acknowledged, "finished": self.finished, "reason": self.reason}
 
 
-def judge_acknowledgement(report: Mapping[str, Any] | None, phase: str, expected: Mapping[str, Any] | None,
+def judge_acknowledgement(mode: str, report: Mapping[str, Any] | None, phase: str, expected: Mapping[str, Any] | None,
                           certificate_version: int | None, waiting_since: str) -> AckVerdict:
+    try:
+        # Nothing published yet: no agent can converge, so waiting would only delay the reason.
+        expected_ca_fingerprint(expected) if mode == "certificate" else expected_fingerprints(expected)
+    except HostIdentityNotConfigured as error:
+        return AckVerdict(False, True, str(error))
     if report is None:
         return AckVerdict(False, False, NO_AGENT_HINT)
     identity = report.get("hostIdentity") or {}
