@@ -2,10 +2,11 @@
 
 Counts are exact (every AWS call our Lambda code makes goes through boto3's default session, and
 the twin counts them there); times are wall-clock on this machine and only indicative.
-Targets (issue #2): <= 6 SageMaker+ELB calls for a single-node replacement whatever the cluster
-size, <= 2 for an idle sweep, <= 2 DynamoDB calls per reconcile, nothing growing with workers.
-Certificate mode (issue #3): a replacement costs two Run Commands and one signature; the daily
-check costs only handshakes when nothing is due.
+Targets: <= 6 SageMaker+ELB calls for a single-node replacement whatever the cluster size, <= 2
+for an idle sweep, <= 2 DynamoDB calls per reconcile, nothing growing with workers. Certificate
+mode: a replacement costs one signature; the daily check costs only handshakes when nothing is due.
+Node channel: how many agent polls (30 s each on a cluster) and API calls a node join and a host
+key rotation take, from the agents' own call counts and the state machines'.
 """
 
 from __future__ import annotations
@@ -95,6 +96,67 @@ def certificate_mode_rows(size: int = 100) -> list[Row]:
     return rows
 
 
+@dataclass
+class ChannelRow:
+    scenario: str
+    nodes: int
+    max_polls_per_node: int  # agent ticks before the node was acknowledged (30 s apart on a cluster)
+    waits: int  # CheckNodeReport reads the state machine made
+    agent_calls: dict
+    lambda_calls: dict
+    state_transitions: int
+    seconds: float
+
+
+def _measure_channel(world: TwinWorld, scenario: str, nodes: list[str], start) -> ChannelRow:
+    world.counter.reset()
+    world.hosts.agent_calls.clear()
+    world.hosts.polls.clear()
+    reads_before = sum(1 for i in world.dispatcher.invocations if i.function.endswith("CheckNodeReportFunction"))
+    began = time.perf_counter()
+    arns = start()
+    results = world.wait(arns, timeout=300)
+    seconds = time.perf_counter() - began
+    if any(r.status != "SUCCEEDED" for r in results) or not world.converged():
+        raise RuntimeError(f"{scenario} did not converge")
+    reads = sum(1 for i in world.dispatcher.invocations if i.function.endswith("CheckNodeReportFunction")) - reads_before
+    sync_arns = [arn for arn in arns if "LoginNodeSync" in arn]
+    return ChannelRow(scenario, len(nodes), max((world.hosts.polls[n] for n in nodes), default=0), reads,
+                      dict(sorted(world.hosts.agent_calls.items())), dict(sorted(world.counter.calls_of(_sync_functions(world)).items())),
+                      sum(world.state_transitions(arn) for arn in sync_arns), seconds)
+
+
+def node_channel_rows() -> list[ChannelRow]:
+    """Keys mode, 4 login nodes: a replacement joining, then a host key rotation."""
+    from hpops_twin.node_hosts import rotation_bundle
+
+    with TwinWorld(login_count=LOGIN_NODES, worker_count=8) as world:
+        world.wait([world.run_schedule()])
+        cluster, sim = world.cluster_name, world.sim
+        victim = sorted(sim.nodes(cluster, world.login_group), key=lambda n: n.ip)[0]
+        world.wait(world.publish(sim.replace_node(cluster, victim.instance_id)))
+        new = next(n for n in sim.nodes(cluster, world.login_group) if n.status == "Pending")
+        provisioned = sim.finish_provisioning(cluster)
+        rows = [_measure_channel(world, "node join: Running -> verified -> registered", [new.instance_id],
+                                 lambda: world.publish([provisioned[0]]))]
+        running = [n.instance_id for n in sim.nodes(cluster, world.login_group) if n.status == "Running"]
+        world.install_canonical_host_keys(rotation_bundle())
+        rows.append(_measure_channel(world, "rotation: publish -> all acknowledged", running,
+                                     lambda: [world.start_repair()]))
+    return rows
+
+
+def render_channel(rows: list[ChannelRow]) -> str:
+    header = f"{'node channel (keys mode)':<46} {'nodes':>5} {'polls/node':>10} {'reads':>5} {'transitions':>11} {'seconds':>8}  agent calls | Lambda calls"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        agent = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in r.agent_calls.items())
+        lambdas = ", ".join(f"{k.split('.', 1)[1]}={v}" for k, v in r.lambda_calls.items())
+        lines.append(f"{r.scenario:<46} {r.nodes:>5} {r.max_polls_per_node:>10} {r.waits:>5} {r.state_transitions:>11} "
+                     f"{r.seconds:8.2f}  {agent} | {lambdas}")
+    return "\n".join(lines)
+
+
 def render(rows: list[Row]) -> str:
     header = f"{'scenario':<38} {'nodes':>6} {'SM+ELB':>7} {'DDB':>4} {'transitions':>11} {'seconds':>8}  calls"
     lines = [header, "-" * len(header)]
@@ -117,16 +179,24 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
         "idle sweep <= 2 SageMaker+ELB calls": all(r.sagemaker_elb_calls <= 2 for r in idle),
         "<= 2 DynamoDB calls per single reconcile": all(r.dynamodb_calls <= 2 for r in single + idle),
         "calls do not grow with cluster size": len({r.sagemaker_elb_calls for r in single}) == 1,
-        "cert mode replacement: 2 Run Commands (report keys, install), <= 6 SageMaker+ELB":
-            certificate_rows[0].calls.get("ssm.SendCommand") == 2 and certificate_rows[0].sagemaker_elb_calls <= 6,
-        "cert mode daily check with nothing due: no Run Command, no signature":
-            "ssm.SendCommand" not in certificate_rows[1].calls and "ssm.PutParameter" not in certificate_rows[1].calls,
+        "cert mode replacement: one signature, <= 6 SageMaker+ELB":
+            certificate_rows[0].calls.get("ssm.PutParameter") == 1 and certificate_rows[0].sagemaker_elb_calls <= 6,
+        "cert mode daily check with nothing due: no signature":
+            "ssm.PutParameter" not in certificate_rows[1].calls,
     }
-    from hpops_twin.session_bench import session_limits_section  # issue 4
+    channel_rows = node_channel_rows()
+    print()
+    print(render_channel(channel_rows))
+    join, rotation = channel_rows[0], channel_rows[1]
+    verdicts |= {
+        "node join: keys applied at on_create, registered with no wait for a report": join.waits == 0,
+        "rotation: every login node acknowledged within 2 agent polls": rotation.max_polls_per_node <= 2,
+    }
+    from hpops_twin.session_bench import session_limits_section
 
     session_rows, session_verdicts = session_limits_section()
     verdicts |= session_verdicts
-    from hpops_twin.budget_bench import budget_guard_section  # issue 5
+    from hpops_twin.budget_bench import budget_guard_section
 
     verdicts |= budget_guard_section()[1]
     print()
@@ -135,5 +205,6 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
             json.dump({"rows": [asdict(r) for r in rows], "targets": verdicts,
+                       "node_channel": [asdict(r) for r in channel_rows],
                        "session_limits": [asdict(r) for r in session_rows]}, handle, indent=2)
     return 0 if all(verdicts.values()) else 1

@@ -95,6 +95,7 @@ class NodeHosts:
         self.stopped: set[str] = set()  # instance ids whose agent is down (crashed, masked by hand)
         self._locks: dict[str, threading.Lock] = {}
         self.journal: list[dict] = []  # what the agents logged, in order
+        self.polls: Counter = Counter()  # instance id -> agent ticks (each is one 30 s poll on a cluster)
 
     # ------------------------------------------------------------------ the node agent
     def ensure_agents(self) -> list[str]:
@@ -119,6 +120,7 @@ class NodeHosts:
         if agent is None or instance_id in self.stopped or node is None or node.status != "Running":
             return None
         with self._locks.setdefault(instance_id, threading.Lock()):
+            self.polls[instance_id] += 1
             return agent.tick()
 
     def tick_all(self) -> None:
