@@ -11,6 +11,7 @@
 #
 # Options (for tests): --root DIR (or HPOPS_ROOT) installs under DIR; --no-systemd skips systemctl.
 # HPOPS_PYTHON picks the interpreter (default /usr/bin/python3, else python3 on PATH).
+# HPOPS_REQUIRED=1 makes a node without a usable python3 fail its provisioning (exit 78).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -35,7 +36,10 @@ if [ -z "$python" ]; then
 fi
 if [ -z "$python" ] || ! "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)' 2>/dev/null; then
     echo "hpops install: the node agent needs python3 >= 3.8 (found: ${python:-none}); install python3 and re-run" >&2
-    exit 78
+    # Failing on_create would fail the node's provisioning. Without an agent the stack keeps a login
+    # node out of the load balancer and names it in an alert; HPOPS_REQUIRED=1 fails here instead.
+    [ "${HPOPS_REQUIRED:-0}" = 1 ] && exit 78
+    exit 0
 fi
 
 install_dir="$prefix/opt/hpops-node-agent"
