@@ -7,8 +7,8 @@ Step order, retries and error routing live in statemachines/session_limits.asl.j
     ParseSessionTrigger   {"input": <CloudTrail StartSession event | sweep input>} -> request
     EnforceSessionLimits  {"request", "now"} -> list, decide, terminate the excess, record the ended
                           ids, notify (SNS), metrics -> a compact JSON report
-    PushLoginLimits       {"request", "now"} (sweeps only) -> the same limits pushed to every Running
-                          login node whose applied limits differ, as pam_limits maxlogins
+    PublishLoginLimits    {"request", "now"} (sweeps only) -> the same limits published for the login
+                          nodes' agents (pam_limits maxlogins), and which nodes report them applied
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hpops_core.aws.clients import THROTTLING_CODES, client, transient_errors_named
 from hpops_core.errors import HpopsError, MalformedEventError, TransientAwsError, UnknownClusterError
 from hpops_core.session_limits import ledger
-from hpops_core.host_identity.node_commands import SsmRunCommand
 from hpops_core.session_limits.config import LoginLimitsConfig, SessionLimitsConfig, SessionTriggerConfig
-from hpops_core.session_limits.login_limits import push_login_limits as push_limits_to_nodes
+from hpops_core.session_limits.login_limits import publish_and_check
 from hpops_core.session_limits.directories import OwnerScopedDirectory, SnapshotDirectory
 from hpops_core.session_limits.enforce import EnforcementReport, Notification, enforce
 from hpops_core.session_limits.models import login_target_prefix
@@ -256,37 +255,30 @@ def enforce_session_limits(event: dict, context: LambdaContext) -> dict:
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
-def push_login_limits(event: dict, context: LambdaContext) -> dict:
-    """{"request", "now"} -> {pushed, unchanged, failed...}: maxlogins on every Running login node.
+def publish_login_limits(event: dict, context: LambdaContext) -> dict:
+    """{"request", "now"} -> {version, published, applied, pending, failed}: maxlogins for the login nodes.
 
-    Only the sweep runs this (the state machine's IsSweep choice). A node whose push fails is
-    counted (LoginLimitsPushFailed) and pushed again on the next sweep; it does not fail the run.
+    Only the sweep runs this (the state machine's IsSweep choice). A node that has not applied the
+    limits within the grace period is counted (LoginLimitsPushFailed); it does not fail the run.
     """
     config = LoginLimitsConfig.from_env()
     request = SessionLimitsRequest.from_state(event.get("request") if isinstance(event, dict) else None)
     if request.cluster != config.cluster_name:
         raise UnknownClusterError(f"cluster {request.cluster} is not managed by this stack ({config.cluster_name})")
     if request.dry_run or config.dry_run:
-        return {"skipped": "dry run: login node limits are not changed", "pushedCount": 0, "failedCount": 0}
-    result = push_limits_to_nodes(
-        SsmRunCommand(), cluster=config.cluster_name, group=config.login_group, table=config.state_table,
-        document=config.document, limits_json=config.limits_json, poll_seconds=config.poll_seconds,
-        now=_now(event.get("now")),
-    )
-    metrics.add_metric(name="LoginLimitsPushed", unit=MetricUnit.Count, value=len(result.pushed))
-    metrics.add_metric(name="LoginLimitsPushFailed", unit=MetricUnit.Count, value=len(result.failed))
+        return {"skipped": "dry run: login node limits are not changed", "appliedCount": 0, "failedCount": 0}
+    result = publish_and_check(config.cluster_name, config.login_group, config.state_table, config.limits,
+                               _now(event.get("now")))
+    applied, pending, failed = result.of("applied"), result.of("pending"), result.of("failed")
+    metrics.add_metric(name="LoginLimitsApplied", unit=MetricUnit.Count, value=len(applied))
+    metrics.add_metric(name="LoginLimitsPending", unit=MetricUnit.Count, value=len(pending))
+    metrics.add_metric(name="LoginLimitsPushFailed", unit=MetricUnit.Count, value=len(failed))
     output = {
-        "limitsHash": result.limits_hash,
-        "runningNodes": result.running,
-        "pushed": result.pushed[:OUTPUT_LIST_MAX],
-        "pushedCount": len(result.pushed),
-        "unchangedCount": len(result.unchanged),
-        "failed": result.failed[:OUTPUT_LIST_MAX],
-        "failedCount": len(result.failed),
-        "forgottenCount": len(result.forgotten),
+        "version": result.version, "published": result.published,
+        "applied": [n.instance_id for n in applied][:OUTPUT_LIST_MAX],
+        "pending": [n.instance_id for n in pending][:OUTPUT_LIST_MAX],
+        "failed": [{"instanceId": n.instance_id, "reason": n.reason} for n in failed][:OUTPUT_LIST_MAX],
+        "appliedCount": len(applied), "failedCount": len(failed),
     }
-    if result.failed:
-        logger.warning("login node limits: some pushes failed; the next sweep retries them", extra={"report": output})
-    else:
-        logger.info(f"login node limits: {len(result.pushed)} pushed, {len(result.unchanged)} unchanged", extra={"report": output})
+    (logger.warning if failed else logger.info)("login node limits checked", extra={"report": output})
     return output

@@ -28,6 +28,10 @@ NOT_SHIPPED = {"bundle.py"}
 NODE_PYTHON_VERSION = "3.10"
 
 
+# The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
+SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py")
+
+
 def _node_channel_dir() -> Path:
     import hpops_core.node_channel
 
@@ -59,8 +63,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     core = bundle / "hpops_core"
     (core / "node_channel").mkdir(parents=True)
     (core / "__init__.py").write_text("")
-    for source in sorted(_node_channel_dir().glob("*.py")):
-        shutil.copy2(source, core / "node_channel" / source.name)
+    for name in SHIPPED_CHANNEL_MODULES:
+        shutil.copy2(_node_channel_dir() / name, core / "node_channel" / name)
 
     if vendor:
         vendor_boto3(bundle / "lib")

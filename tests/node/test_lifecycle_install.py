@@ -26,7 +26,8 @@ from hpops_node_agent import host_keys
 CLUSTER = "install-cluster"
 REGION = "us-west-2"
 BUS = "hpops-node-reports"
-AGENT_MODULES = sorted(Path(bundle_module.__file__).parent.glob("*.py"))
+AGENT_MODULES = sorted(Path(bundle_module.__file__).parent.glob("*.py")) + [
+    Path(bundle_module._node_channel_dir()) / name for name in bundle_module.SHIPPED_CHANNEL_MODULES]
 ALLOWED_IMPORTS = {"hpops_core", "boto3", "botocore"}
 
 

@@ -1,19 +1,19 @@
-"""Per-user limits pushed to the login nodes as pam_limits `maxlogins` (issue 4), in the twin.
+"""Per-user limits on the login nodes as pam_limits `maxlogins`, through the node channel, in the twin.
 
 The SessionSweep schedule from template.yaml starts the real ASL; after enforcement its
-PushLoginLimits step sends the stack's LoginLimitsDocument with SSM Run Command, and the twin runs
-the script *extracted from that document* against each simulated node's root directory
-(tests/hpops_twin/node_hosts.py). Assertions are about the file each node ends up with.
+PublishLoginLimits step publishes the limits, every simulated login node's real agent applies
+them when it polls (world.agents_poll(): 30 s on a cluster) and reports, and the next sweep reads
+the reports back. Assertions are about the file each node ends up with and what the sweep says.
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from hpops_twin.template_model import TemplateModel
 from hpops_twin.world import TwinWorld
-
-LIMITS_DOCUMENT = "LoginLimitsDocument"
 
 
 @pytest.fixture
@@ -44,9 +44,9 @@ def running_login_nodes(world: TwinWorld) -> list[str]:
     return sorted(n.instance_id for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running")
 
 
-def limits_runs(world: TwinWorld) -> list[dict]:
-    document = world.resolver.physical_ids[LIMITS_DOCUMENT]
-    return [r for r in world.hosts.runs if r["DocumentName"] == document]
+def published(world: TwinWorld) -> dict:
+    name = f"/hpops/{world.cluster_name}/node/login-limits"
+    return json.loads(world.aws.client("ssm").get_parameter(Name=name)["Parameter"]["Value"])
 
 
 def maxlogins(world: TwinWorld, instance_id: str) -> dict[str, int]:
@@ -58,80 +58,93 @@ def maxlogins(world: TwinWorld, instance_id: str) -> dict[str, int]:
     return {parts[0]: int(parts[3]) for parts in lines}
 
 
-def test_sweep_pushes_default_overrides_and_exempt_users_to_every_running_login_node(make_world):
+def test_sweep_publishes_and_every_running_login_nodes_agent_applies_the_limits(make_world):
     world = make_world(MaxSessionsPerUser="3", SessionLimitOverrides='{"alice": 5, "intern": 0}', SessionExemptUsers="ops")
     nodes = running_login_nodes(world)
     assert len(nodes) == 3
-    assert not any(world.hosts.limits_file(n).exists() for n in nodes)
 
-    report = sweep(world)
-    assert report["pushedCount"] == 3 and report["failedCount"] == 0
+    first = sweep(world)
+    assert first["published"] and first["appliedCount"] == 0 and sorted(first["pending"]) == nodes
+    assert published(world)["limits"] == {"default": 3, "overrides": {"alice": 5, "intern": 0}, "exempt": ["ops"]}
+    assert not any(world.hosts.limits_file(n).exists() for n in nodes), "nothing is pushed to a node"
+
+    world.agents_poll()
     for node in nodes:
         assert maxlogins(world, node) == {"*": 3, "alice": 5, "intern": 0, "ops": 65535}
+    second = sweep(world)
+    assert not second["published"] and sorted(second["applied"]) == nodes and second["failedCount"] == 0
     workers = [n.instance_id for n in world.sim.nodes(world.cluster_name, world.worker_group)]
-    assert not any(r["InstanceId"] in workers for r in limits_runs(world)), "only login nodes get the limits"
+    assert not any(world.hosts.limits_file(w).exists() for w in workers), "only login nodes run the agent"
 
 
-def test_unchanged_nodes_are_not_pushed_again(world):
+def test_unchanged_limits_cost_one_read_and_no_write(world):
     sweep(world)
-    sent = len(limits_runs(world))
-    assert sent == 3
+    world.agents_poll()
     world.counter.reset()
+    world.hosts.agent_calls.clear()
     report = sweep(world)
-    assert report["pushedCount"] == 0 and report["unchangedCount"] == 3
-    assert len(limits_runs(world)) == sent
-    assert world.counter.calls_of({"PushLoginLimitsFunction"})["ssm.SendCommand"] == 0
+    assert report["appliedCount"] == 3
+    calls = world.counter.calls_of({"PublishLoginLimitsFunction"})
+    assert calls["ssm.GetParameter"] == 2 and calls["ssm.PutParameter"] == 0
+    world.agents_poll()
+    assert world.hosts.agent_calls["eventbridge.PutEvents"] == 0, "the agents had nothing new to report"
 
 
-def test_a_replaced_node_gets_the_limits_on_the_next_sweep(world):
+def test_a_replaced_node_applies_the_limits_when_it_is_provisioned(world):
     sweep(world)
+    world.agents_poll()
     victim = running_login_nodes(world)[0]
     world.wait(world.publish(world.sim.replace_node(world.cluster_name, victim)), timeout=120)
     world.wait(world.publish(world.sim.finish_provisioning(world.cluster_name)), timeout=120)
-    new = sorted(set(running_login_nodes(world)) - {victim})
-    replacement = [n for n in new if not world.hosts.limits_file(n).exists()]
-    assert len(replacement) == 1
-
+    (replacement,) = [n for n in running_login_nodes(world) if world.hosts.polls[n] == 1]  # only its on_create run
+    # on_create ran the agent once: the limits are in place before any sweep
+    assert maxlogins(world, replacement) == {"*": 2}
     report = sweep(world)
-    assert report["pushed"] == replacement and report["unchangedCount"] == 2
-    assert report["forgottenCount"] == 1, "the replaced node's record is dropped"
-    assert maxlogins(world, replacement[0]) == {"*": 2}
+    assert report["appliedCount"] == 3 and replacement in report["applied"] and victim not in report["applied"]
 
 
-def test_an_unreachable_node_is_counted_and_retried_on_the_next_sweep(world):
+def test_a_node_whose_agent_cannot_write_the_file_is_counted_with_its_reason(world):
     nodes = running_login_nodes(world)
-    world.hosts.unreachable.add(nodes[1])
+    sweep(world)
+    broken = world.hosts.root(nodes[1]) / "etc" / "security"
+    broken.mkdir(parents=True, exist_ok=True)
+    (broken / "limits.d").write_text("not a directory")  # the node cannot hold the file
+    world.agents_poll()
     report = sweep(world)
     assert report["failedCount"] == 1 and report["failed"][0]["instanceId"] == nodes[1]
-    assert not world.hosts.limits_file(nodes[1]).exists()
+    assert "cannot write limits" in report["failed"][0]["reason"]
+    logs = "".join(i.logs for i in world.dispatcher.invocations if i.function.endswith("PublishLoginLimitsFunction"))
+    assert '"LoginLimitsPushFailed":[1.0]' in logs.replace(" ", "") or '"LoginLimitsPushFailed":1.0' in logs.replace(" ", "")
 
-    world.hosts.unreachable.discard(nodes[1])
+    (broken / "limits.d").unlink()
+    world.agents_poll()
     report = sweep(world)
-    assert report["pushed"] == [nodes[1]] and report["failedCount"] == 0
-    assert maxlogins(world, nodes[1]) == {"*": 2}
+    assert report["failedCount"] == 0 and maxlogins(world, nodes[1]) == {"*": 2}
 
 
-def test_changed_limits_are_pushed_again(world):
+def test_changed_limits_are_published_again_and_applied(world):
     sweep(world)
+    world.agents_poll()
     # A stack update changing MaxSessionsPerUser changes the function's environment.
-    binding = world.dispatcher.bindings[world.resolver.physical_ids["PushLoginLimitsFunction"]]
+    binding = world.dispatcher.bindings[world.resolver.physical_ids["PublishLoginLimitsFunction"]]
     binding.environment["MAX_SESSIONS_PER_USER"] = "4"
     report = sweep(world)
-    assert report["pushedCount"] == 3
+    assert report["published"] and report["appliedCount"] == 0 and len(report["pending"]) == 3
+    world.agents_poll()
     assert all(maxlogins(world, n) == {"*": 4} for n in running_login_nodes(world))
 
 
-def test_start_session_events_never_push(world):
+def test_start_session_events_never_publish(world):
     started = world.sessions.start_session("alice")
     result = world.wait(world.publish([started.event]), timeout=120)[0]
     assert result.status == "SUCCEEDED"
     assert "loginLimits" not in result.output
-    assert limits_runs(world) == []
+    assert "ssm.PutParameter" not in world.counter.calls
 
 
-def test_dry_run_deployment_changes_no_node(make_world):
+def test_dry_run_deployment_publishes_nothing(make_world):
     world = make_world(SessionLimitsDryRun="true")
     result = world.wait([world.sessions.sweep()], timeout=120)[0]
     assert result.status == "SUCCEEDED"
     assert "dry run" in result.output["loginLimits"]["report"]["skipped"]
-    assert limits_runs(world) == []
+    assert "ssm.PutParameter" not in world.counter.calls

@@ -1,6 +1,6 @@
-"""The node script that writes pam_limits maxlogins (session_limits/node/apply_login_limits.py).
+"""The node code that writes pam_limits maxlogins (node/hpops_node_agent/login_limits.py).
 
-Run as the node runs it: a subprocess with --root pointing at a directory.
+Run as a program (python3 -m hpops_node_agent.login_limits) with --root pointing at a directory.
 """
 
 from __future__ import annotations
@@ -12,15 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from hpops_twin.ssm_document import LOGIN_LIMITS
-
-SCRIPT = LOGIN_LIMITS.script_path
 RELATIVE = Path("etc/security/limits.d/90-hpops-maxlogins.conf")
 
 
 def run(root: Path, limits) -> tuple[int, dict]:
     raw = limits if isinstance(limits, str) else json.dumps(limits)
-    completed = subprocess.run([sys.executable, str(SCRIPT), "--root", str(root), "--limits-json", raw],
+    completed = subprocess.run([sys.executable, "-m", "hpops_node_agent.login_limits", "--root", str(root), "--limits-json", raw],
                                capture_output=True, text=True, timeout=30)
     return completed.returncode, json.loads(completed.stdout.strip().splitlines()[-1])
 

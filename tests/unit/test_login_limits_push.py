@@ -1,83 +1,82 @@
-"""PushLoginLimits' core with a fake transport: bounded polling, only Success recorded."""
+"""PublishLoginLimits: the limits are published once per version, and each login node's agent
+report says whether that node applied them (pure decision), with moto for the publication."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from unittest import mock
+import json
+from datetime import datetime, timedelta, timezone
 
+import boto3
 import pytest
+from moto import mock_aws
 
+from hpops_core.aws import clients
 from hpops_core.errors import ConfigurationError
-from hpops_core.host_identity.node_commands import CommandOutcome
+from hpops_core.node_channel import contract
+from hpops_core.node_channel.login_limits import desired_document, parse_limits
 from hpops_core.session_limits import login_limits
 from hpops_core.session_limits.config import LoginLimitsConfig
 
-NOW = datetime(2026, 11, 22, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=timezone.utc)
+LIMITS = parse_limits('{"default": 2, "overrides": {"alice": 4}}')
+VERSION = desired_document(LIMITS)["version"]
+ENV = {"CLUSTER_NAME": "ml", "CLUSTER_ID": "abc123def456", "LOGIN_GROUP_NAME": "login", "SESSION_LIMITS_DRY_RUN": "false",
+       "MAX_SESSIONS_PER_USER": "2", "SESSION_LIMIT_OVERRIDES": '{"alice": 4}', "SESSION_EXEMPT_USERS": "ops, ci",
+       "STATE_TABLE_NAME": "t"}
 
 
-class FakeTransport:
-    def __init__(self, statuses: dict[str, str]):
-        self.statuses = statuses
-        self.sent: list[str] = []
-
-    def send(self, instance_id, document, parameters, comment=""):
-        self.sent.append(instance_id)
-        return f"cmd-{instance_id}"
-
-    def outcome(self, command_id, instance_id):
-        status = self.statuses[instance_id]
-        return CommandOutcome(status, "changed" if status == "Success" else "unknown", status)
+def node(instance_id, launched=NOW - timedelta(days=1)):
+    return {"InstanceId": instance_id, "LaunchTime": launched, "InstanceStatus": {"Status": "Running"}}
 
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
+def report(version, result="changed", reason=""):
+    return {"loginLimits": {"version": version, "result": result, "reason": reason}}
 
 
-def summary(instance_id, status="Running"):
-    return {"InstanceId": instance_id, "InstanceStatus": {"Status": status}}
+def test_each_running_node_is_applied_pending_or_failed_with_a_reason():
+    running = [node("i-done"), node("i-new", launched=NOW - timedelta(seconds=40)), node("i-behind"),
+               node("i-broken"), node("i-silent")]
+    reports = {"i-done": report(VERSION, "unchanged"), "i-new": {}, "i-behind": report("old"),
+               "i-broken": report(None, "failed", "limits.d is read-only"), "i-gone": report(VERSION)}
+    verdicts = {v.instance_id: v for v in login_limits.judge_login_limits(
+        VERSION, running, reports, published_at=NOW - timedelta(hours=1), now=NOW)}
+    assert {i: v.state for i, v in verdicts.items()} == {
+        "i-done": "applied", "i-new": "pending", "i-behind": "failed", "i-broken": "failed", "i-silent": "failed"}
+    assert "read-only" in verdicts["i-broken"].reason
+    assert "hpops-node-agent" in verdicts["i-silent"].reason
+    assert "i-gone" not in verdicts, "a node that left the group is not judged"
+
+
+def test_a_new_version_gives_every_node_the_grace_period_again():
+    verdicts = login_limits.judge_login_limits(VERSION, [node("i-old")], {"i-old": report("previous")},
+                                               published_at=NOW - timedelta(seconds=30), now=NOW)
+    assert [v.state for v in verdicts] == ["pending"]
 
 
 @pytest.fixture
-def store():
-    applied = {"i-same": login_limits.limits_hash('{"default":2}'), "i-gone": "old"}
-    recorded, forgotten = {}, []
-    with mock.patch.object(login_limits, "applied_hashes", lambda table, cluster: dict(applied)), \
-         mock.patch.object(login_limits, "record_applied", lambda t, c, i, d, n: recorded.__setitem__(i, d)), \
-         mock.patch.object(login_limits, "forget", lambda t, c, i: forgotten.append(i)), \
-         mock.patch.object(login_limits, "list_login_group", lambda cluster, group: [
-             summary("i-same"), summary("i-new"), summary("i-slow"), summary("i-broken"), summary("i-pending", "Pending")]):
-        yield recorded, forgotten
+def aws(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        clients.reset_clients()
+        yield boto3.client("ssm", region_name="us-east-1")
+        clients.reset_clients()
 
 
-def test_pushes_changed_running_nodes_polls_within_the_bound_and_records_only_success(store):
-    recorded, forgotten = store
-    transport = FakeTransport({"i-new": "Success", "i-slow": "InProgress", "i-broken": "Failed"})
-    clock = Clock()
-    report = login_limits.push_login_limits(
-        transport, cluster="c", group="login", table="t", document="doc", limits_json='{"default":2}',
-        poll_seconds=20, now=NOW, clock=clock, sleep=clock.sleep,
-    )
-    assert sorted(transport.sent) == ["i-broken", "i-new", "i-slow"], "unchanged and non-Running nodes are not sent"
-    assert report.pushed == ["i-new"] and report.unchanged == ["i-same"]
-    assert {f["instanceId"]: f["status"] for f in report.failed} == {"i-broken": "Failed", "i-slow": "Pending"}
-    assert list(recorded) == ["i-new"]
-    assert forgotten == ["i-gone"]
-    assert 20 <= clock.now <= 22, "polling stops at the bound"
+def test_publication_writes_once_per_version(aws, monkeypatch):
+    monkeypatch.setattr(login_limits, "list_login_group", lambda cluster, group: [])
+    first = login_limits.publish_and_check("ml", "login", "t", LIMITS, NOW)
+    again = login_limits.publish_and_check("ml", "login", "t", LIMITS, NOW)
+    assert first.published and not again.published
+    stored = aws.get_parameter(Name=contract.login_limits_parameter("ml"))["Parameter"]
+    assert stored["Version"] == 1
+    assert json.loads(stored["Value"]) == {"format": contract.LOGIN_LIMITS_FORMAT, "version": VERSION, "limits": LIMITS}
+    changed = login_limits.publish_and_check("ml", "login", "t", parse_limits('{"default": 3}'), NOW)
+    assert changed.published and aws.get_parameter(Name=contract.login_limits_parameter("ml"))["Parameter"]["Version"] == 2
 
 
-def test_configuration_is_validated_by_the_node_scripts_own_rules():
-    env = {"CLUSTER_NAME": "ml", "CLUSTER_ID": "abc123def456", "LOGIN_GROUP_NAME": "login", "SESSION_LIMITS_DRY_RUN": "false",
-           "MAX_SESSIONS_PER_USER": "2", "SESSION_LIMIT_OVERRIDES": '{"alice": 4}', "SESSION_EXEMPT_USERS": "ops, ci",
-           "LOGIN_LIMITS_DOCUMENT": "doc", "STATE_TABLE_NAME": "t"}
-    config = LoginLimitsConfig.from_env(env)
-    assert config.limits_json == '{"default":2,"exempt":["ci","ops"],"overrides":{"alice":4}}'
-    assert config.poll_seconds == 20
-    with pytest.raises(ConfigurationError, match="login node limits"):
-        LoginLimitsConfig.from_env(env | {"SESSION_LIMIT_OVERRIDES": '{"Alice Smith": 4}'})
+def test_configuration_is_validated_by_the_nodes_own_rule_and_names_the_entry():
+    config = LoginLimitsConfig.from_env(ENV)
+    assert config.limits == {"default": 2, "exempt": ["ci", "ops"], "overrides": {"alice": 4}}
+    for hostile in ('{"Alice Smith": 4}', '{"bob;rm -rf /": 1}', '{"a b": 1}'):
+        with pytest.raises(ConfigurationError, match="login node limits: not a valid user name"):
+            LoginLimitsConfig.from_env(ENV | {"SESSION_LIMIT_OVERRIDES": hostile})

@@ -171,24 +171,22 @@ class SessionLimitsConfig:
 
 @dataclass(frozen=True)
 class LoginLimitsConfig:
-    """What PushLoginLimits needs: the same limits as enforcement, as the node script's JSON.
+    """What PublishLoginLimits needs: the same limits as enforcement, in the nodes' own format.
 
-    ``limits_json`` is validated here by the node script's own parser, so a user name or limit
-    the nodes would refuse fails the push step with ConfigurationError instead of every node.
-    Also reads LOGIN_LIMITS_DOCUMENT and LOGIN_LIMITS_POLL_SECONDS (optional, default 20).
+    The limits are validated here with the rule the node agent applies
+    (hpops_core.node_channel.login_limits), so a user name or limit a node would refuse fails
+    with ConfigurationError naming the entry, before anything is published.
     """
 
     cluster_name: str
     login_group: str
-    limits_json: str
-    document: str
+    limits: dict
     state_table: str
     dry_run: bool
-    poll_seconds: int
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LoginLimitsConfig:
-        from hpops_core.session_limits.node import apply_login_limits as node_script
+        from hpops_core.node_channel.login_limits import BadInput, canonical_json, parse_limits
 
         env = os.environ if env is None else env
         trigger = SessionTriggerConfig.from_env(env)
@@ -198,17 +196,15 @@ class LoginLimitsConfig:
             "exempt": list(_csv(env, "SESSION_EXEMPT_USERS")),
         }
         try:
-            limits_json = node_script.canonical_json(node_script.parse_limits(json.dumps(wanted)))
-        except node_script.BadInput as exc:
+            limits = parse_limits(json.dumps(wanted))
+        except BadInput as exc:
             raise ConfigurationError(f"login node limits: {exc}") from None
-        if len(limits_json) > 4000:  # the document parameter's allowedPattern
+        if len(canonical_json(limits)) > 3500:  # the document must fit a standard (4 KB) parameter
             raise ConfigurationError("login node limits: too many overrides/exempt users for one SSM parameter")
         return cls(
             cluster_name=trigger.cluster_name,
             login_group=trigger.login_group,
-            limits_json=limits_json,
-            document=_require(env, "LOGIN_LIMITS_DOCUMENT"),
+            limits=limits,
             state_table=_require(env, "STATE_TABLE_NAME"),
             dry_run=trigger.dry_run,
-            poll_seconds=_int(env, "LOGIN_LIMITS_POLL_SECONDS", 0, 60, default=20),
         )

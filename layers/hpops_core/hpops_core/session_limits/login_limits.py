@@ -1,141 +1,106 @@
-"""Push the per-user session limits to the login nodes as pam_limits `maxlogins` (issue 4).
+"""The per-user session limits on the login nodes themselves, as pam_limits `maxlogins`.
 
-Runs in the SessionLimits sweep, after enforcement, never on the StartSession path. Each login
-node's last applied limits are kept in the SyncStateTable:
+Runs in the SessionLimits sweep, never on the StartSession path. Nothing is pushed to a node
+(SSM Run Command cannot reach HyperPod nodes): the sweep publishes the limits in
+/hpops/<cluster>/node/login-limits (only when they changed), each login node's agent applies them
+within one poll and reports the version it applied, and the sweep reads those reports back:
 
-    pk = "cluster#<cluster name>"   sk = "login-limits#<instance id>"   limitsHash, at
+    applied   the node reports the published version
+    pending   not yet, but the node (or this version) is younger than the grace period
+    failed    the node reported a failure, or the grace period passed without the version
 
-A node whose item is missing (a new or replaced node) or names another hash gets the stack's
-LoginLimitsDocument through the node-command transport (SsmRunCommand). All sends go out first,
-then the outcomes are polled for at most ``poll_seconds``; only a Success is recorded, so a node
-that failed, timed out or was unreachable is simply pushed again on the next sweep. Items of
-nodes that left the login group are deleted.
+A failed node is counted (LoginLimitsPushFailed, alarmed after 3 sweeps in a row); it is not an
+error of the run. The decision is pure; publication and reading are the effects around it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-
-from botocore.exceptions import BotoCoreError, ClientError
+from datetime import datetime, timedelta, timezone
 
 from hpops_core.aws.clients import client, transient_errors_named
 from hpops_core.aws.login_nodes import list_login_group
-from hpops_core.errors import HpopsError
-from hpops_core.host_identity.node_commands import CommandOutcome, NodeCommandTransport
+from hpops_core.node_channel import contract, desired_state
+from hpops_core.node_channel.login_limits import desired_document
+from hpops_core.node_channel.reports import SK_PREFIX, report_from_item
 
-SK_PREFIX = "login-limits#"
-POLL_INTERVAL_SECONDS = 2.0
-COMMENT = "hpops: apply per-user maxlogins limits"
+DEFAULT_GRACE = timedelta(minutes=3)  # several 30 s agent polls
 
 
-def limits_hash(limits_json: str) -> str:
-    return hashlib.sha256(limits_json.encode()).hexdigest()[:32]
+@dataclass(frozen=True)
+class NodeLimits:
+    instance_id: str
+    state: str  # applied | pending | failed
+    reason: str
 
 
 @dataclass
-class PushReport:
-    limits_hash: str
-    running: int = 0
-    unchanged: list[str] = field(default_factory=list)
-    pushed: list[str] = field(default_factory=list)  # Success, recorded
-    failed: list[dict] = field(default_factory=list)  # {instanceId, status, reason}: retried next sweep
-    forgotten: list[str] = field(default_factory=list)  # items of nodes no longer in the group
+class LoginLimitsReport:
+    version: str
+    published: bool
+    nodes: list[NodeLimits] = field(default_factory=list)
+
+    def of(self, state: str) -> list[NodeLimits]:
+        return [n for n in self.nodes if n.state == state]
 
 
-def _pk(cluster: str) -> str:
-    return f"cluster#{cluster}"
+def judge_login_limits(version: str, running: list[Mapping], reports: Mapping[str, Mapping], published_at: datetime,
+                       now: datetime, grace: timedelta = DEFAULT_GRACE) -> list[NodeLimits]:
+    """Pure: per Running login node, has its agent applied `version`? `running`: ListClusterNodes summaries."""
+    verdicts = []
+    for summary in sorted(running, key=lambda s: s["InstanceId"]):
+        instance_id = summary["InstanceId"]
+        limits = (reports.get(instance_id) or {}).get("loginLimits") or {}
+        since = max(published_at, summary.get("LaunchTime") or published_at)
+        if limits.get("version") == version and limits.get("result") != "failed":
+            verdicts.append(NodeLimits(instance_id, "applied", f"applied version {version}"))
+        elif limits.get("result") == "failed":
+            verdicts.append(NodeLimits(instance_id, "failed", f"the node agent failed: {limits.get('reason', '')}"[:300]))
+        elif now - since < grace:
+            verdicts.append(NodeLimits(instance_id, "pending", f"waiting for the node agent to apply version {version}"))
+        elif not reports.get(instance_id):
+            verdicts.append(NodeLimits(instance_id, "failed", "no report from the node agent (is hpops-node-agent installed?)"))
+        else:
+            verdicts.append(NodeLimits(instance_id, "failed", f"still at version {limits.get('version')} after "
+                                                              f"{int(grace.total_seconds())} s"))
+    return verdicts
 
 
-def applied_hashes(table: str, cluster: str) -> dict[str, str]:
-    """Instance id -> the limits hash last applied there."""
-    ddb = client("dynamodb")
+def read_reports(table: str, cluster: str) -> dict[str, dict]:
+    """Instance id -> that node's latest agent report."""
     kwargs = {
         "TableName": table,
         "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-        "ExpressionAttributeValues": {":pk": {"S": _pk(cluster)}, ":prefix": {"S": SK_PREFIX}},
-        "ProjectionExpression": "sk, limitsHash",
+        "ExpressionAttributeValues": {":pk": {"S": f"cluster#{cluster}"}, ":prefix": {"S": SK_PREFIX}},
         "ConsistentRead": True,
     }
-    found: dict[str, str] = {}
-    while True:
-        with transient_errors_named("dynamodb:Query"):
-            page = ddb.query(**kwargs)
-        for item in page.get("Items", []):
-            found[item["sk"]["S"][len(SK_PREFIX):]] = item.get("limitsHash", {}).get("S", "")
-        if "LastEvaluatedKey" not in page:
-            return found
-        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    found: dict[str, dict] = {}
+    pages = client("dynamodb").get_paginator("query").paginate(**kwargs)
+    with transient_errors_named("dynamodb:Query"):
+        for page in pages:
+            for item in page.get("Items", []):
+                found[item["sk"]["S"][len(SK_PREFIX):]] = report_from_item(item) or {}
+    return found
 
 
-def record_applied(table: str, cluster: str, instance_id: str, digest: str, now: datetime) -> None:
-    with transient_errors_named("dynamodb:PutItem"):
-        client("dynamodb").put_item(TableName=table, Item={
-            "pk": {"S": _pk(cluster)}, "sk": {"S": SK_PREFIX + instance_id},
-            "limitsHash": {"S": digest}, "at": {"S": now.astimezone(timezone.utc).isoformat()},
-        })
+def published_at(cluster: str, now: datetime) -> datetime:
+    """When the current limits document was written (the grace period starts there)."""
+    with transient_errors_named("ssm:GetParameter"):
+        parameter = client("ssm").get_parameter(Name=contract.login_limits_parameter(cluster))["Parameter"]
+    moment = parameter.get("LastModifiedDate") or now
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def forget(table: str, cluster: str, instance_id: str) -> None:
-    with transient_errors_named("dynamodb:DeleteItem"):
-        client("dynamodb").delete_item(TableName=table, Key={"pk": {"S": _pk(cluster)}, "sk": {"S": SK_PREFIX + instance_id}})
-
-
-def push_login_limits(
-    transport: NodeCommandTransport, *, cluster: str, group: str, table: str, document: str, limits_json: str,
-    poll_seconds: float, now: datetime, clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> PushReport:
-    digest = limits_hash(limits_json)
-    report = PushReport(limits_hash=digest)
-    summaries = list_login_group(cluster, group)
-    present = {s["InstanceId"] for s in summaries}
-    running = sorted(s["InstanceId"] for s in summaries if s.get("InstanceStatus", {}).get("Status") == "Running")
-    report.running = len(running)
-    applied = applied_hashes(table, cluster)
-
-    sent: dict[str, str] = {}
-    for instance_id in running:
-        if applied.get(instance_id) == digest:
-            report.unchanged.append(instance_id)
-            continue
-        try:
-            sent[instance_id] = transport.send(instance_id, document, {"LimitsJson": [limits_json]}, comment=COMMENT)
-        except (ClientError, BotoCoreError, HpopsError) as exc:
-            code = exc.response.get("Error", {}).get("Code", "ClientError") if isinstance(exc, ClientError) else type(exc).__name__
-            report.failed.append({"instanceId": instance_id, "status": "NotSent", "reason": f"SendCommand: {code}"})
-
-    outcomes: dict[str, CommandOutcome] = {}
-    deadline = clock() + poll_seconds
-    while True:
-        for instance_id, command_id in sent.items():
-            if instance_id in outcomes:
-                continue
-            try:
-                outcome = transport.outcome(command_id, instance_id)
-            except (ClientError, BotoCoreError, HpopsError) as exc:
-                outcome = CommandOutcome("Pending", "unknown", f"GetCommandInvocation: {type(exc).__name__}")
-            if outcome.finished:
-                outcomes[instance_id] = outcome
-        if len(outcomes) == len(sent) or clock() >= deadline:
-            break
-        sleep(min(POLL_INTERVAL_SECONDS, max(0.0, deadline - clock())))
-
-    for instance_id in sent:
-        outcome = outcomes.get(instance_id)
-        if outcome is not None and outcome.status == "Success":
-            record_applied(table, cluster, instance_id, digest, now)
-            report.pushed.append(instance_id)
-        elif outcome is None:
-            report.failed.append({"instanceId": instance_id, "status": "Pending",
-                                  "reason": f"no outcome within {poll_seconds:g} s; pushed again next sweep"})
-        else:
-            report.failed.append({"instanceId": instance_id, "status": outcome.status, "reason": outcome.reason})
-
-    for instance_id in sorted(set(applied) - present):
-        forget(table, cluster, instance_id)
-        report.forgotten.append(instance_id)
+def publish_and_check(cluster: str, group: str, table: str, limits: dict, now: datetime,
+                      grace: timedelta = DEFAULT_GRACE) -> LoginLimitsReport:
+    document = desired_document(limits)
+    published = desired_state.publish_if_changed(
+        contract.login_limits_parameter(cluster), document,
+        "hpops: per-user maxlogins the login nodes' agents apply (written by SessionLimits)")
+    since = now if published else published_at(cluster, now)
+    running = [s for s in list_login_group(cluster, group) if s.get("InstanceStatus", {}).get("Status") == "Running"]
+    reports = read_reports(table, cluster) if running else {}
+    report = LoginLimitsReport(version=document["version"], published=published)
+    report.nodes = judge_login_limits(document["version"], running, reports, since, now, grace)
     return report
