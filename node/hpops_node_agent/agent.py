@@ -28,7 +28,6 @@ import os
 import random
 import re
 import sys
-import tempfile
 import threading
 import time
 from argparse import Namespace
@@ -199,18 +198,7 @@ class NodeAgent:
         directory = os.path.dirname(self.state_path)
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            descriptor, temp = tempfile.mkstemp(prefix=".state.", dir=directory)  # mkstemp: mode 0600
-            try:
-                with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                    handle.write(text)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.chmod(temp, 0o600)
-                os.replace(temp, self.state_path)
-            except BaseException:
-                if os.path.exists(temp):
-                    os.unlink(temp)
-                raise
+            host_keys.atomic_write(self.state_path, text.encode("utf-8"), 0o600)
             self._saved_state_text = text
         except OSError as error:
             log("state-not-saved", path=self.state_path, reason=short(error.strerror or str(error)))

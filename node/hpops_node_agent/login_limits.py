@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from . import host_keys
 from hpops_core.node_channel.login_limits import EXEMPT_LIMIT, BadInput, canonical_json, parse_limits  # noqa: F401
 
 RELATIVE_PATH = Path("etc/security/limits.d/90-hpops-maxlogins.conf")
@@ -59,20 +58,7 @@ def apply(root: Path, limits: dict) -> str:
     except FileNotFoundError:
         pass
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=".hpops-maxlogins.", dir=str(path.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(wanted)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
+    host_keys.atomic_write(str(path), wanted.encode("utf-8"), 0o644)
     return "changed"
 
 

@@ -95,6 +95,7 @@ class NodeHosts:
         self.stopped: set[str] = set()  # instance ids whose agent is down (crashed, masked by hand)
         self._locks: dict[str, threading.Lock] = {}
         self.journal: list[dict] = []  # what the agents logged, in order
+        self._agent_session: boto3.session.Session | None = None
         self.polls: Counter = Counter()  # instance id -> agent ticks (each is one 30 s poll on a cluster)
 
     # ------------------------------------------------------------------ the node agent
@@ -148,9 +149,12 @@ class NodeHosts:
             "sshdCmd": "true", "reloadCmd": "true", "sshKeygenCmd": ssh_keygen() or "ssh-keygen",
             "instanceId": node.instance_id, "ip": node.ip, "pollSeconds": 30,
         })
-        session = boto3.session.Session(region_name=settings.region)
-        session.events.register("before-call", self._count_agent_call)
-        return NodeAgent(config, session)
+        if self._agent_session is None:
+            # One session for all agents: it loads each service model once (a session per agent
+            # re-parsed them for every node); calls are still counted apart from the Lambdas'.
+            self._agent_session = boto3.session.Session(region_name=settings.region)
+            self._agent_session.events.register("before-call", self._count_agent_call)
+        return NodeAgent(config, self._agent_session)
 
     def _journal(self, event: str, **fields: Any) -> None:
         self.journal.append({"event": event} | fields)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import boto3
 import pytest
+import real_tools
+from real_tools import free_port
 from moto.server import ThreadedMotoServer
 
 from hpops_core.host_identity import keys, verifier
@@ -50,23 +52,7 @@ MEASURED: dict[str, float] = {}
 
 @pytest.fixture(autouse=True, scope="module")
 def required_tools():
-    missing = [tool for tool in (SSHD, SSH, SSH_KEYGEN) if not os.access(tool, os.X_OK)]
-    if not missing and not os.path.isdir("/run/sshd"):
-        try:
-            os.makedirs("/run/sshd", mode=0o755)  # sshd's privilege-separation directory
-        except PermissionError:
-            missing.append("/run/sshd (create it as root)")
-    if missing:
-        reason = f"real-process agent tests need {', '.join(missing)} (apt-get install -y openssh-server)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    real_tools.require((SSHD, SSH, SSH_KEYGEN), "real-process agent tests", "apt-get install -y openssh-server")
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.2):

@@ -9,13 +9,13 @@ from __future__ import annotations
 import ast
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import boto3
 import pytest
+from real_tools import free_port
 from moto.server import ThreadedMotoServer
 
 from hpops_core.host_identity import keys
@@ -29,12 +29,6 @@ BUS = "hpops-node-reports"
 AGENT_MODULES = sorted(Path(bundle_module.__file__).parent.glob("*.py")) + [
     Path(bundle_module._node_channel_dir()) / name for name in bundle_module.SHIPPED_CHANNEL_MODULES]
 ALLOWED_IMPORTS = {"hpops_core", "boto3", "botocore"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("path", AGENT_MODULES, ids=lambda p: p.name)

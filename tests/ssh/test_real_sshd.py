@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import real_tools
+from real_tools import free_port
 
 import hpops_node_agent.host_keys
 from hpops_core.host_identity import keys, verifier
@@ -41,26 +43,7 @@ LB_CONNECTIONS = 20
 
 @pytest.fixture(autouse=True, scope="module")
 def required_tools():
-    missing = [tool for tool in (SSHD, SSH, SSH_KEYGEN, HAPROXY) if not os.access(tool, os.X_OK)]
-    if not missing and not os.path.isdir("/run/sshd"):
-        try:
-            os.makedirs("/run/sshd", mode=0o755)  # sshd's privilege-separation directory
-        except PermissionError:
-            missing.append("/run/sshd (create it as root)")
-    if missing:
-        reason = f"real-sshd tests need {', '.join(missing)} (apt-get install -y openssh-server haproxy)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-
-
-# --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    real_tools.require((SSHD, SSH, SSH_KEYGEN, HAPROXY), "real-sshd tests", "apt-get install -y openssh-server haproxy")
 
 
 def wait_for_ssh_banner(port: int, process: subprocess.Popen, log: Path, timeout: float = 10) -> None:

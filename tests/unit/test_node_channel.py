@@ -151,3 +151,8 @@ def test_certificate_phases():
     assert not judge_acknowledgement("certificate", stored({"mode": "keys", "result": "unchanged"}), "collect", expected, None, SINCE).acknowledged
     assert judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "changed", "certificateVersion": 3}), "install", expected, 3, SINCE).acknowledged
     assert not judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "unchanged", "certificateVersion": 2}), "install", expected, 3, SINCE).finished
+
+
+def test_the_saved_sample_report_is_one_the_stack_accepts(saved_event):
+    report = parse_report_event(saved_event("node-report.json"))
+    assert report.hostIdentity.result == "changed" and report.loginLimits.version == "3f0a9c1e5b7d2468"

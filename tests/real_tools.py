@@ -1,0 +1,29 @@
+"""Helpers for tests that run real programs (sshd, ssh, haproxy, the agent) on loopback."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+
+def require(tools: tuple[str, ...], what: str, install: str) -> None:
+    """Skip without the tools, except under CI=true, where a missing tool is a failure (.ci/run installs them)."""
+    missing = [tool for tool in tools if not os.access(tool, os.X_OK)]
+    if not missing and not os.path.isdir("/run/sshd"):
+        try:
+            os.makedirs("/run/sshd", mode=0o755)  # sshd's privilege-separation directory
+        except PermissionError:
+            missing.append("/run/sshd (create it as root)")
+    if missing:
+        reason = f"{what} need {', '.join(missing)} ({install})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
