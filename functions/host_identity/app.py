@@ -143,7 +143,7 @@ def publish_host_identity(event: dict, context: LambdaContext) -> dict:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def check_node_report(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, phase, polls, since, expected, certificateVersion?} -> {acknowledged, finished, reason, polls, ...}.
+    """{instanceId, phase, polls, since, expected, certificateDigest?} -> {acknowledged, finished, reason, polls, ...}.
 
     One read of the node's latest report; the wait between reads and its bound are in the ASL.
     """
@@ -152,23 +152,23 @@ def check_node_report(event: dict, context: LambdaContext) -> dict:
     phase, since = event.get("phase"), event.get("since")
     if phase not in ("collect", "install") or not isinstance(since, str):
         raise MalformedEventError("expected phase collect|install and since (the time the wait began)")
-    version = event.get("certificateVersion")
+    digest = event.get("certificateDigest")
     report = report_store.latest_report(config.state_table, config.cluster_name, instance_id)
-    verdict = judge_acknowledgement(config.mode, report, phase, event.get("expected"), version if isinstance(version, int) else None, since)
+    verdict = judge_acknowledgement(config.mode, report, phase, event.get("expected"), digest if isinstance(digest, str) else None, since)
     if verdict.finished and not verdict.acknowledged:
         metrics.add_metric(name="NodeReportedFailure", unit=MetricUnit.Count, value=1)
     if verdict.acknowledged and phase == "install" and config.mode == "certificate":
         # Installed: the node keeps its certificates; a replaced node leaves no parameter behind.
         certificate_delivery.delete_certificate_bundle(contract.certificate_parameter(config.cluster_name, instance_id))
     return verdict.to_state() | {"phase": phase, "polls": int(event.get("polls", 0)) + 1, "since": since,
-                                 "certificateVersion": version}
+                                 "certificateDigest": digest}
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def sign_host_certificates(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, ip, seen} -> {signed, reason, validUntil, parameterVersion}: certificate mode's signer.
+    """{instanceId, ip, seen} -> {signed, reason, validUntil, certificateDigest}: certificate mode's signer.
 
     Certifies the public keys the node reported (read from the state table, never from the state
     machine's input), only if `seen` (what the verifier read at the node's IP) has the same keys,
@@ -191,14 +191,14 @@ def sign_host_certificates(event: dict, context: LambdaContext) -> dict:
     except (certificates.NodeKeyReportInvalid, HostIdentityNotConfigured, InvalidCertificateRequest) as error:
         metrics.add_metric(name="HostCertificatesRefused", unit=MetricUnit.Count, value=1)
         logger.warning("host certificates not issued", extra={"instanceId": instance_id, "reason": str(error)})
-        return {"signed": False, "reason": f"not certified: {error}", "validUntil": None, "parameterVersion": None}
-    version = certificate_delivery.put_certificate_bundle(contract.certificate_parameter(config.cluster_name, instance_id), bundle)
+        return {"signed": False, "reason": f"not certified: {error}", "validUntil": None, "certificateDigest": None}
+    digest = certificate_delivery.put_certificate_bundle(contract.certificate_parameter(config.cluster_name, instance_id), bundle)
     valid_until = (now + config.certificate_policy.validity).isoformat()
     certified = {line.split()[0]: fingerprint(line) for line in reported.values()}
     metrics.add_metric(name="HostCertificatesIssued", unit=MetricUnit.Count, value=len(reported))
     logger.info("host certificates issued", extra={"instanceId": instance_id, "certified": certified, "validUntil": valid_until})
     return {"signed": True, "reason": f"certified {len(reported)} host keys until {valid_until}",
-            "validUntil": valid_until, "parameterVersion": version}
+            "validUntil": valid_until, "certificateDigest": digest}
 
 
 @logger.inject_lambda_context

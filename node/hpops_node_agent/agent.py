@@ -394,7 +394,7 @@ class NodeAgent:
             return section("certificate", version, "failed", str(error), fingerprints=self._local_fingerprints())
         installed_version = self.state.get("certificateVersion")
         base = {"fingerprints": own["fingerprints"], "publicKeys": own["public_keys"],
-                "certificateVersion": installed_version}
+                "certificateVersion": installed_version, "certificateDigest": self.state.get("certificateDigest")}
         ca = document.get("caFingerprint")
         if not isinstance(ca, str) or not ca:
             return section("certificate", version, "waiting", "no certificate authority initialised yet", **base)
@@ -409,7 +409,7 @@ class NodeAgent:
         text = certificate.get("Value") or ""
         # The stack deletes a node's parameter once installed, so a later renewal may come back as
         # version 1 again: the content, not the version alone, says whether it is new.
-        digest = hashlib.sha256(text.encode()).hexdigest()
+        digest = contract.certificate_digest(text)
         if (current and parameter_version == installed_version and self.state.get("certificateDigest") == digest
                 and self._certificate_files_present()):
             return section("certificate", version, "unchanged",
@@ -439,6 +439,7 @@ class NodeAgent:
         self.state["certificateDigest"] = digest
         self.state["certificateCa"] = ca
         base["certificateVersion"] = parameter_version
+        base["certificateDigest"] = digest
         return section("certificate", version, summary["result"],
                        "installed certificate version {}".format(parameter_version), **base)
 

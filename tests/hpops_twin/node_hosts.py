@@ -29,6 +29,8 @@ from typing import Any
 from unittest import mock
 
 import boto3
+import botocore.loaders
+import botocore.session
 
 from hpops_core.host_identity import verifier
 from hpops_core.host_identity.keys import KEY_TYPES, HostKeyBundle, generate_bundle
@@ -95,7 +97,7 @@ class NodeHosts:
         self.stopped: set[str] = set()  # instance ids whose agent is down (crashed, masked by hand)
         self._locks: dict[str, threading.Lock] = {}
         self.journal: list[dict] = []  # what the agents logged, in order
-        self._agent_session: boto3.session.Session | None = None
+        self._model_loader = botocore.loaders.create_loader()
         self.polls: Counter = Counter()  # instance id -> agent ticks (each is one 30 s poll on a cluster)
 
     # ------------------------------------------------------------------ the node agent
@@ -149,12 +151,13 @@ class NodeHosts:
             "sshdCmd": "true", "reloadCmd": "true", "sshKeygenCmd": ssh_keygen() or "ssh-keygen",
             "instanceId": node.instance_id, "ip": node.ip, "pollSeconds": 30,
         })
-        if self._agent_session is None:
-            # One session for all agents: it loads each service model once (a session per agent
-            # re-parsed them for every node); calls are still counted apart from the Lambdas'.
-            self._agent_session = boto3.session.Session(region_name=settings.region)
-            self._agent_session.events.register("before-call", self._count_agent_call)
-        return NodeAgent(config, self._agent_session)
+        # A session per node, as each node has its own process; they share one model loader so
+        # service models are parsed once, not once per node. Counted apart from the Lambdas' calls.
+        core = botocore.session.Session()
+        core.register_component("data_loader", self._model_loader)
+        session = boto3.session.Session(botocore_session=core, region_name=settings.region)
+        session.events.register("before-call", self._count_agent_call)
+        return NodeAgent(config, session)
 
     def _journal(self, event: str, **fields: Any) -> None:
         self.journal.append({"event": event} | fields)

@@ -18,6 +18,7 @@ import io
 import json
 import os
 import time
+import traceback
 import uuid
 import zipfile
 from collections import Counter
@@ -170,6 +171,7 @@ class TwinWorld:
         self.state_machine_arns: dict[str, str] = {}
         self.function_rules: dict[str, dict] = {}  # rule name -> {"pattern", "bus", "function", "dlq"}
         self.delivery_failures: list[dict] = []  # events a function target rejected (sent to the DLQ)
+        self.agent_errors: list[str] = []  # tracebacks of node agent ticks that raised
         self._stack: list[Any] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -470,7 +472,10 @@ class TwinWorld:
 
     def _agent_polls_before_its_report_is_read(self, function_name: str, event: Any) -> None:
         if function_name.endswith("CheckNodeReportFunction") and isinstance(event, dict):
-            self.hosts.tick(str(event.get("instanceId")))
+            try:
+                self.hosts.tick(str(event.get("instanceId")))
+            except Exception:  # a crashing agent must not look like a failing Lambda: keep it for the test
+                self.agent_errors.append(traceback.format_exc())
 
     def deliver_to_functions(self, bus: str, entry: dict) -> None:
         """EventBridge delivering one PutEvents entry to the function targets whose rule matches."""

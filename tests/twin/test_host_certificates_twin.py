@@ -33,6 +33,7 @@ def succeeded(world, arns):
     results = world.wait(arns, timeout=180)
     bad = [(r.error, r.cause) for r in results if r.status != "SUCCEEDED"]
     assert not bad, bad
+    assert not world.agent_errors, world.agent_errors[0]
     return results
 
 
@@ -106,7 +107,8 @@ def test_replaced_node_is_certified_then_verified_then_registered(cert_world):
     reports = [i.event["detail"] for i in invocations(world, "RecordNodeReportFunction")
                if i.event["detail"]["instanceId"] == new.instance_id]
     assert reports[0]["hostIdentity"]["publicKeys"], "first the node reports its own public keys"
-    assert reports[-1]["hostIdentity"]["result"] == "changed" and reports[-1]["hostIdentity"]["certificateVersion"] >= 1
+    signed = invocations(world, "SignHostCertificatesFunction")[-1].result["certificateDigest"]
+    assert reports[-1]["hostIdentity"]["result"] == "changed" and reports[-1]["hostIdentity"]["certificateDigest"] == signed
 
 
 def test_without_a_ca_new_nodes_stay_out_and_the_notification_says_what_to_run():

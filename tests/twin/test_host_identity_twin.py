@@ -20,6 +20,7 @@ def succeeded(world, arns):
     results = world.wait(arns, timeout=120)
     bad = [(r.error, r.cause) for r in results if r.status != "SUCCEEDED"]
     assert not bad, bad
+    assert not world.agent_errors, world.agent_errors[0]
     return results
 
 

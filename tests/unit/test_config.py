@@ -12,12 +12,15 @@ ENV = {
     "STATE_TABLE_NAME": "table",
     "LEASE_SECONDS": "960",
     "HOST_IDENTITY_MODE": "keys",
+    "NODE_REPORT_POLL_SECONDS": "10",
+    "NODE_REPORT_MAX_POLLS": "18",
 }
 
 
 def test_reads_every_field():
     config = SyncConfig.from_env(ENV)
     assert config.ssh_port == 22 and config.lease_seconds == 960 and config.login_group == "login"
+    assert (config.node_report_poll_seconds, config.node_report_max_polls) == (10, 18)
 
 
 @pytest.mark.parametrize("missing", sorted(ENV))

@@ -149,8 +149,12 @@ def test_certificate_phases():
     collect = judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "waiting", "publicKeys": keys}), "collect", expected, None, SINCE)
     assert collect.acknowledged
     assert not judge_acknowledgement("certificate", stored({"mode": "keys", "result": "unchanged"}), "collect", expected, None, SINCE).acknowledged
-    assert judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "changed", "certificateVersion": 3}), "install", expected, 3, SINCE).acknowledged
-    assert not judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "unchanged", "certificateVersion": 2}), "install", expected, 3, SINCE).finished
+    signed = "0123456789abcdef"
+    assert judge_acknowledgement("certificate", stored({"mode": "certificate", "result": "changed", "certificateVersion": 1,
+                                                        "certificateDigest": signed}), "install", expected, signed, SINCE).acknowledged
+    # SSM numbers a re-created parameter from 1 again: an old install with "version 1" is not this one
+    stale = stored({"mode": "certificate", "result": "unchanged", "certificateVersion": 1, "certificateDigest": "fedcba9876543210"})
+    assert not judge_acknowledgement("certificate", stale, "install", expected, signed, SINCE).finished
 
 
 def test_the_saved_sample_report_is_one_the_stack_accepts(saved_event):

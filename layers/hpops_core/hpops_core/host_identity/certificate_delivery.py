@@ -8,6 +8,7 @@ from botocore.exceptions import ClientError
 from hpops_core.aws.clients import client, transient_errors_named
 from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
 from hpops_core.host_identity.keys import HostCA, HostCertificateBundle, InvalidHostKeyBundle
+from hpops_core.node_channel import contract
 
 
 def read_certificate_authority(secret_arn: str) -> HostCA:
@@ -22,13 +23,15 @@ def read_certificate_authority(secret_arn: str) -> HostCA:
         ) from None
 
 
-def put_certificate_bundle(name: str, bundle: HostCertificateBundle) -> int:
-    """Leave the bundle for the node; returns the parameter version the node will report installing."""
+def put_certificate_bundle(name: str, bundle: HostCertificateBundle) -> str:
+    """Leave the bundle for the node; returns its digest, which the node reports once installed."""
+    text = bundle.to_json()
     with transient_errors_named("ssm:PutParameter"):
-        return client("ssm").put_parameter(
-            Name=name, Value=bundle.to_json(), Type="String", Overwrite=True,
+        client("ssm").put_parameter(
+            Name=name, Value=text, Type="String", Overwrite=True,
             Description="hpops: host certificates waiting for one login node (public; deleted once installed)",
-        )["Version"]
+        )
+    return contract.certificate_digest(text)
 
 
 def delete_certificate_bundle(name: str) -> None:

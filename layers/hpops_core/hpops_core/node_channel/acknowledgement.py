@@ -4,8 +4,8 @@ The LoginNodeSync map waits in an ASL Wait loop (bounded there) and asks this af
 
   phase "collect"  certificate mode: the node has reported its own public host keys;
   phase "install"  keys mode: the node reports presenting exactly the canonical fingerprints;
-                   certificate mode: the node reports it installed the certificate parameter
-                   version the signer wrote (or a later one).
+                   certificate mode: the node reports it installed the very bundle the signer
+                   wrote (its digest).
 
 A node that reports a failure after the wait began ends the wait early with the node's own reason.
 The verdict never admits a node; VerifyAfterPush does that over the network.
@@ -38,7 +38,7 @@ class AckVerdict:
 
 
 def judge_acknowledgement(mode: str, report: Mapping[str, Any] | None, phase: str, expected: Mapping[str, Any] | None,
-                          certificate_version: int | None, waiting_since: str) -> AckVerdict:
+                          certificate_digest: str | None, waiting_since: str) -> AckVerdict:
     try:
         # Nothing published yet: no agent can converge, so waiting would only delay the reason.
         expected_ca_fingerprint(expected) if mode == "certificate" else expected_fingerprints(expected)
@@ -56,12 +56,11 @@ def judge_acknowledgement(mode: str, report: Mapping[str, Any] | None, phase: st
     if phase != "install":
         raise ValueError("phase must be collect or install")
     if (expected or {}).get("mode") == "certificate":
-        installed = identity.get("certificateVersion") or 0
-        if certificate_version is not None and installed >= certificate_version:
-            return AckVerdict(True, True, f"node installed certificate version {installed}")
+        if certificate_digest is not None and identity.get("certificateDigest") == certificate_digest:
+            return AckVerdict(True, True, f"node installed the certificates signed for it ({certificate_digest})")
         if failed_since_wait:
             return AckVerdict(False, True, f"node failed to install its certificates: {identity.get('reason', '')}")
-        return AckVerdict(False, False, f"waiting for the node to install certificate version {certificate_version}")
+        return AckVerdict(False, False, f"waiting for the node to install the certificates signed for it ({certificate_digest})")
     wanted = dict((expected or {}).get("fingerprints") or {})
     if wanted and dict(identity.get("fingerprints") or {}) == wanted:
         return AckVerdict(True, True, "node reports presenting the canonical host keys")

@@ -21,7 +21,8 @@ Report (sent by the agent with events:PutEvents to the stack's bus):
    "hostIdentity": {"mode": str, "version": str|null, "result": "changed"|"unchanged"|"failed"|"waiting",
                     "reason": str, "fingerprints": {key type: "SHA256:..."},
                     "publicKeys": {key type: "<type> <base64>"} (certificate mode),
-                    "certificateVersion": int|null},
+                    "certificateVersion": int|null, "certificateDigest": str|null (certificate mode:
+                    the SSM parameter version and the digest of the bundle last installed)},
    "loginLimits": {"version": str|null, "result": str, "reason": str}}
 
 Everything in a report is public: versions, fingerprints, public keys, short reasons.
@@ -29,6 +30,7 @@ Everything in a report is public: versions, fingerprints, public keys, short rea
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 HOST_IDENTITY_FORMAT = "hpops.node.host-identity.v1"
@@ -55,6 +57,14 @@ def _cluster(cluster: str) -> str:
     if not isinstance(cluster, str) or not _CLUSTER.match(cluster):
         raise ValueError("cluster name is not a HyperPod cluster name")
     return cluster
+
+
+def certificate_digest(bundle_text: str) -> str:
+    """Names one certificate bundle exactly: what the signer wrote is what the node reports installed.
+
+    Not the parameter version: the stack deletes a node's parameter once installed, and SSM
+    numbers a re-created parameter from 1 again."""
+    return hashlib.sha256(bundle_text.encode("utf-8")).hexdigest()[:16]
 
 
 def parameter_prefix(cluster: str) -> str:

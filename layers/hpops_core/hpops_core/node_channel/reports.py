@@ -51,6 +51,7 @@ class HostIdentityReport(_Strict):
     fingerprints: dict[KeyTypeStr, FingerprintStr] = Field(default_factory=dict, max_length=8)
     publicKeys: dict[Literal["ed25519", "ecdsa", "rsa"], PublicKeyStr] = Field(default_factory=dict, max_length=8)
     certificateVersion: int | None = Field(default=None, ge=1)
+    certificateDigest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
 
 
 class LoginLimitsReport(_Strict):
