@@ -228,6 +228,10 @@ class TwinWorld:
             self.install_canonical_host_keys(canonical_bundle())
         elif self.resolver.parameters["HostIdentityMode"] == "certificate":
             self.install_host_certificate_authority(generate_ca())
+        # The cluster existed before the stack: its lifecycle scripts already installed the agents,
+        # which have reported once. Measurements start after that.
+        self.hosts.ensure_agents()
+        self.counter.reset()
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,6 +1,6 @@
 """The canonical host identity's PUBLIC half, where the sync reads it.
 
-The private keys live only in Secrets Manager (read by the node script with the node's role and
+The private keys live only in Secrets Manager (read by the node agent with the node's role and
 by the operator's `hpops host-keys`). What a verifier needs, the expected fingerprints, is public.
 It is published as the `hostIdentity` attribute of the cluster's sync-lease item, so the lease
 acquire that every reconcile makes anyway returns it (no extra read). It then travels through the

@@ -166,7 +166,7 @@ class HostKeyBundle:
         return [f"{host_pattern} {p.public_line}" for p in self.pairs()]
 
     def to_secret_json(self) -> str:
-        """The Secrets Manager value, also what the node script reads."""
+        """The Secrets Manager value, also what the node agent reads."""
         keys = {p.name: {"private": p.private_openssh, "public": p.public_line} for p in self.pairs()}
         return json.dumps({"format": BUNDLE_FORMAT, "keys": keys}, sort_keys=True)
 
@@ -374,7 +374,7 @@ def _epoch_seconds(moment: datetime | int | float) -> int:
 
 @dataclass(frozen=True)
 class HostCertificateBundle:
-    """What the node script installs in certificate mode: certs for that node's own keys."""
+    """What the node agent installs in certificate mode: certs for that node's own keys."""
 
     ca_public_line: str
     certificates: Mapping[str, str]  # short name (ed25519, ...) -> cert line
