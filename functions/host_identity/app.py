@@ -149,9 +149,9 @@ def check_node_report(event: dict, context: LambdaContext) -> dict:
     """
     config = HostIdentityConfig.from_env()
     instance_id, _ = _node(event)
-    phase, since = event.get("phase"), event.get("since")
-    if phase not in ("collect", "install") or not isinstance(since, str):
-        raise MalformedEventError("expected phase collect|install and since (the time the wait began)")
+    phase, since, polls = event.get("phase"), event.get("since"), event.get("polls", 0)
+    if phase not in ("collect", "install") or not isinstance(since, str) or type(polls) is not int:
+        raise MalformedEventError("expected phase collect|install, since (the time the wait began) and polls")
     digest = event.get("certificateDigest")
     report = report_store.latest_report(config.state_table, config.cluster_name, instance_id)
     verdict = judge_acknowledgement(config.mode, report, phase, event.get("expected"), digest if isinstance(digest, str) else None, since)
@@ -160,7 +160,7 @@ def check_node_report(event: dict, context: LambdaContext) -> dict:
     if verdict.acknowledged and phase == "install" and config.mode == "certificate":
         # Installed: the node keeps its certificates; a replaced node leaves no parameter behind.
         certificate_delivery.delete_certificate_bundle(contract.certificate_parameter(config.cluster_name, instance_id))
-    return verdict.to_state() | {"phase": phase, "polls": int(event.get("polls", 0)) + 1, "since": since,
+    return verdict.to_state() | {"phase": phase, "polls": polls + 1, "since": since,
                                  "certificateDigest": digest}
 
 
