@@ -265,20 +265,24 @@ def publish_login_limits(event: dict, context: LambdaContext) -> dict:
     request = SessionLimitsRequest.from_state(event.get("request") if isinstance(event, dict) else None)
     if request.cluster != config.cluster_name:
         raise UnknownClusterError(f"cluster {request.cluster} is not managed by this stack ({config.cluster_name})")
-    if request.dry_run or config.dry_run:
-        return {"skipped": "dry run: login node limits are not changed", "appliedCount": 0, "failedCount": 0}
+    dry_run = request.dry_run or config.dry_run
     result = publish_and_check(config.cluster_name, config.login_group, config.state_table, config.limits,
-                               _now(event.get("now")))
+                               _now(event.get("now")), dry_run=dry_run)
     applied, pending, failed = result.of("applied"), result.of("pending"), result.of("failed")
-    metrics.add_metric(name="LoginLimitsApplied", unit=MetricUnit.Count, value=len(applied))
-    metrics.add_metric(name="LoginLimitsPending", unit=MetricUnit.Count, value=len(pending))
-    metrics.add_metric(name="LoginLimitsPushFailed", unit=MetricUnit.Count, value=len(failed))
     output = {
         "version": result.version, "published": result.published,
         "applied": [n.instance_id for n in applied][:OUTPUT_LIST_MAX],
         "pending": [n.instance_id for n in pending][:OUTPUT_LIST_MAX],
         "failed": [{"instanceId": n.instance_id, "reason": n.reason} for n in failed][:OUTPUT_LIST_MAX],
-        "appliedCount": len(applied), "failedCount": len(failed),
+        "appliedCount": len(applied), "pendingCount": len(pending), "failedCount": len(failed),
     }
+    if dry_run:  # nothing published, so no node is judged and no metric could page anyone
+        output |= {"dryRun": True, "wouldPublish": result.would_publish,
+                   "skipped": "dry run: login node limits are not changed"}
+        logger.info("login node limits: dry run", extra={"report": output})
+        return output
+    metrics.add_metric(name="LoginLimitsApplied", unit=MetricUnit.Count, value=len(applied))
+    metrics.add_metric(name="LoginLimitsPending", unit=MetricUnit.Count, value=len(pending))
+    metrics.add_metric(name="LoginLimitsPushFailed", unit=MetricUnit.Count, value=len(failed))  # alarmed
     (logger.warning if failed else logger.info)("login node limits checked", extra={"report": output})
     return output

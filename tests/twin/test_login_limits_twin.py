@@ -85,7 +85,7 @@ def test_unchanged_limits_cost_one_read_and_no_write(world):
     report = sweep(world)
     assert report["appliedCount"] == 3
     calls = world.counter.calls_of({"PublishLoginLimitsFunction"})
-    assert calls["ssm.GetParameter"] == 2 and calls["ssm.PutParameter"] == 0
+    assert calls["ssm.GetParameter"] == 1 and calls["ssm.PutParameter"] == 0
     world.agents_poll()
     assert world.hosts.agent_calls["eventbridge.PutEvents"] == 0, "the agents had nothing new to report"
 

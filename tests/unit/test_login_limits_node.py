@@ -68,9 +68,16 @@ def test_new_limits_replace_the_file(tmp_path):
     {"default": 2.0},
     {"default": 10_001},
     {"default": 2, "extra": 1},
-    {"default": 2, "overrides": {"Alice": 1}},
     {"default": 2, "overrides": {"alice;rm": 1}},
-    {"default": 2, "overrides": {"9lives": 1}},
+    {"default": 2, "overrides": {"a b": 1}},
+    {"default": 2, "overrides": {"-alice": 1}},
+    {"default": 2, "overrides": {".alice": 1}},
+    {"default": 2, "overrides": {"al:ice": 1}},
+    {"default": 2, "overrides": {"a/b": 1}},
+    {"default": 2, "overrides": {"alice\nbob": 1}},
+    {"default": 2, "overrides": {"$(id)": 1}},
+    {"default": 2, "overrides": {"@admins": 1}},
+    {"default": 2, "overrides": {"": 1}},
     {"default": 2, "overrides": {"a" * 33: 1}},
     {"default": 2, "overrides": {"alice": -1}},
     {"default": 2, "overrides": {"alice": False}},
@@ -85,6 +92,28 @@ def test_bad_input_is_refused_with_exit_3_and_nothing_changes(tmp_path, bad):
     code, summary = run(tmp_path, bad)
     assert code == 3 and summary["result"] == "failed"
     assert (tmp_path / RELATIVE).read_text() == before
+
+
+def test_user_names_real_systems_have_are_accepted(tmp_path):
+    # LDAP/SSSD and useradd --badname users: dots, upper case, a leading digit or underscore.
+    code, summary = run(tmp_path, {"default": 2, "overrides": {"j.doe": 4, "Alice": 3, "9lives": 1, "_svc": 0},
+                                   "exempt": ["ci-bot.2"]})
+    assert code == 0 and summary["result"] == "changed"
+    assert entries(tmp_path)[1:] == [["9lives", "hard", "maxlogins", "1"], ["Alice", "hard", "maxlogins", "3"],
+                                     ["_svc", "hard", "maxlogins", "0"], ["j.doe", "hard", "maxlogins", "4"],
+                                     ["ci-bot.2", "hard", "maxlogins", "65535"]]
+
+
+def test_the_agent_module_re_exports_the_shared_rule():
+    # The node agent calls login_limits.parse_limits / apply; the rule itself lives in hpops_core.
+    from hpops_core.node_channel import login_limits as shared
+    from hpops_node_agent import login_limits as node
+
+    assert node.parse_limits is shared.parse_limits and node.BadInput is shared.BadInput
+    assert node.canonical_json is shared.canonical_json
+    with pytest.raises(node.BadInput, match="'a b' is not a valid user name") as refused:
+        node.parse_limits('{"default": 2, "exempt": ["a b"]}')
+    assert refused.value.field == "exempt"
 
 
 def test_bad_input_on_a_fresh_node_creates_nothing(tmp_path):

@@ -1,6 +1,6 @@
 """Session-limit configuration: frozen dataclasses read from the environment at call time.
 
-template.yaml sets these variables from the stack parameters (section "session limits (issue 4)").
+template.yaml sets these variables from the stack parameters (section "session limits").
 Anything missing or malformed raises :class:`~hpops_core.errors.ConfigurationError` naming the
 variable, so a bad deployment fails loudly (named Step Functions error, alarm) instead of
 enforcing a limit nobody meant.
@@ -175,7 +175,7 @@ class LoginLimitsConfig:
 
     The limits are validated here with the rule the node agent applies
     (hpops_core.node_channel.login_limits), so a user name or limit a node would refuse fails
-    with ConfigurationError naming the entry, before anything is published.
+    with ConfigurationError naming the variable and the entry, before anything is published.
     """
 
     cluster_name: str
@@ -186,7 +186,9 @@ class LoginLimitsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LoginLimitsConfig:
-        from hpops_core.node_channel.login_limits import BadInput, canonical_json, parse_limits
+        from hpops_core.node_channel.login_limits import BadInput, parse_limits
+
+        from .login_limits import document_text
 
         env = os.environ if env is None else env
         trigger = SessionTriggerConfig.from_env(env)
@@ -198,9 +200,9 @@ class LoginLimitsConfig:
         try:
             limits = parse_limits(json.dumps(wanted))
         except BadInput as exc:
-            raise ConfigurationError(f"login node limits: {exc}") from None
-        if len(canonical_json(limits)) > 3500:  # the document must fit a standard (4 KB) parameter
-            raise ConfigurationError("login node limits: too many overrides/exempt users for one SSM parameter")
+            source = _LIMITS_SOURCES.get(exc.field, "the session limit variables")
+            raise ConfigurationError(f"login node limits: {source}: {exc}") from None
+        document_text(limits)  # ConfigurationError when it would not fit a standard (4 KB) parameter
         return cls(
             cluster_name=trigger.cluster_name,
             login_group=trigger.login_group,
@@ -208,3 +210,7 @@ class LoginLimitsConfig:
             state_table=_require(env, "STATE_TABLE_NAME"),
             dry_run=trigger.dry_run,
         )
+
+
+_LIMITS_SOURCES = {"default": "MAX_SESSIONS_PER_USER", "overrides": "SESSION_LIMIT_OVERRIDES",
+                   "exempt": "SESSION_EXEMPT_USERS"}

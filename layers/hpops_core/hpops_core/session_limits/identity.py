@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Literal
 
+from hpops_core.node_channel.login_limits import USER_RE
+
 from .models import SessionLimitError
 
 RUN_AS_TAG = "SSMSessionRunAs"
@@ -31,9 +33,9 @@ RUN_AS_TAG = "SSMSessionRunAs"
 UnmappedPolicy = Literal["count-as-principal", "ignore"]
 IdentitySource = Literal["tag", "mapping", "principal-name", "unmapped"]
 
-# Portable-ish POSIX user names (useradd's default plus upper case and dots; SSM creates/uses
-# these verbatim). 32 chars is the traditional utmp limit.
-POSIX_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9._-]{0,31}$")
+# The one POSIX user rule, the same the login nodes apply to maxlogins entries: a run-as user
+# counted here can always be limited there too.
+POSIX_USER_RE = USER_RE
 # Principal-name fallback keys only group sessions; they are not real accounts, so SSO-style
 # names ("alice@example.com") are allowed.
 PRINCIPAL_KEY_RE = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,64}$")

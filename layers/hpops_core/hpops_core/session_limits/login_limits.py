@@ -5,9 +5,9 @@ Runs in the SessionLimits sweep, never on the StartSession path. Nothing is push
 /hpops/<cluster>/node/login-limits (only when they changed), each login node's agent applies them
 within one poll and reports the version it applied, and the sweep reads those reports back:
 
-    applied   the node reports the published version
+    applied   the node reports the published version, not failed
     pending   not yet, but the node (or this version) is younger than the grace period
-    failed    the node reported a failure, or the grace period passed without the version
+    failed    the node reported a failure for this version, or the grace period passed without it
 
 A failed node is counted (LoginLimitsPushFailed, alarmed after 3 sweeps in a row); it is not an
 error of the run. The decision is pure; publication and reading are the effects around it.
@@ -15,17 +15,23 @@ error of the run. The decision is pure; publication and reading are the effects 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from botocore.exceptions import ClientError
+
 from hpops_core.aws.clients import client, transient_errors_named
 from hpops_core.aws.login_nodes import list_login_group
-from hpops_core.node_channel import contract, desired_state
-from hpops_core.node_channel.login_limits import desired_document
+from hpops_core.errors import ConfigurationError
+from hpops_core.node_channel import contract
+from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
+from hpops_core.node_channel.login_limits import canonical_json, desired_document
 from hpops_core.node_channel.reports import SK_PREFIX, report_from_item
 
-DEFAULT_GRACE = timedelta(minutes=3)  # several 30 s agent polls
+DEFAULT_GRACE = timedelta(seconds=180)  # several 30 s agent polls, with their jitter
+DESCRIPTION = "hpops: per-user maxlogins the login nodes' agents apply (written by SessionLimits)"
 
 
 @dataclass(frozen=True)
@@ -39,36 +45,71 @@ class NodeLimits:
 class LoginLimitsReport:
     version: str
     published: bool
+    dry_run: bool = False
+    would_publish: bool = False  # dry run: the parameter differs from these limits
     nodes: list[NodeLimits] = field(default_factory=list)
 
     def of(self, state: str) -> list[NodeLimits]:
         return [n for n in self.nodes if n.state == state]
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    if moment is None:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def judge_login_limits(version: str, running: list[Mapping], reports: Mapping[str, Mapping], published_at: datetime,
                        now: datetime, grace: timedelta = DEFAULT_GRACE) -> list[NodeLimits]:
-    """Pure: per Running login node, has its agent applied `version`? `running`: ListClusterNodes summaries."""
+    """Pure: per Running login node, has its agent applied `version`?
+
+    `running`: ListClusterNodes summaries of the Running login nodes (reports of other instances,
+    e.g. replaced nodes, are ignored). A node's grace period starts at its LaunchTime or at the
+    publication of `version`, whichever is later: a new version gives every node time to poll.
+    """
     verdicts = []
     for summary in sorted(running, key=lambda s: s["InstanceId"]):
         instance_id = summary["InstanceId"]
-        limits = (reports.get(instance_id) or {}).get("loginLimits") or {}
-        since = max(published_at, summary.get("LaunchTime") or published_at)
-        if limits.get("version") == version and limits.get("result") != "failed":
-            verdicts.append(NodeLimits(instance_id, "applied", f"applied version {version}"))
-        elif limits.get("result") == "failed":
-            verdicts.append(NodeLimits(instance_id, "failed", f"the node agent failed: {limits.get('reason', '')}"[:300]))
+        report = reports.get(instance_id) or {}
+        limits = report.get("loginLimits") or {}
+        reported, result = limits.get("version"), limits.get("result")
+        agent_reason = str(limits.get("reason") or "no reason given")
+        since = max(published_at, _utc(summary.get("LaunchTime")) or published_at)
+        waited = int((now - since).total_seconds())
+        if reported == version and result != "failed":
+            verdict = NodeLimits(instance_id, "applied", f"applied version {version} ({result})")
+        elif reported == version:
+            verdict = NodeLimits(instance_id, "failed", f"the node agent failed to apply version {version}: {agent_reason}")
         elif now - since < grace:
-            verdicts.append(NodeLimits(instance_id, "pending", f"waiting for the node agent to apply version {version}"))
-        elif not reports.get(instance_id):
-            verdicts.append(NodeLimits(instance_id, "failed", "no report from the node agent (is hpops-node-agent installed?)"))
+            # A failure about an older document says nothing yet about this one.
+            seen = "no report yet" if not report else f"reports version {reported} ({result})"
+            verdict = NodeLimits(instance_id, "pending", f"{seen}; waiting {waited} of "
+                                                         f"{int(grace.total_seconds())} s for version {version}")
+        elif not report:
+            verdict = NodeLimits(instance_id, "failed", f"no report from the node agent after {waited} s "
+                                                        "(is hpops-node-agent installed and running?)")
+        elif result == "failed":
+            verdict = NodeLimits(instance_id, "failed", f"the node agent failed: {agent_reason}")
         else:
-            verdicts.append(NodeLimits(instance_id, "failed", f"still at version {limits.get('version')} after "
-                                                              f"{int(grace.total_seconds())} s"))
+            verdict = NodeLimits(instance_id, "failed", f"still at version {reported} ({result}) after {waited} s, "
+                                                        f"last report received {report.get('receivedAt') or 'unknown'}")
+        verdicts.append(NodeLimits(verdict.instance_id, verdict.state, verdict.reason[:300]))
     return verdicts
 
 
+def document_text(limits: dict) -> str:
+    """The parameter value for these limits; ConfigurationError when it would not fit the standard tier."""
+    text = canonical_json(desired_document(limits))
+    if len(text.encode()) > MAX_STANDARD_PARAMETER_BYTES:
+        raise ConfigurationError(
+            f"login node limits: the published document would be {len(text.encode())} bytes, over the "
+            f"{MAX_STANDARD_PARAMETER_BYTES} a standard SSM parameter holds; use fewer entries in "
+            "SESSION_LIMIT_OVERRIDES / SESSION_EXEMPT_USERS")
+    return text
+
+
 def read_reports(table: str, cluster: str) -> dict[str, dict]:
-    """Instance id -> that node's latest agent report."""
+    """Instance id -> that node's latest agent report (one Query, paginated only past 1 MB)."""
     kwargs = {
         "TableName": table,
         "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
@@ -80,27 +121,42 @@ def read_reports(table: str, cluster: str) -> dict[str, dict]:
     with transient_errors_named("dynamodb:Query"):
         for page in pages:
             for item in page.get("Items", []):
-                found[item["sk"]["S"][len(SK_PREFIX):]] = report_from_item(item) or {}
+                try:
+                    report = report_from_item(item) or {}
+                except ValueError:  # an unreadable item counts as no report, never fails the sweep
+                    report = {}
+                found[item["sk"]["S"][len(SK_PREFIX):]] = report
     return found
 
 
-def published_at(cluster: str, now: datetime) -> datetime:
-    """When the current limits document was written (the grace period starts there)."""
-    with transient_errors_named("ssm:GetParameter"):
-        parameter = client("ssm").get_parameter(Name=contract.login_limits_parameter(cluster))["Parameter"]
-    moment = parameter.get("LastModifiedDate") or now
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+def _current_parameter(name: str) -> dict | None:
+    try:
+        with transient_errors_named("ssm:GetParameter"):
+            return client("ssm").get_parameter(Name=name)["Parameter"]
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "ParameterNotFound":
+            raise
+        return None
 
 
-def publish_and_check(cluster: str, group: str, table: str, limits: dict, now: datetime,
+def publish_and_check(cluster: str, group: str, table: str, limits: dict, now: datetime, dry_run: bool = False,
                       grace: timedelta = DEFAULT_GRACE) -> LoginLimitsReport:
-    document = desired_document(limits)
-    published = desired_state.publish_if_changed(
-        contract.login_limits_parameter(cluster), document,
-        "hpops: per-user maxlogins the login nodes' agents apply (written by SessionLimits)")
-    since = now if published else published_at(cluster, now)
+    """Publish the limits if the parameter differs (one GetParameter when not), then judge the nodes.
+
+    A dry run reads the parameter to say whether it would publish, and writes nothing."""
+    text = document_text(limits)
+    version = json.loads(text)["version"]
+    name = contract.login_limits_parameter(cluster)
+    current = _current_parameter(name)
+    changed = current is None or current.get("Value") != text
+    if dry_run:
+        return LoginLimitsReport(version=version, published=False, dry_run=True, would_publish=changed)
+    if changed:
+        with transient_errors_named("ssm:PutParameter"):
+            client("ssm").put_parameter(Name=name, Value=text, Type="String", Overwrite=True, Description=DESCRIPTION)
+    published_at = now if changed else (_utc(current.get("LastModifiedDate")) or now)
     running = [s for s in list_login_group(cluster, group) if s.get("InstanceStatus", {}).get("Status") == "Running"]
     reports = read_reports(table, cluster) if running else {}
-    report = LoginLimitsReport(version=document["version"], published=published)
-    report.nodes = judge_login_limits(document["version"], running, reports, since, now, grace)
+    report = LoginLimitsReport(version=version, published=changed)
+    report.nodes = judge_login_limits(version, running, reports, published_at, now, grace)
     return report
