@@ -82,6 +82,11 @@ class LambdaDispatcher:
     before_invoke: list = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
+    @property
+    def environment_lock(self) -> threading.RLock:
+        """Held while a handler runs with its own environment variables set in os.environ."""
+        return self._lock
+
     def bind(self, binding: FunctionBinding) -> None:
         self.bindings[binding.name] = binding
 

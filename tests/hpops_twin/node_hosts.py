@@ -83,11 +83,13 @@ class AgentSettings:
 
 class NodeHosts:
     def __init__(self, node_by_instance: Callable[[str], Any], node_by_ip: Callable[[str], Any],
-                 running_login_nodes: Callable[[], list[Any]], agent_settings: Callable[[], AgentSettings]):
+                 running_login_nodes: Callable[[], list[Any]], agent_settings: Callable[[], AgentSettings],
+                 exclusive: Any):
         self._node_by_instance = node_by_instance
         self._running_login_nodes = running_login_nodes
         self._node_by_ip = node_by_ip
         self._agent_settings = agent_settings
+        self._exclusive = exclusive  # the Lambda dispatcher's lock (environment changes happen under it)
         self._dir = Path(tempfile.mkdtemp(prefix="hpops-twin-nodes-"))
         self._counter = itertools.count()
         self.roots: dict[str, Path] = {}
@@ -122,7 +124,9 @@ class NodeHosts:
         node = self._node_by_instance(instance_id)
         if agent is None or instance_id in self.stopped or node is None or node.status != "Running":
             return None
-        with self._locks.setdefault(instance_id, threading.Lock()):
+        # Handlers change os.environ while they run (lambda_dispatch.py); a fork/exec (the agent's
+        # ssh-keygen) racing that gets EFAULT. A real agent is its own process: hold that lock here.
+        with self._exclusive, self._locks.setdefault(instance_id, threading.Lock()):
             self.polls[instance_id] += 1
             return agent.tick()
 

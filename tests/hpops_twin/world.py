@@ -204,6 +204,7 @@ class TwinWorld:
             running_login_nodes=lambda: [n for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running"],
             agent_settings=lambda: AgentSettings(cluster=self.cluster_name, region=REGION,
                                                  report_bus=self.output("NodeReportBusName"), login_group=self.login_group),
+            exclusive=self.dispatcher.environment_lock,
         )
         # The node agent polls at least once between two reads of its report by a state machine.
         self.dispatcher.before_invoke.append(self._agent_polls_before_its_report_is_read)
