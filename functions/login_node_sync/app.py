@@ -8,6 +8,7 @@ statemachines/login_node_sync.asl.json.
 
 from __future__ import annotations
 
+import os
 import time
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
@@ -15,9 +16,10 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.aws import login_nodes, sync_lease, target_group
-from hpops_core.config import SyncConfig
+from hpops_core.config import SyncConfig, env_str
 from hpops_core.errors import EmptyListingGuardError, MalformedEventError
 from hpops_core.events import parse_sync_input, require_managed_cluster
+from hpops_core.execution_events import lease_to_release
 from hpops_core.target_plan import LoginNode, plan_targets
 
 logger = Logger()
@@ -137,3 +139,18 @@ def apply_target_changes(event: dict, context: LambdaContext) -> dict:
     metrics.add_metric(name="TargetsDeregistered", unit=MetricUnit.Count, value=len(deregister))
     logger.info("target group updated", extra={"registered": register, "deregistered": deregister})
     return {"registered": register, "deregistered": deregister}
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def release_lease_of_ended_sync(event: dict, context: LambdaContext) -> dict:
+    """EventBridge "Execution Status Change" of a timed-out, aborted or failed sync -> its lease released."""
+    config = SyncConfig.from_env()
+    cleanup = lease_to_release(event, env_str(os.environ, "SYNC_STATE_MACHINE_ARN"))
+    released = None
+    if cleanup.holder:
+        released = sync_lease.abandon(config.state_table, config.cluster_name, cleanup.holder).reason
+        metrics.add_metric(name="LeasesReleasedAfterEnd", unit=MetricUnit.Count, value=1)
+    logger.info(cleanup.reason, extra={"released": released})
+    return {"holder": cleanup.holder, "reason": cleanup.reason, "released": released}

@@ -282,11 +282,21 @@ class TwinWorld:
         unknown = {r["Type"] for r in self.template.resources.values()} - set(order) - NOT_PROVISIONED
         if unknown:
             raise NotImplementedError(f"the twin does not know how to provision {sorted(unknown)}")
-        for resource_type in order:
-            for logical_id, resource in self.template.of_type(resource_type).items():
-                if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
-                    continue
-                getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
+        # A function that names a state machine (e.g. to release the lease of an ended sync) is
+        # created after the state machines, as CloudFormation's dependency order would.
+        machines = set(self.template.of_type("AWS::Serverless::StateMachine"))
+        waits_for_machines = {
+            logical_id for logical_id, resource in self.template.of_type("AWS::Serverless::Function").items()
+            if any(json.dumps({"Ref": m}) in json.dumps(resource) for m in machines)
+        }
+        queue = [(t, logical_id, resource) for t in order for logical_id, resource in self.template.of_type(t).items()
+                 if logical_id not in waits_for_machines]
+        queue += [("AWS::Serverless::Function", logical_id, self.template.resources[logical_id])
+                  for logical_id in sorted(waits_for_machines)]
+        for resource_type, logical_id, resource in queue:
+            if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
+                continue
+            getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
 
     def _physical_name(self, logical_id: str, limit: int = 64) -> str:
         return f"{STACK_NAME}-{logical_id}"[:limit]

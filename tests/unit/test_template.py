@@ -3,6 +3,7 @@
 import json
 import re
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -87,11 +88,23 @@ def test_log_groups_have_retention():
         assert "RetentionInDays" in resource["Properties"], logical_id
 
 
-def test_layer_pins_the_same_powertools_as_the_project():
-    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    pinned = next(d for d in project if d.startswith("aws-lambda-powertools"))
-    layer = (REPO_ROOT / "layers" / "hpops_core" / "requirements.txt").read_text().split()
-    assert pinned in layer
+def _pins(lines) -> dict[str, str]:
+    pins = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[name.split("[", 1)[0].strip().lower()] = version.strip()
+    return pins
+
+
+def test_layer_ships_the_sdk_and_libraries_the_tests_ran_with():
+    project = _pins(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    layer = _pins((REPO_ROOT / "layers" / "hpops_core" / "requirements.txt").read_text().splitlines())
+    # boto3 and botocore travel together, or Lambda mixes the runtime's boto3 with our botocore.
+    for name in ("aws-lambda-powertools", "boto3", "botocore", "s3transfer"):
+        assert layer.get(name) == project.get(name), name
+        assert layer[name] == metadata.version(name), f"{name}: the tests ran with {metadata.version(name)}"
 
 
 def test_outputs_name_what_operators_need():
