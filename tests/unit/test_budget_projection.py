@@ -420,11 +420,12 @@ def test_bad_posix_users_are_refused(user):
 
 
 def test_long_user_budget_names_fit_and_stay_unique():
-    a = user_budget_name_for("x" * 62 + "a", "u" * 32)
-    b = user_budget_name_for("x" * 62 + "b", "u" * 32)
+    cluster = "x" * 63
+    a = user_budget_name_for(cluster, "u" * 31 + "a")
+    b = user_budget_name_for(cluster, "u" * 31 + "b")
     assert len(a) <= 100 and len(b) <= 100
     assert a != b
-    assert a.endswith("-u-" + "u" * 32)
+    assert a.startswith(f"hpops-{cluster}-u-") and b.startswith(f"hpops-{cluster}-u-")
 
 
 @pytest.mark.parametrize(

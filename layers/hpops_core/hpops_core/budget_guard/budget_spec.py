@@ -200,17 +200,18 @@ def budget_name_for(cluster_name: str) -> str:
 
 
 def user_budget_name_for(cluster_name: str, posix_user: str) -> str:
-    """``hpops-<cluster>-u-<user>``; a 63-char cluster plus a 32-char user exceeds
-    Budgets' 100-char name limit, so then the cluster part is shortened and made
-    unique again with a short hash of the full cluster name."""
+    """``hpops-<cluster>-u-<user>``. A 63-char cluster plus a 32-char user exceeds Budgets'
+    100-char name limit; then the *user* part is shortened and made unique again with a short
+    hash of the full user name, so the name keeps the ``hpops-<cluster>-u-`` prefix that the
+    IAM policy in template.yaml names."""
     cluster = validate_cluster_name(cluster_name)
     user = _check_user(posix_user)
-    name = f"hpops-{cluster}-u-{user}"
-    if len(name) <= _BUDGET_NAME_MAX:
-        return name
-    digest = hashlib.sha256(cluster.encode()).hexdigest()[:8]
-    room = _BUDGET_NAME_MAX - len(f"hpops--{digest}-u-{user}")
-    return f"hpops-{cluster[:room]}-{digest}-u-{user}"
+    prefix = f"hpops-{cluster}-u-"
+    if len(prefix) + len(user) <= _BUDGET_NAME_MAX:
+        return prefix + user
+    digest = hashlib.sha256(user.encode()).hexdigest()[:8]
+    room = _BUDGET_NAME_MAX - len(prefix) - len(f"-{digest}")
+    return f"{prefix}{user[:room]}-{digest}"
 
 
 # --------------------------------------------------------------------------- specs

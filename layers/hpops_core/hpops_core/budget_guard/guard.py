@@ -14,7 +14,7 @@ one of these). Clients and tables are passed in; time is passed in.
 
 Warnings are plain dicts ``{"warning": <name>, "reason": <text>}``; the names are stable so
 operators can search logs for them: NoBudgetLimit, MalformedBudgetTag, ClusterTagMissing,
-NoUserBudgetLimit, UserBudgetNameTooLong, MissingHourlyPrice.
+NoUserBudgetLimit, MissingHourlyPrice.
 """
 
 from __future__ import annotations
@@ -129,22 +129,9 @@ def _ensure(budgets: Any, account_id: str, spec: dict[str, Any]) -> dict[str, st
 
 
 def _user_budget_names(config: EnsureBudgetsConfig) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
-    """(user, budget name) pairs this stack may manage, and warnings for the others.
-
-    IAM allows budgets named hpops-<cluster>-u-*; a very long cluster + user name is
-    shortened by user_budget_name_for and would fall outside that, so it is skipped."""
-    names, warnings = [], []
-    prefix = f"{budget_name_for(config.cluster_name)}-u-"
-    for user in config.users:
-        name = user_budget_name_for(config.cluster_name, user)
-        if name.startswith(prefix):
-            names.append((user, name))
-        else:
-            warnings.append(_warning(
-                "UserBudgetNameTooLong",
-                f"cluster and user name '{user}' are too long for a budget name under {prefix}*: no budget for this user",
-            ))
-    return names, warnings
+    """(user, budget name) pairs this stack manages; every name falls under the IAM policy's
+    hpops-<cluster>-u-* (user_budget_name_for shortens the user part, never the prefix)."""
+    return [(user, user_budget_name_for(config.cluster_name, user)) for user in config.users], []
 
 
 def ensure_budgets(
