@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit twin ssh checks lint build bench clean lifecycle
+.PHONY: demo test unit twin ssh checks lint build checkov bench clean lifecycle
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -29,7 +29,7 @@ ssh: $(STAMP)
 	$(BIN)/pytest -q -m realssh
 
 # Template and state machine checks, all offline.
-checks: lint build
+checks: lint build checkov
 
 lint: $(STAMP)
 	$(BIN)/sam validate --lint --template template.yaml
@@ -37,6 +37,18 @@ lint: $(STAMP)
 
 build: $(STAMP)
 	$(BIN)/sam build --template template.yaml --build-dir .aws-sam/build
+
+# checkov has its own venv: its pins would fight aws-sam-cli's. Skips are justified in
+# .checkov.yaml (every function) and in template.yaml (each resource's Metadata).
+CHECKOV := .venv-checkov
+$(CHECKOV)/.installed:
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	$(PYTHON) -m venv $(CHECKOV)
+	$(CHECKOV)/bin/pip install --quiet checkov==3.3.30
+	@touch $@
+
+checkov: $(CHECKOV)/.installed
+	$(CHECKOV)/bin/checkov --config-file .checkov.yaml
 
 bench: $(STAMP)
 	$(BIN)/hpops bench $(if $(JSON),--json $(JSON))
@@ -46,4 +58,4 @@ lifecycle: $(STAMP)
 	$(BIN)/hpops lifecycle --stack-name $(STACK) --out dist/lifecycle
 
 clean:
-	rm -rf .aws-sam .pytest_cache bench-results dist
+	rm -rf .aws-sam .pytest_cache bench-results dist .venv-checkov

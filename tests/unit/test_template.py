@@ -202,3 +202,14 @@ def test_every_custom_metric_alarm_watches_a_metric_the_code_emits_under_that_se
         assert alarm["MetricName"] in emitted, f"{logical_id} watches a metric nothing emits"
         dimension = {d["Name"]: d["Value"] for d in alarm["Dimensions"]}
         assert dimension.get("service") in services, f"{logical_id}: unknown service dimension"
+
+
+def test_every_checkov_skip_says_why():
+    config = (REPO_ROOT / ".checkov.yaml").read_text()
+    skipped = re.findall(r"^\s*-\s*(CKV_\w+)\s*$", config, re.M)
+    assert skipped, "no skip-check list found"
+    for check in skipped:
+        assert re.search(rf"^#\s+{check} \(.+\): \S", config, re.M), f"{check} skipped in .checkov.yaml without a reason"
+    for logical_id, resource in TEMPLATE.resources.items():
+        for skip in resource.get("Metadata", {}).get("checkov", {}).get("skip", []):
+            assert len(skip.get("comment", "")) > 20, f"{logical_id} skips {skip.get('id')} without a reason"
