@@ -92,10 +92,12 @@ def resolve_login_nodes(event: dict, context: LambdaContext) -> dict:
         config.cluster_name, config.login_group, event.get("ipCache") or {}, trust_cache=event.get("mode") != "repair"
     )
     serving = [n for n in listing.nodes if n.serving]
-    # Only an empty listing needs the cluster's status (for the safety guard): one call, not every pass.
-    status = login_nodes.cluster_status(config.cluster_name) if not serving else None
+    # Only an empty listing needs the cluster's status (for the safety guard): one call, not every
+    # pass, and none when the listing already said the cluster is gone.
+    status = listing.cluster_status or (login_nodes.cluster_status(config.cluster_name) if not serving else None)
     metrics.add_metric(name="LoginNodesServing", unit=MetricUnit.Count, value=len(serving))
-    logger.info("login group resolved", extra={"nodes": len(listing.nodes), "serving": len(serving), "described": listing.described})
+    logger.info("login group resolved", extra={"nodes": len(listing.nodes), "serving": len(serving),
+                                               "described": listing.described, "clusterStatus": status})
     return {
         "nodes": [{"instanceId": n.instance_id, "status": n.status, "ip": n.ip} for n in listing.nodes],
         "ipCache": listing.ip_cache,
@@ -111,7 +113,7 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
     config = SyncConfig.from_env()
     nodes = [LoginNode(instance_id=n["instanceId"], status=n["status"], ip=n.get("ip")) for n in event.get("nodes", [])]
     targets = target_group.describe_targets(config.target_group_arn)
-    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"))
+    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"), config.cluster_name)
     # Nodes whose host identity must be checked before they take traffic: every new one, and in
     # a repair every registered one too.
     instance_of = {n.ip: n.instance_id for n in nodes if n.ip}
@@ -129,12 +131,17 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def apply_target_changes(event: dict, context: LambdaContext) -> dict:
-    """{"register": [...], "deregister": [...]} -> one RegisterTargets and one DeregisterTargets call."""
+    """{"register": [...], "deregister": [...]} -> one RegisterTargets and one DeregisterTargets call.
+
+    The state machine calls this only when something changes; only then are the target group's
+    VPC CIDRs read (2 calls), which decide whether a target is named with AvailabilityZone=all.
+    """
     config = SyncConfig.from_env()
     register, deregister = list(event.get("register", [])), list(event.get("deregister", []))
+    cidrs = target_group.vpc_cidrs(config.target_group_arn) if register or deregister else ()
     # Register first: during a replacement the new node takes traffic before the old one leaves.
-    target_group.register_ips(config.target_group_arn, register, config.ssh_port)
-    target_group.deregister_ips(config.target_group_arn, deregister, config.ssh_port)
+    target_group.register_ips(config.target_group_arn, register, config.ssh_port, cidrs)
+    target_group.deregister_ips(config.target_group_arn, deregister, config.ssh_port, cidrs)
     metrics.add_metric(name="TargetsRegistered", unit=MetricUnit.Count, value=len(register))
     metrics.add_metric(name="TargetsDeregistered", unit=MetricUnit.Count, value=len(deregister))
     logger.info("target group updated", extra={"registered": register, "deregistered": deregister})

@@ -21,6 +21,7 @@ from typing import Any
 from unittest import mock
 
 import boto3
+from moto.sagemaker.exceptions import ResourceNotFound, ValidationError
 from moto.sagemaker.models import ClusterNode, sagemaker_backends
 
 STATE_CHANGE = "SageMaker HyperPod Cluster State Change"
@@ -55,6 +56,7 @@ class HyperPodSimulator:
         self.clock = clock
         self._ips = (str(ip) for ip in itertools.islice(ipaddress.ip_network(cidr).hosts(), 10, None))
         self._sagemaker = boto3.session.Session().client("sagemaker", region_name=region)
+        self._deleted: dict[str, Any] = {}  # name -> the cluster as it was (no nodes), once deleted
 
     # ------------------------------------------------------------------ state
     @property
@@ -62,6 +64,9 @@ class HyperPodSimulator:
         return sagemaker_backends[self.account_id][self.region]
 
     def cluster(self, name: str):
+        """The cluster; after delete_cluster, its last state (status Deleting, no nodes)."""
+        if name not in self.backend.clusters and name in self._deleted:
+            return self._deleted[name]
         return self.backend.clusters[name]
 
     def nodes(self, cluster: str, group: str | None = None) -> list[SimulatedNode]:
@@ -163,6 +168,42 @@ class HyperPodSimulator:
             self._recount(cluster, spec["InstanceGroupName"])
         self.cluster(cluster).status = "InService"
         return events + [self.state_change_event(cluster)]
+
+    def delete_cluster(self, cluster: str) -> list[dict]:
+        """DeleteCluster: HyperPod reports Deleting, terminates every node, and the cluster is gone.
+
+        From then on ListClusterNodes, DescribeCluster and DescribeClusterNode answer ResourceNotFound
+        (the error code botocore's model gives them), as SageMaker does. Returns the Deleting event.
+        """
+        gone = self.cluster(cluster)
+        gone.status = "Deleting"
+        event = self.state_change_event(cluster)
+        self._sagemaker.delete_cluster(ClusterName=cluster)
+        # moto forgets it; the simulator keeps it, node-less, so the twin's view of the truth resolves.
+        gone.nodes = {}
+        self._deleted[cluster] = gone
+        self._answer_not_found_like_sagemaker()
+        return [event]
+
+    def _answer_not_found_like_sagemaker(self) -> None:
+        """moto answers ValidationException "Could not find cluster ..." for a missing cluster or
+        node; SageMaker answers ResourceNotFound. Installed on this backend instance only (a moto
+        reset starts a fresh one), and it looks the real method up at call time, so class-level
+        patches such as listing_outage still apply."""
+        backend = self.backend
+        for operation in ("describe_cluster", "list_cluster_nodes", "describe_cluster_node"):
+            if operation in vars(backend):
+                continue
+
+            def answer(*args: Any, _operation: str = operation, **kwargs: Any) -> Any:
+                try:
+                    return getattr(type(backend), _operation)(backend, *args, **kwargs)
+                except ValidationError as error:
+                    if error.message.startswith(("Could not find cluster", "Could not find node")):
+                        raise ResourceNotFound(error.message.replace("Could not find", "Resource not found:", 1)) from None
+                    raise
+
+            setattr(backend, operation, answer)
 
     @contextmanager
     def listing_outage(self, cluster: str, group: str) -> Iterator[None]:

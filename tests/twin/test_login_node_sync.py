@@ -9,8 +9,31 @@ from unittest import mock
 
 import pytest
 from moto.elbv2.models import ELBv2Backend
+from moto.stepfunctions.parser.asl.component.state.choice.comparison.comparison_operator_type import (
+    ComparisonOperatorType,
+)
+from moto.stepfunctions.parser.asl.component.state.choice.comparison.comparison_variable import ComparisonVariable
+from moto.stepfunctions.parser.asl.component.state.choice.comparison.variable import NoSuchVariable
+from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 
 from hpops_core.aws import sync_lease
+from hpops_core.host_identity import verifier
+
+
+@pytest.fixture
+def choice_rules_as_strict_as_aws():
+    """On AWS a Choice rule whose Variable path is absent fails the execution with States.Runtime
+    (only IsPresent may look at an absent path); moto's interpreter quietly takes the rule as false."""
+
+    def evaluate(rule, env):
+        rule.variable.eval(env)
+        if isinstance(env.stack[-1], NoSuchVariable) and rule.comparison_function.operator_type != ComparisonOperatorType.IsPresent:
+            # moto turns this into States.Runtime for the state, as it does for any missing path.
+            raise NoSuchJsonPathError(json_path=rule.variable.string_sampler.literal_value, data=env.states.get_input())
+        rule.comparison_function.eval(env)
+
+    with mock.patch.object(ComparisonVariable, "_eval_body", evaluate):
+        yield
 
 
 def login_node(world, index=0):
@@ -112,6 +135,73 @@ def test_cluster_being_deleted_drains_the_target_group(synced_world):
         node.status = "ShuttingDown"
     assert_all_succeeded(world.wait([world.run_schedule()]))
     assert world.target_ips() == []
+
+
+def test_deleted_cluster_drains_the_target_group_and_every_sweep_succeeds(synced_world):
+    world = synced_world
+    registered = world.target_ips()
+    world.sim.delete_cluster(world.cluster_name)  # SageMaker now answers ResourceNotFound for it
+
+    first = world.wait([world.run_schedule()])[0]
+    assert first.status == "SUCCEEDED", (first.error, first.cause)
+    assert world.targets() == [], "every SSH target drained; the deregistration delay covers open sessions"
+    assert first.output["plan"]["reasons"] == [
+        f"deregister {ip}: cluster {world.cluster_name} no longer exists" for ip in registered
+    ]
+    assert "holder" not in world.lease_item()
+
+    world.counter.reset()
+    second = world.wait([world.run_schedule()])[0]
+    assert second.status == "SUCCEEDED", (second.error, second.cause)
+    assert second.output["plan"]["hasChanges"] is False
+    assert world.targets() == []
+    assert world.counter.calls["elastic-load-balancing-v2.RegisterTargets"] == 0
+    assert world.counter.calls["elastic-load-balancing-v2.DeregisterTargets"] == 0
+    assert world.counter.calls["sagemaker.DescribeCluster"] == 0, "the listing already said the cluster is gone"
+
+
+def test_a_cluster_never_seen_keeps_the_targets_it_did_not_register(world):
+    """A stack pointed at a wrong ClusterName (or region) with an existing, populated target group:
+    ResourceNotFound there means a typo, not a deletion, so nothing is drained and the guard pages."""
+    world.aws.client("elbv2").register_targets(
+        TargetGroupArn=world.target_group_arn(), Targets=[{"Id": "10.1.0.200", "Port": 22}])
+    world.sim.delete_cluster(world.cluster_name)  # never listed by this stack: its IP cache is empty
+
+    result = world.wait([world.run_schedule()])[0]
+    assert result.status == "FAILED" and result.error == "EmptyListingGuardError"
+    assert "never seen by this stack" in result.cause
+    assert world.target_ips() == ["10.1.0.200"]
+    assert "holder" not in world.lease_item()
+
+
+def test_a_node_whose_verification_task_fails_stays_out_and_the_sync_succeeds(synced_world, choice_rules_as_strict_as_aws):
+    """The verifier task fails (here: the Lambda crashes) before any verdict exists, so the map's
+    Catch reaches StillAcceptable without $.before: that must route to Rejected, not States.Runtime."""
+    world = synced_world
+    if world.resolver.parameters["HostIdentityMode"] == "off":
+        pytest.skip("host identity checks are off in this twin (no ssh-keygen)")
+    victim = login_node(world)
+    world.sim.replace_node(world.cluster_name, victim.instance_id)
+    world.sim.finish_provisioning(world.cluster_name)
+    new = next(n for n in world.sim.nodes(world.cluster_name, world.login_group) if n.ip not in world.target_ips())
+    survivors = sorted(n.ip for n in world.sim.nodes(world.cluster_name, world.login_group) if n is not new)
+    read_keys = verifier.read_presented_public_keys  # the twin's node hosts
+
+    def crash_on_the_new_node(ip, *args, **kwargs):
+        if ip == new.ip:
+            raise RuntimeError("verifier crashed")
+        return read_keys(ip, *args, **kwargs)
+
+    with mock.patch.object(verifier, "read_presented_public_keys", crash_on_the_new_node):
+        result = world.wait([world.run_schedule()])[0]
+    assert result.status == "SUCCEEDED", (result.error, result.cause)
+    assert world.target_ips() == survivors, "the old node left, the unverified one stayed out"
+    entered = [e["stateEnteredEventDetails"]["name"] for e in world.history(result.arn)
+               if e["type"].endswith("StateEntered")]
+    assert "RejectOnError" in entered and "Rejected" in entered and "RememberFirstVerdict" not in entered
+
+    assert_all_succeeded(world.wait([world.run_schedule()]))
+    assert new.ip in world.target_ips() and world.converged(), "the next sync lets it in once it verifies"
 
 
 def test_dry_run_reports_the_plan_and_changes_nothing(synced_world):

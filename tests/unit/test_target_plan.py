@@ -86,3 +86,13 @@ def test_empty_listing_and_empty_target_group_is_fine():
 def test_plan_is_deterministic_whatever_the_input_order():
     nodes = [node(3), node(1), node(2)]
     assert plan_targets(nodes, [], PORT, None) == plan_targets(list(reversed(nodes)), [], PORT, None)
+
+
+def test_draining_a_gone_cluster_says_why_in_each_reason():
+    plan = plan_targets([], [target(1), target(2)], PORT, "NotFound", "ml-research")
+    assert plan.reasons == (
+        "deregister 10.0.0.1: cluster ml-research no longer exists",
+        "deregister 10.0.0.2: cluster ml-research no longer exists",
+    )
+    deleting = plan_targets([], [target(1)], PORT, "Deleting", "ml-research")
+    assert deleting.reasons == ("deregister 10.0.0.1: cluster ml-research is being deleted",)

@@ -6,6 +6,7 @@ output is a TargetPlan with one human-readable reason per change. Tests need no 
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +15,10 @@ from typing import Any
 # A draining target is on its way out: if its IP is wanted again it must be re-registered.
 LEAVING_STATES = frozenset({"draining"})
 
-# Cluster states in which an empty login listing is believable and draining every target is right.
-CLUSTER_GONE_STATES = frozenset({"Deleting", "NotFound"})
+# Cluster states in which an empty login listing is believable and draining every target is right,
+# with what a deregistration then tells the operator. "NotFound": SageMaker no longer knows the cluster.
+CLUSTER_GONE_REASONS = {"Deleting": "cluster {cluster} is being deleted", "NotFound": "cluster {cluster} no longer exists"}
+CLUSTER_GONE_STATES = frozenset(CLUSTER_GONE_REASONS)
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,14 @@ def plan_targets(
     targets: Iterable[Target],
     ssh_port: int,
     cluster_status: str | None,
+    cluster: str = "the cluster",
 ) -> TargetPlan:
     """Make the target group's SSH-port targets equal the IPs of Running login nodes.
 
     `cluster_status` is only needed (and only looked up) when no login node is Running: an empty
     listing while the cluster is live is far more likely an outage or a misconfiguration than a
     login tier that really went away, so we refuse to cut every user off and raise the alarm.
+    `cluster` names the cluster in the reasons.
     """
     nodes = sorted(nodes, key=lambda n: n.instance_id)
     targets = list(targets)
@@ -114,10 +119,25 @@ def plan_targets(
         else:
             register.append(ip)
             reasons.append(f"register {ip}: {instance_id} is Running and not in the target group")
+    why_gone = CLUSTER_GONE_REASONS.get(cluster_status or "", "no Running login node has this IP").format(cluster=cluster)
     for ip in sorted(registered):
         if ip not in desired:
             deregister.append(ip)
-            reasons.append(f"deregister {ip}: no Running login node has this IP")
+            reasons.append(f"deregister {ip}: {why_gone}")
     for target in other_ports:
         reasons.append(f"leave {target}: not the SSH port {ssh_port}")
     return TargetPlan(tuple(register), tuple(deregister), tuple(keep), tuple(reasons), None, other_ports)
+
+
+def availability_zone_for(ip: str, vpc_cidrs: Iterable[str]) -> str | None:
+    """The AvailabilityZone to name an IP target with: "all" outside the target group's VPC, else None.
+
+    ELBv2 requires AvailabilityZone=all for an IP target outside the target group's VPC (a node in a
+    peered VPC), for RegisterTargets and DeregisterTargets alike; inside it, AWS detects the zone
+    and we leave the field out. `vpc_cidrs` are the VPC's IPv4 blocks, so only IPv4 is judged.
+    """
+    address = ipaddress.ip_address(ip)
+    if address.version != 4:
+        return None
+    inside = any(address in ipaddress.ip_network(cidr) for cidr in vpc_cidrs)
+    return None if inside else "all"

@@ -22,6 +22,18 @@ class LoginGroupListing:
     nodes: tuple[LoginNode, ...]
     ip_cache: dict[str, str]  # pruned to the nodes that still exist
     described: int  # DescribeClusterNode calls made (cache misses)
+    cluster_status: str | None = None  # "NotFound" when the listing itself said the cluster is gone
+
+
+NEVER_SEEN = "not found, and never seen by this stack (check ClusterName and the region)"
+
+
+def not_found(error: ClientError) -> bool:
+    """SageMaker's answer for a cluster (or node) that does not exist, e.g. after the cluster was deleted."""
+    code = error.response.get("Error", {}).get("Code", "")
+    message = error.response.get("Error", {}).get("Message", "")
+    # moto answers ValidationException "Could not find cluster/node ..." where AWS says ResourceNotFound.
+    return code == "ResourceNotFound" or message.startswith(("Could not find cluster", "Could not find node"))
 
 
 def list_login_group(cluster: str, group: str) -> list[dict]:
@@ -46,9 +58,7 @@ def cluster_status(cluster: str) -> str:
         with transient_errors_named("sagemaker:DescribeCluster"):
             return client("sagemaker").describe_cluster(ClusterName=cluster)["ClusterStatus"]
     except ClientError as error:
-        code = error.response.get("Error", {}).get("Code", "")
-        message = error.response.get("Error", {}).get("Message", "")
-        if code == "ResourceNotFound" or "Could not find cluster" in message:
+        if not_found(error):
             return "NotFound"
         raise
 
@@ -56,8 +66,20 @@ def cluster_status(cluster: str) -> str:
 def resolve_login_group(
     cluster: str, group: str, ip_cache: Mapping[str, str], trust_cache: bool = True
 ) -> LoginGroupListing:
-    """Current login nodes with IPs. `trust_cache=False` (manual repair) re-describes every node."""
-    summaries = list_login_group(cluster, group)
+    """Current login nodes with IPs. `trust_cache=False` (manual repair) re-describes every node.
+
+    A deleted cluster lists no node and says so (cluster_status "NotFound"), so that its targets
+    are drained instead of every sync failing on ResourceNotFound. A cluster this stack has never
+    listed a node of (an empty IP cache) is more likely a wrong ClusterName or region than a
+    deleted cluster: its status says so, and the plan's safety guard keeps the targets.
+    """
+    try:
+        summaries = list_login_group(cluster, group)
+    except ClientError as error:
+        if not_found(error):
+            status = "NotFound" if ip_cache else NEVER_SEEN
+            return LoginGroupListing(nodes=(), ip_cache={}, described=0, cluster_status=status)
+        raise
     new_cache: dict[str, str] = {}
     nodes: list[LoginNode] = []
     described = 0
@@ -66,8 +88,14 @@ def resolve_login_group(
         status = summary.get("InstanceStatus", {}).get("Status", "Unknown")
         ip = ip_cache.get(instance_id) if trust_cache else None
         if ip is None and status == "Running":
-            ip = describe_private_ip(cluster, instance_id)
             described += 1
+            try:
+                ip = describe_private_ip(cluster, instance_id)
+            except ClientError as error:
+                # Gone since it was listed (the node, or the whole cluster): it serves nothing.
+                if not not_found(error):
+                    raise
+                status = "NotFound"
         if ip:
             new_cache[instance_id] = ip
         nodes.append(LoginNode(instance_id=instance_id, status=status, ip=ip))

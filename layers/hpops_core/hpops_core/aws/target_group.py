@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hpops_core.aws.clients import client, transient_errors_named
-from hpops_core.target_plan import Target
+from hpops_core.target_plan import Target, availability_zone_for
 
 
 def describe_targets(target_group_arn: str) -> list[Target]:
@@ -22,19 +22,43 @@ def describe_targets(target_group_arn: str) -> list[Target]:
     ]
 
 
-def register_ips(target_group_arn: str, ips: Sequence[str], port: int) -> None:
+def vpc_cidrs(target_group_arn: str) -> tuple[str, ...]:
+    """The IPv4 CIDR blocks of the target group's VPC (primary and associated secondary ones).
+
+    Read when targets change, not cached across invocations: a secondary CIDR can be associated
+    at any time, and a stale list would name an in-VPC node with AvailabilityZone=all.
+    """
+    with transient_errors_named("elbv2:DescribeTargetGroups"):
+        group = client("elbv2").describe_target_groups(TargetGroupArns=[target_group_arn])["TargetGroups"][0]
+    with transient_errors_named("ec2:DescribeVpcs"):
+        vpc = client("ec2").describe_vpcs(VpcIds=[group["VpcId"]])["Vpcs"][0]
+    associated = {
+        a["CidrBlock"] for a in vpc.get("CidrBlockAssociationSet", [])
+        if a.get("CidrBlockState", {}).get("State") == "associated"
+    }
+    return tuple(sorted(associated | {vpc["CidrBlock"]}))
+
+
+def _descriptions(ips: Sequence[str], port: int, cidrs: Sequence[str]) -> list[dict]:
+    # The same description for both calls: AWS requires AvailabilityZone=all to deregister an
+    # outside-VPC IP as well as to register it.
+    descriptions = []
+    for ip in ips:
+        zone = availability_zone_for(ip, cidrs)
+        descriptions.append({"Id": ip, "Port": port} | ({"AvailabilityZone": zone} if zone else {}))
+    return descriptions
+
+
+def register_ips(target_group_arn: str, ips: Sequence[str], port: int, cidrs: Sequence[str]) -> None:
+    """`cidrs`: the target group's VPC CIDRs (vpc_cidrs), which decide each target's AvailabilityZone."""
     if not ips:
         return
     with transient_errors_named("elbv2:RegisterTargets"):
-        client("elbv2").register_targets(
-            TargetGroupArn=target_group_arn, Targets=[{"Id": ip, "Port": port} for ip in ips]
-        )
+        client("elbv2").register_targets(TargetGroupArn=target_group_arn, Targets=_descriptions(ips, port, cidrs))
 
 
-def deregister_ips(target_group_arn: str, ips: Sequence[str], port: int) -> None:
+def deregister_ips(target_group_arn: str, ips: Sequence[str], port: int, cidrs: Sequence[str]) -> None:
     if not ips:
         return
     with transient_errors_named("elbv2:DeregisterTargets"):
-        client("elbv2").deregister_targets(
-            TargetGroupArn=target_group_arn, Targets=[{"Id": ip, "Port": port} for ip in ips]
-        )
+        client("elbv2").deregister_targets(TargetGroupArn=target_group_arn, Targets=_descriptions(ips, port, cidrs))
