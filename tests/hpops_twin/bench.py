@@ -15,7 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import StuckExecutionError, TwinWorld
 
 SIZES = (10, 100, 1000, 5000)
 LOGIN_NODES = 4
@@ -168,6 +168,16 @@ def render(rows: list[Row]) -> str:
 
 
 def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> int:
+    """Print the tables and the targets; 0 when every target is met, 1 when one is missed, 2 when
+    a scenario could not be measured (one line says which and why, instead of a hang)."""
+    try:
+        return _run_bench(json_path, sizes)
+    except (StuckExecutionError, RuntimeError) as error:
+        print(f"bench stopped: {error}", flush=True)
+        return 2
+
+
+def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     rows = [row for size in sizes for row in bench_size(size)]
     certificate_rows = certificate_mode_rows()
     rows += certificate_rows

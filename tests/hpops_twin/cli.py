@@ -1,7 +1,8 @@
 """`hpops`: the operator's command line.
 
     hpops demo [--json FILE]                 the whole story in the local twin
-    hpops twin send EVENT.json [...]         run saved events through the twin
+    hpops twin send EVENT.json [...] [--cluster NAME --cluster-id ID --login-group GROUP]
+                                             run saved events through the twin
     hpops status  --stack-name S | --twin    target group vs login nodes, recent executions
     hpops repair  --stack-name S | --twin [--dry-run]
     hpops bench [--json FILE]                API calls, state transitions, times (the twin)
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -59,22 +61,61 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.json)
 
 
+def _cluster_hints(event: dict, world: Any) -> list[str]:
+    """Why an event may have matched no rule: it names another cluster, cluster id or login group."""
+    detail = event.get("detail") if isinstance(event.get("detail"), dict) else {}
+    named = detail.get("EventDetails") if isinstance(detail.get("EventDetails"), dict) else detail
+    hints = []
+    if named.get("ClusterName") and named["ClusterName"] != world.cluster_name:
+        hints.append(f"it names cluster {named['ClusterName']}, the twin's is {world.cluster_name} (--cluster)")
+    target = str((detail.get("requestParameters") or {}).get("target") or "")
+    session = re.fullmatch(r"sagemaker-cluster:([^_]+)_(.+)-(i-[^-]+)", target)
+    if session and (session[1], session[2]) != (world.cluster_id, world.login_group):
+        hints.append(f"its target is cluster id {session[1]}, group {session[2]}; the twin's are "
+                     f"{world.cluster_id}, {world.login_group} (--cluster-id, --login-group)")
+    return hints
+
+
 def cmd_twin_send(args: argparse.Namespace) -> int:
-    from hpops_twin.world import TwinWorld
+    from hpops_twin.world import StuckExecutionError, TwinWorld
 
     events = []
     for path in args.events:
         with open(path, encoding="utf-8") as handle:
             loaded = json.load(handle)
         events.extend(loaded if isinstance(loaded, list) else [loaded])
-    with TwinWorld(cluster_name=args.cluster) as world:
-        print(f"twin cluster {world.cluster_name}: login nodes {', '.join(world.login_truth())}")
+    try:
+        twin = TwinWorld(cluster_name=args.cluster, cluster_id=args.cluster_id, login_group=args.login_group,
+                         worker_group="workers" if args.login_group == "gpu" else "gpu")
+    except ValueError as error:
+        print(f"twin send: {error}")
+        return 2
+    with twin as world:
+        running = sorted(n.ip for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running")
+        print(f"twin cluster {world.cluster_name} (id {world.cluster_id}), login group {world.login_group}: "
+              f"Running login nodes {', '.join(running)}")
         failed = 0
         for event in events:  # one at a time, so each plan reads the previous one's result
-            started = world.publish([event]) if "detail-type" in event else [world.start_raw(event)]
+            label = f"event {event.get('id', '?')} ({event.get('detail-type', 'input')})"
+            if "detail-type" in event:
+                outcome = world.put_events([event])
+                refused = outcome.entries[0]
+                if "ErrorCode" in refused:
+                    print(f"{label}: refused, not delivered: {refused['ErrorCode']}: {refused['ErrorMessage']}")
+                    failed += 1
+                    continue
+                started = outcome.started
+            else:
+                started = [world.start_raw(event)]
             if not started:
-                print(f"event {event.get('id', '?')} ({event.get('detail-type', 'input')}): matched no rule")
-            for result in world.wait(started):
+                print(f"{label}: matched no rule" + "".join(f"; {hint}" for hint in _cluster_hints(event, world)))
+            try:
+                results = world.wait(started)
+            except StuckExecutionError as error:
+                print(f"{label}: {error}")
+                failed += 1
+                continue
+            for result in results:
                 failed += result.status != "SUCCEEDED"
                 _describe_result(vars(result))
         _print_targets(world.targets(), world.login_truth())
@@ -238,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     send = twin_commands.add_parser("send", help="run saved events (events/*.json) through the twin")
     send.add_argument("events", nargs="+", metavar="EVENT.json")
     send.add_argument("--cluster", default="ml-research", help="twin cluster name (the saved events use ml-research)")
+    send.add_argument("--cluster-id", help="twin cluster id, the last segment of its ARN (default: derived from the name)")
+    send.add_argument("--login-group", default="login", help="the twin cluster's login instance group (default login)")
     send.set_defaults(func=cmd_twin_send)
 
     for name, func, text in (("status", cmd_status, "target group vs Running login nodes"),

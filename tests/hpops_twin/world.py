@@ -17,6 +17,8 @@ import copy
 import io
 import json
 import os
+import re
+import threading
 import time
 import traceback
 import uuid
@@ -30,8 +32,12 @@ from unittest import mock
 import boto3
 import yaml
 from moto import mock_aws
+from moto.events.exceptions import ValidationException as EventsValidationException
 from moto.events.models import EventPattern, EventsBackend
 from moto.stepfunctions.models import StateMachine as MotoStateMachine
+from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
+from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
 from hpops_core.aws import clients as hpops_clients
 from hpops_core.host_identity import certificates, verifier
@@ -75,6 +81,102 @@ def _clone_state_machine_without_history(machine: Any, memo: dict) -> Any:
     return clone
 
 
+class OneParseAtATime:
+    """moto parses an execution's definition on the execution's own thread, and its Preprocessor
+    keeps the query-language scope stack in a class attribute shared by every parse
+    (moto/stepfunctions/parser/asl/parse/preprocessor.py, `_query_language_per_scope`). Two parses
+    at once see each other's scopes: one can find the stack non-empty, then empty a moment later,
+    and die with IndexError, leaving its execution RUNNING for ever. Parses here take turns."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Lock()
+        self._count = threading.Lock()
+        self.waiting = 0  # parses waiting for their turn (lets a test stage two parses at once)
+
+    def parse(self, definition: str) -> Any:
+        with self._count:
+            self.waiting += 1
+        try:
+            self._turn.acquire()
+        finally:
+            with self._count:
+                self.waiting -= 1
+        try:
+            return _REAL_ASL_PARSE(definition)
+        finally:
+            # A parse that raised mid-way leaves its scopes behind; the next one would inherit them.
+            Preprocessor._query_language_per_scope.clear()
+            self._turn.release()
+
+
+_REAL_ASL_PARSE = AmazonStateLanguageParser.parse
+ASL_PARSING = OneParseAtATime()  # one per process: the shared scope stack is per process
+
+
+class StuckExecutionError(TimeoutError):
+    """An execution that will not finish: moto's interpreter thread died, or it ran past the bound."""
+
+    def __init__(self, execution_arn: str, last_state: str | None, elapsed: float, bound: float, crash: str | None):
+        self.execution_arn, self.last_state, self.elapsed, self.bound, self.crash = execution_arn, last_state, elapsed, bound, crash
+        where = f"last state {last_state!r}" if last_state else "no state entered"
+        if crash:
+            reason = f"moto's interpreter thread died after {elapsed:.1f}s ({where}): {crash}"
+        else:
+            reason = f"still RUNNING after the {bound:g}s bound ({where})"
+        super().__init__(f"execution {execution_arn.rsplit(':', 1)[-1]} ({execution_arn}) is stuck: {reason}")
+
+
+def _recording_interpreter_crashes(crashes: dict[str, str]):
+    real = ExecutionWorker._execution_logic
+
+    def execution_logic(worker: ExecutionWorker) -> None:
+        try:
+            real(worker)
+        except Exception as error:  # re-raised: the thread still dies as before, but wait() knows why
+            crashes[worker._evaluation_details.execution_details.arn] = f"{type(error).__name__}: {error}"
+            raise
+
+    return execution_logic
+
+
+# EventBridge's PutEvents entry size: Time counts 14 bytes, Source, DetailType, Detail and each
+# Resources entry their UTF-8 bytes, and the total must be under 256 KB ("Calculating Amazon
+# EventBridge PutEvents event entry size").
+PUT_EVENTS_ENTRY_LIMIT = 256 * 1024
+
+
+def put_events_entry_size(entry: dict) -> int:
+    size = 14 if entry.get("Time") is not None else 0
+    for name in ("Source", "DetailType", "Detail"):
+        size += len((entry.get(name) or "").encode("utf-8"))
+    return size + sum(len(r.encode("utf-8")) for r in entry.get("Resources") or [] if r is not None)
+
+
+def entry_of(event: dict) -> dict:
+    """The PutEvents entry an event envelope came from (its Detail as compact JSON)."""
+    detail = event.get("detail")
+    return {"Time": event.get("time"), "Source": event.get("source"), "DetailType": event.get("detail-type"),
+            "Detail": None if detail is None else json.dumps(detail, separators=(",", ":"), ensure_ascii=False),
+            "Resources": event.get("resources") or []}
+
+
+def refusal(event: dict) -> dict | None:
+    """Why EventBridge would not deliver this event to the twin's rules, as a failed PutEvents
+    result entry ({"ErrorCode", "ErrorMessage"}), or None when it would."""
+    size = put_events_entry_size(entry_of(event))
+    if size >= PUT_EVENTS_ENTRY_LIMIT:
+        return {"ErrorCode": "InvalidArgument",
+                "ErrorMessage": f"entry size {size:,} bytes; EventBridge takes entries under {PUT_EVENTS_ENTRY_LIMIT:,} (256 KB)"}
+    # An AWS service event reaches only the buses of the account and region it happened in.
+    if event.get("account", ACCOUNT_ID) != ACCOUNT_ID:
+        return {"ErrorCode": "InvalidAccountIdException",
+                "ErrorMessage": f"event for account {event['account']}; this twin is account {ACCOUNT_ID}"}
+    if event.get("region", REGION) != REGION:
+        return {"ErrorCode": "InvalidArgument",
+                "ErrorMessage": f"event from region {event['region']}; this twin is region {REGION}"}
+    return None
+
+
 @dataclass
 class ExecutionResult:
     arn: str
@@ -88,6 +190,16 @@ class ExecutionResult:
     @property
     def end_state(self) -> str | None:
         return (self.output or {}).get("_end_state")
+
+
+@dataclass
+class PutEventsOutcome:
+    entries: list[dict] = field(default_factory=list)  # one per event, in order, as PutEvents returns them
+    started: list[str] = field(default_factory=list)  # execution ARNs the delivered events started
+
+    @property
+    def failed_entry_count(self) -> int:
+        return sum(1 for e in self.entries if "ErrorCode" in e)
 
 
 @dataclass
@@ -137,6 +249,10 @@ def _delivering_put_events(world: TwinWorld):
     real_put_events = EventsBackend.put_events
 
     def put_events(backend: EventsBackend, events: list[dict]) -> list[dict]:
+        # moto has no size limit; EventBridge refuses the whole request when its entries add up
+        # to more than 256 KB (so also when one entry alone does).
+        if sum(put_events_entry_size(e) for e in events) >= PUT_EVENTS_ENTRY_LIMIT:
+            raise EventsValidationException("Total size of the entries in the request is over the limit.")
         entries = real_put_events(backend, events)
         for event, entry in zip(events, entries):
             if "EventId" in entry:
@@ -151,6 +267,7 @@ class TwinWorld:
         self,
         cluster_name: str = "ml-research",
         login_group: str = "login",
+        cluster_id: str | None = None,  # last segment of the cluster ARN; by default derived from the name
         login_count: int = 3,
         worker_group: str = "gpu",
         worker_count: int = 8,
@@ -160,6 +277,7 @@ class TwinWorld:
         self.parameter_overrides = dict(parameters or {})
         self.cluster_name = cluster_name
         self.login_group = login_group
+        self.cluster_id = cluster_id
         self.login_count = login_count
         self.worker_group = worker_group
         self.worker_count = worker_count
@@ -172,7 +290,22 @@ class TwinWorld:
         self.function_rules: dict[str, dict] = {}  # rule name -> {"pattern", "bus", "function", "dlq"}
         self.delivery_failures: list[dict] = []  # events a function target rejected (sent to the DLQ)
         self.agent_errors: list[str] = []  # tracebacks of node agent ticks that raised
+        self.refused: list[tuple[dict, dict]] = []  # (event, failed PutEvents entry) not delivered
+        self.interpreter_crashes: dict[str, str] = {}  # execution ARN -> why moto's interpreter thread died
         self._stack: list[Any] = []
+        self._check_identity()
+
+    def _check_identity(self) -> None:
+        """The cluster's name, id and login group become stack parameters: CloudFormation would
+        refuse values outside the template's AllowedPattern, and so does the twin, before starting."""
+        arn_of_id = f"arn:aws:sagemaker:{REGION}:{ACCOUNT_ID}:cluster/{self.cluster_id}"
+        values = {"ClusterName": self.cluster_name, "LoginGroupName": self.login_group}
+        if self.cluster_id is not None:
+            values["ClusterArn"] = arn_of_id
+        for name, value in values.items():
+            pattern = self.template.raw["Parameters"][name].get("AllowedPattern")
+            if pattern and not re.fullmatch(pattern, value):
+                raise ValueError(f"{name} {value!r} does not match the template's AllowedPattern {pattern}")
 
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> TwinWorld:
@@ -185,6 +318,10 @@ class TwinWorld:
         clone_fix = mock.patch.object(MotoStateMachine, "__deepcopy__", _clone_state_machine_without_history, create=True)
         clone_fix.start()
         self._stack.append(clone_fix)
+        for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
+                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes))):
+            fix.start()
+            self._stack.append(fix)
         aws = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
         aws.start()
         self._stack.append(aws)
@@ -252,6 +389,10 @@ class TwinWorld:
             self.login_group: ("ml.m5.4xlarge", self.login_count),
             self.worker_group: ("ml.p5.48xlarge", self.worker_count),
         })
+        cluster = self.sim.cluster(self.cluster_name)
+        if self.cluster_id is not None:  # the simulator derives an id from the name; a replayed event names its own
+            cluster.arn = f"{cluster.arn.rsplit('/', 1)[0]}/{self.cluster_id}"
+        self.cluster_id = cluster.arn.rsplit("/", 1)[-1]
         ec2 = self.aws.client("ec2")
         vpc_id = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
         subnets = [
@@ -450,16 +591,27 @@ class TwinWorld:
         return self.resolver.resolve(spec["Value"])
 
     def publish(self, events: list[dict]) -> list[str]:
-        """PutEvents: start one execution per (event, matching rule), as EventBridge would."""
-        started = []
+        """PutEvents: start one execution per (event, matching rule), as EventBridge would.
+        Events EventBridge would refuse start nothing (see put_events, and `refused`)."""
+        return self.put_events(events).started
+
+    def put_events(self, events: list[dict]) -> PutEventsOutcome:
+        """Like publish, with PutEvents' result entries: {"EventId"} for a delivered event,
+        {"ErrorCode", "ErrorMessage"} for one EventBridge would refuse."""
+        outcome = PutEventsOutcome()
         for event in events:
+            failed = refusal(event)
+            outcome.entries.append(failed or {"EventId": event.get("id") or str(uuid.uuid4())})
+            if failed:
+                self.refused.append((event, failed))
+                continue
             for name, rule in self.rules.items():
                 if rule["kind"] != "EventBridgeRule":
                     continue
                 # moto's TestEventPattern API is a stub; its rule matcher (used for its own targets) is real.
                 if EventPattern.load(json.dumps(rule["pattern"])).matches_event(event):
-                    started.append(self._start(rule["state_machine"], event, name, event.get("id")))
-        return started
+                    outcome.started.append(self._start(rule["state_machine"], event, name, event.get("id")))
+        return outcome
 
     def run_schedule(self, name: str = "Sweep") -> str:
         rule = self.rules[name]
@@ -514,16 +666,21 @@ class TwinWorld:
 
     # ------------------------------------------------------------------ observation
     def wait(self, execution_arns: list[str], timeout: float = 60) -> list[ExecutionResult]:
+        """The executions' results once each has ended. Raises StuckExecutionError, naming the
+        execution and its last state, as soon as moto's interpreter thread for one has died, or
+        when `timeout` seconds (a bound far above a normal run) have passed."""
         sfn = self.aws.client("stepfunctions")
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
         results = []
         for arn in execution_arns:
             while True:
                 described = sfn.describe_execution(executionArn=arn)
                 if described["status"] != "RUNNING":
                     break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"execution {arn} still RUNNING after {timeout}s")
+                crash = self.interpreter_crashes.get(arn)
+                elapsed = time.monotonic() - began
+                if crash or elapsed > timeout:
+                    raise StuckExecutionError(arn, self.last_state(arn), elapsed, timeout, crash)
                 time.sleep(0.02)
             results.append(ExecutionResult(
                 arn=arn, name=arn.rsplit(":", 1)[-1], status=described["status"],
@@ -544,6 +701,11 @@ class TwinWorld:
     def history(self, execution_arn: str) -> list[dict]:
         pages = self.aws.client("stepfunctions").get_paginator("get_execution_history").paginate(executionArn=execution_arn)
         return [e for page in pages for e in page["events"]]
+
+    def last_state(self, execution_arn: str) -> str | None:
+        """The state the execution entered last, from its history (None before the first)."""
+        entered = [e for e in self.history(execution_arn) if e["type"].endswith("StateEntered")]
+        return entered[-1]["stateEnteredEventDetails"]["name"] if entered else None
 
     def state_transitions(self, execution_arn: str) -> int:
         return sum(1 for e in self.history(execution_arn) if e["type"].endswith("StateEntered"))
