@@ -33,7 +33,11 @@ from hpops_core.session_limits.login_limits import publish_and_check
 from hpops_core.session_limits.directories import OwnerScopedDirectory, SnapshotDirectory
 from hpops_core.session_limits.enforce import EnforcementReport, Notification, enforce
 from hpops_core.session_limits.models import login_target_prefix
-from hpops_core.session_limits.session_api import Boto3SessionDirectory, SessionListingFailed
+from hpops_core.session_limits.session_api import (
+    Boto3SessionDirectory,
+    RunAsPreferencesUnavailable,
+    SessionListingFailed,
+)
 from hpops_core.session_limits.trigger import SessionLimitsRequest, parse_session_input
 
 logger = Logger()
@@ -71,11 +75,12 @@ def _session_directory(config: SessionLimitsConfig, context: LambdaContext) -> B
 
 @contextmanager
 def _listing_errors() -> Iterator[None]:
-    """Throttling/5xx that outlived botocore's retries -> TransientAwsError (the state machine
-    retries with backoff); anything else (AccessDenied...) keeps its own name and fails the run."""
+    """Throttling/5xx that outlived botocore's retries (listing sessions, reading the Run As
+    preferences) -> TransientAwsError (the state machine retries with backoff); anything else
+    (AccessDenied...) keeps its own name and fails the run."""
     try:
         yield
-    except SessionListingFailed as exc:
+    except (SessionListingFailed, RunAsPreferencesUnavailable) as exc:
         cause = exc.__cause__
         if isinstance(cause, ClientError):
             code = cause.response.get("Error", {}).get("Code", "")
@@ -158,6 +163,10 @@ def _output(report: EnforcementReport, request: SessionLimitsRequest, scope: str
         "failed": [{"sessionId": f.session_id, "user": f.posix_user, "error": f.error} for f in report.failed[:OUTPUT_LIST_MAX]],
         "failedCount": len(report.failed),
         "unresolvedCount": len(report.unresolved),
+        # Listed under the login prefix but never counted: each with its reason in the logs.
+        "notOnLoginNodesCount": len(report.not_on_login_nodes),
+        "notShellsCount": len(report.not_shells),
+        "runAs": report.run_as,
         "recorded": recorded,
         "notified": notified,
         "note": report.note,
@@ -241,6 +250,10 @@ def enforce_session_limits(event: dict, context: LambdaContext) -> dict:
         f"{len(report.ended)} ended, {len(report.planned)} planned, {len(report.users_over_limit)} user(s) over limit",
         extra={"report": output},
     )
+    skipped = [{"sessionId": u.session_id, "reason": u.reason}
+               for u in (*report.not_on_login_nodes, *report.not_shells)][:OUTPUT_LIST_MAX]
+    if skipped:
+        logger.info("sessions under the login prefix that were not counted", extra={"skipped": skipped})
     if problems:
         logger.error("session limits: side effects failed", extra={"problems": problems, "report": output})
         raise SessionReportFailed("; ".join(problems))

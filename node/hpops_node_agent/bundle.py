@@ -3,7 +3,7 @@
     python -m hpops_node_agent.bundle --out DIR --cluster C --region R --report-bus B [--no-vendor]
 
 writes DIR/hpops/ with install.sh, the systemd unit, agent.json, the agent package, the
-standard-library part of hpops_core (node_channel), and lib/ with boto3/botocore (pure Python)
+standard-library part of hpops_core (node_channel and validation), and lib/ with boto3/botocore (pure Python)
 pinned to the versions this environment runs, so nodes need nothing from PyPI.
 Runs on the operator's machine (Python 3.11), not on nodes.
 """
@@ -30,12 +30,18 @@ NODE_PYTHON_VERSION = "3.10"
 
 # The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
 SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py")
+# Standard-library modules of hpops_core itself that the channel modules import (the name and id rules).
+SHIPPED_CORE_MODULES = ("validation.py",)
 
 
 def _node_channel_dir() -> Path:
     import hpops_core.node_channel
 
     return Path(hpops_core.node_channel.__file__).resolve().parent
+
+
+def _core_dir() -> Path:
+    return _node_channel_dir().parent
 
 
 def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True) -> Path:
@@ -65,6 +71,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     (core / "__init__.py").write_text("")
     for name in SHIPPED_CHANNEL_MODULES:
         shutil.copy2(_node_channel_dir() / name, core / "node_channel" / name)
+    for name in SHIPPED_CORE_MODULES:
+        shutil.copy2(_core_dir() / name, core / name)
 
     if vendor:
         vendor_boto3(bundle / "lib")

@@ -104,9 +104,9 @@ class AgentConfig:
             raise ConfigError("config key 'role' must be one of {}".format(", ".join(contract.ROLES)))
         if values["instance_id"] is not None:
             try:
-                contract.certificate_parameter(values["cluster"], values["instance_id"])
-            except ValueError:
-                raise ConfigError("config key 'instanceId' is not an EC2 instance id") from None
+                contract.check_instance_id(values["instance_id"], "config key 'instanceId'")
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
         for key in ("root", "stateDir"):
             if not os.path.isabs(values[OPTIONAL[key][0]]):
                 raise ConfigError("config key '{}' must be an absolute path".format(key))

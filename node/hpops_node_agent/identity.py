@@ -126,7 +126,7 @@ def resolve(config: AgentConfig, need_instance_id: bool = True, imds=imds_instan
         instance_id = (instance or {}).get("InstanceId") or imds()
     if instance_id is not None:
         try:
-            contract.certificate_parameter(config.cluster, instance_id)
-        except ValueError:
-            raise IdentityError("instance id {!r} is not an EC2 instance id".format(instance_id[:40])) from None
+            contract.check_instance_id(instance_id)
+        except ValueError as error:
+            raise IdentityError(str(error)) from None
     return NodeIdentity(role=role, ip=ip, instance_id=instance_id, group=group)

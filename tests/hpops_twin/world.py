@@ -35,7 +35,13 @@ from moto import mock_aws
 from moto.events.exceptions import ValidationException as EventsValidationException
 from moto.events.models import EventPattern, EventsBackend
 from moto.stepfunctions.models import StateMachine as MotoStateMachine
+from moto.stepfunctions.parser.asl.component.state.choice.comparison.comparison_operator_type import (
+    ComparisonOperatorType,
+)
+from moto.stepfunctions.parser.asl.component.state.choice.comparison.comparison_variable import ComparisonVariable
+from moto.stepfunctions.parser.asl.component.state.choice.comparison.variable import NoSuchVariable
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
+from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
@@ -124,6 +130,17 @@ class StuckExecutionError(TimeoutError):
         else:
             reason = f"still RUNNING after the {bound:g}s bound ({where})"
         super().__init__(f"execution {execution_arn.rsplit(':', 1)[-1]} ({execution_arn}) is stuck: {reason}")
+
+
+def _choice_rule_as_strict_as_aws(rule: Any, env: Any) -> None:
+    """On AWS a Choice rule whose Variable path is absent fails the execution with States.Runtime
+    (only IsPresent may look at an absent path); moto's interpreter quietly takes the rule as false,
+    which would let an ASL bug pass every twin test."""
+    rule.variable.eval(env)
+    if isinstance(env.stack[-1], NoSuchVariable) and rule.comparison_function.operator_type != ComparisonOperatorType.IsPresent:
+        # moto turns this into States.Runtime for the state, as it does for any missing path.
+        raise NoSuchJsonPathError(json_path=rule.variable.string_sampler.literal_value, data=env.states.get_input())
+    rule.comparison_function.eval(env)
 
 
 def _recording_interpreter_crashes(crashes: dict[str, str]):
@@ -273,8 +290,13 @@ class TwinWorld:
         worker_count: int = 8,
         template: TemplateModel | None = None,
         parameters: dict[str, str] | None = None,  # stack parameter overrides, as `sam deploy --parameter-overrides`
+        # The account's Session Manager preferences: (Run As on?, default user), or None when they
+        # were never saved (Run As off: every shell is ssm-user). The twin's users carry
+        # SSMSessionRunAs tags, so by default Run As is on.
+        session_preferences: tuple[bool, str] | None = (True, ""),
     ):
         self.parameter_overrides = dict(parameters or {})
+        self.session_preferences = session_preferences
         self.cluster_name = cluster_name
         self.login_group = login_group
         self.cluster_id = cluster_id
@@ -319,7 +341,8 @@ class TwinWorld:
         clone_fix.start()
         self._stack.append(clone_fix)
         for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
-                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes))):
+                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes)),
+                    mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
             fix.start()
             self._stack.append(fix)
         aws = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
@@ -384,7 +407,22 @@ class TwinWorld:
         self._stack.clear()
 
     # ------------------------------------------------------------------ provisioning from template.yaml
+    def save_session_preferences(self, run_as_enabled: bool, default_user: str = "") -> None:
+        """What saving Session Manager preferences in the console does: the account's
+        SSM-SessionManagerRunShell document, whose inputs decide Run As."""
+        content = {
+            "schemaVersion": "1.0",
+            "description": "Document to hold regional settings for Session Manager",
+            "sessionType": "Standard_Stream",
+            "inputs": {"s3BucketName": "", "cloudWatchLogGroupName": "", "runAsEnabled": run_as_enabled,
+                       "runAsDefaultUser": default_user, "idleSessionTimeout": "20"},
+        }
+        self.aws.client("ssm").create_document(Name="SSM-SessionManagerRunShell", Content=json.dumps(content),
+                                               DocumentType="Session", DocumentFormat="JSON")
+
     def _provision(self) -> None:
+        if self.session_preferences is not None:
+            self.save_session_preferences(*self.session_preferences)
         self.sim.create_cluster(self.cluster_name, {
             self.login_group: ("ml.m5.4xlarge", self.login_count),
             self.worker_group: ("ml.p5.48xlarge", self.worker_count),

@@ -517,3 +517,44 @@ def test_agent_logs_are_json_lines(aws, node_root, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert lines and all(json.loads(line)["event"] for line in lines)
     assert any(json.loads(line)["event"] == "report-sent" for line in lines)
+
+
+# --------------------------------------------------------------------------- the shared name rules
+
+
+def test_shared_rules_module_ships_in_the_bundle_and_parses_as_python_38(tmp_path):
+    """hpops_core/validation.py (the name and id rules) is imported by the node channel modules, so
+    the bundle carries it, it is Python 3.8 syntax with standard-library imports only, and the
+    bundled channel modules load it from the bundle, not from the operator's checkout."""
+    import ast
+    import subprocess
+    import sys
+
+    from hpops_core import validation
+    from hpops_node_agent import bundle as bundle_module
+
+    source = Path(validation.__file__)
+    tree = ast.parse(source.read_text(), feature_version=(3, 8))
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        for name in names:
+            assert name.split(".")[0] in sys.stdlib_module_names or name == "__future__", name
+
+    built = bundle_module.build_bundle(tmp_path, CLUSTER, REGION, BUS, vendor=False)
+    assert (built / "hpops_core" / "validation.py").read_text() == source.read_text()
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); "
+             "from hpops_core.node_channel import contract, login_limits; import hpops_core.validation as v; "
+             "print(v.__file__); print(contract.check_instance_id('i-12345678abcdefghi')); "
+             "print(login_limits.parse_limits('{\"default\": 2, \"overrides\": {\"j.doe\": 4}}'))")
+    result = subprocess.run([sys.executable, "-c", probe, str(built)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == str(built / "hpops_core" / "validation.py")
+    assert lines[1] == "i-12345678abcdefghi" and "'j.doe': 4" in lines[2]
+
+
+def test_agent_config_refuses_an_instance_id_naming_the_key():
+    with pytest.raises(ConfigError, match=r"config key 'instanceId': 'i-\.\./x' is not an instance id"):
+        AgentConfig.from_dict(minimal(instanceId="i-../x"))
+    assert AgentConfig.from_dict(minimal(instanceId="i-12345678abcdefghi")).instance_id == "i-12345678abcdefghi"

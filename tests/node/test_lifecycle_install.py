@@ -27,7 +27,10 @@ CLUSTER = "install-cluster"
 REGION = "us-west-2"
 BUS = "hpops-node-reports"
 AGENT_MODULES = sorted(Path(bundle_module.__file__).parent.glob("*.py")) + [
-    Path(bundle_module._node_channel_dir()) / name for name in bundle_module.SHIPPED_CHANNEL_MODULES]
+    Path(bundle_module._node_channel_dir()) / name for name in bundle_module.SHIPPED_CHANNEL_MODULES] + [
+    Path(bundle_module._node_channel_dir()).parent / name for name in bundle_module.SHIPPED_CORE_MODULES]
+# What the shipped modules may import from hpops_core: exactly what the bundle ships.
+SHIPPED_CORE = {"hpops_core.node_channel", "hpops_core.validation"}
 ALLOWED_IMPORTS = {"hpops_core", "boto3", "botocore"}
 
 
@@ -44,7 +47,7 @@ def test_agent_modules_parse_as_python_38_and_import_only_stdlib_and_boto3(path)
             top = name.split(".")[0]
             assert top in sys.stdlib_module_names or top in ALLOWED_IMPORTS or path.name == "bundle.py", name
             if top == "hpops_core" and path.name != "bundle.py":
-                assert name == "hpops_core.node_channel" or name.startswith("hpops_core.node_channel"), name
+                assert any(name == m or name.startswith(m + ".") for m in SHIPPED_CORE), name
 
 
 def build(tmp_path: Path, **agent_overrides) -> Path:

@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import replace
 
 import pytest
 
 from hpops_twin.template_model import TemplateModel
 from hpops_twin.world import TwinWorld
 
-
 @pytest.fixture
 def make_world():
-    """A twin with some template parameters changed (as `sam deploy --parameter-overrides` would)."""
+    """A twin with some template parameters changed (as `sam deploy --parameter-overrides` would).
+
+    Its account has Session Manager's Run As on (the twin's users carry SSMSessionRunAs tags), unless
+    `preferences=None` (never configured: Run As off) or `preferences=(enabled, default user)`."""
     opened: list[TwinWorld] = []
 
-    def make(**parameters: str) -> TwinWorld:
+    def make(preferences=(True, ""), **parameters: str) -> TwinWorld:
         template = TemplateModel()
         for name, value in parameters.items():
             template.raw["Parameters"][name]["Default"] = value
-        world = TwinWorld(template=template)
+        world = TwinWorld(template=template, session_preferences=preferences)
         world.__enter__()
         opened.append(world)
         return world
@@ -34,6 +37,11 @@ def make_world():
     yield make
     for world in opened:
         world.__exit__(None, None, None)
+
+
+@pytest.fixture
+def world(make_world):
+    return make_world()
 
 
 def check(world: TwinWorld, started) -> list:
@@ -203,7 +211,8 @@ def test_exempt_user_is_untouched(make_world):
 def test_exempt_principal_pattern_is_untouched(make_world):
     world = make_world(SessionExemptPrincipals="arn:aws:sts::*:assumed-role/BreakGlass/*")
     opened = [world.sessions.start_session("oncall", role_name="BreakGlass", run_as="oncall") for _ in range(3)]
-    succeeded(check(world, [s.event for s in opened] + [world.sessions.sweep()]))
+    succeeded(check(world, [s.event for s in opened]))
+    succeeded(check(world, [world.sessions.sweep()]))  # an execution ARN, awaited on its own
     assert world.sessions.store.terminated_by_api() == []
 
 
@@ -223,6 +232,69 @@ def test_dry_run_deployment_terminates_nothing_and_reports_once(make_world):
     assert len(alerts) == 1, "reported once, not on every sweep"
     assert "would end 1" in alerts[0]["subject"] and "DRY RUN" in alerts[0]["message"]
     assert f"{opened[2].session_id} on login-{opened[2].instance_id}" in alerts[0]["message"]
+
+
+# ---------------------------------------------------------------------- run as, as Session Manager applies it
+
+
+def test_with_run_as_off_every_shell_is_ssm_user_and_counts_as_one_user(make_world):
+    """No preferences document (never configured): Session Manager runs every shell as ssm-user,
+    whatever the principals' SSMSessionRunAs tags say, so alice's and bob's shells are one user's."""
+    world = make_world(preferences=None)
+    sessions = world.sessions
+    sessions.add_sessions("alice", 2)
+    late = sessions.add_sessions("bob", 1)[0]
+    result = succeeded(check(world, [sessions.sweep()]))[0]
+    assert sessions.store.terminated_by_api() == [late.session_id], "bob's shell is ssm-user's third"
+    assert [u["user"] for u in report(result)["usersOverLimit"]] == ["ssm-user"]
+    assert "Run As is off" in report(result)["runAs"]
+    alert = sessions.alerts()[0]
+    assert "User ssm-user: limit 2, 3 active" in alert["message"] and "Run As is off" in alert["message"]
+
+
+def test_run_as_default_user_counts_untagged_principals_together(make_world):
+    world = make_world(preferences=(True, "shared"))
+    sessions = world.sessions
+    sessions.add_sessions("carol", 2, role_name="hpops-untagged-carol", tag=False)
+    sessions.add_sessions("dave", 1, role_name="hpops-untagged-dave", tag=False)
+    tagged = sessions.add_sessions("erin", 2)  # her role's SSMSessionRunAs tag outranks the default
+    result = succeeded(check(world, [sessions.sweep()]))[0]
+    over = report(result)["usersOverLimit"]
+    assert [(u["user"], u["activeCount"]) for u in over] == [("shared", 3)]
+    assert all(sessions.store.status(s.session_id) == "Connected" for s in tagged)
+    assert len(sessions.store.terminated_by_api()) == 1
+
+
+def test_port_forwarding_and_ssh_sessions_are_not_shells_and_never_end(world):
+    sessions = world.sessions
+    shells = sessions.add_sessions("alice", 2)
+    tunnels = sessions.add_sessions("alice", 3)
+    for record, document in zip(tunnels, ("AWS-StartPortForwardingSession", "AWS-StartSSHSession",
+                                          "AWS-StartNonInteractiveCommand")):
+        sessions.store.sessions[record.session_id] = replace(record, document_name=document)
+    result = succeeded(check(world, [sessions.sweep()]))[0]
+    assert sessions.store.terminated_by_api() == []
+    assert all(sessions.store.status(s.session_id) == "Connected" for s in shells + tunnels)
+    assert report(result)["notShellsCount"] == 3
+
+
+def test_a_session_on_a_sibling_group_is_counted_as_not_on_login_nodes_and_left_alone(world):
+    sessions = world.sessions
+    sessions.add_sessions("alice", 2)
+    sibling = sessions.add_sessions("alice", 1, group=f"{world.login_group}-2")[0]
+    result = succeeded(check(world, [sessions.sweep()]))[0]
+    assert report(result)["notOnLoginNodesCount"] == 1
+    assert sessions.store.status(sibling.session_id) == "Connected"
+    assert sessions.store.terminated_by_api() == []
+
+
+def test_a_session_id_with_plus_equals_comma_is_limited_like_any_other(world):
+    """Session ids start with the caller's session name, which may carry `+=,` (botocore allows any
+    1-96 characters); such a StartSession used to fail the execution as malformed."""
+    opened = [world.sessions.start_session("alice+ops=1,x", run_as="alice") for _ in range(3)]
+    assert all(s.session_id.startswith("alice+ops=1,x-") for s in opened)
+    succeeded(check(world, [s.event for s in opened]))
+    assert world.sessions.store.terminated_by_api() == [opened[2].session_id]
 
 
 # ---------------------------------------------------------------------- input that is not ours

@@ -413,10 +413,16 @@ def test_user_budget_filters_on_cluster_and_user():
     assert default["Budget"]["FilterExpression"]["And"][1]["Tags"]["Key"] == "hpops:user"
 
 
-@pytest.mark.parametrize("user", ["Alice", "9lives", "a" * 33, "al ice", "al\n", "", "root;id"])
+@pytest.mark.parametrize("user", ["a" * 33, "al ice", "al\n", "", "root;id", "-x", ".x", "a:b", "a/b", "a@b"])
 def test_bad_posix_users_are_refused(user):
     with pytest.raises(InvalidPosixUser):
         desired_user_budget("lab", user, D(1), TOPIC, ACCOUNT)
+
+
+@pytest.mark.parametrize("user", ["j.doe", "Alice", "9lives", "_svc", "bob-2"])
+def test_user_names_real_systems_have_get_a_budget(user):
+    # The one POSIX user rule (hpops_core.validation), the same the login nodes' limits use.
+    assert desired_user_budget("lab", user, D(1), TOPIC, ACCOUNT)["Budget"]["BudgetName"] == f"hpops-lab-u-{user}"
 
 
 def test_long_user_budget_names_fit_and_stay_unique():

@@ -39,3 +39,19 @@ def test_bad_port_is_named(value):
 def test_host_identity_mode_is_one_of_the_known_modes():
     with pytest.raises(ConfigurationError, match="HOST_IDENTITY_MODE"):
         SyncConfig.from_env(ENV | {"HOST_IDENTITY_MODE": "maybe"})
+
+
+@pytest.mark.parametrize(("variable", "parameter"), [
+    ("NODE_REPORT_POLL_SECONDS", "NodeReportPollSeconds"), ("NODE_REPORT_MAX_POLLS", "NodeReportMaxPolls")])
+def test_node_report_pacing_accepts_exactly_what_the_template_allows(variable, parameter):
+    # The sync's TimeoutSeconds is computed for the template's maxima: a larger value must not
+    # slip in through the environment either.
+    from hpops_twin.template_model import TemplateModel
+
+    spec = TemplateModel().raw["Parameters"][parameter]
+    low, high = int(spec["MinValue"]), int(spec["MaxValue"])
+    for ok in (low, high):
+        SyncConfig.from_env(ENV | {variable: str(ok)})
+    for bad in (low - 1, high + 1):
+        with pytest.raises(ConfigurationError, match=variable):
+            SyncConfig.from_env(ENV | {variable: str(bad)})

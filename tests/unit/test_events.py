@@ -55,7 +55,7 @@ def test_hostile_cluster_names_are_rejected_without_echo(saved_event, hostile):
         lambda e: e.pop("detail"),
         lambda e: e.__setitem__("detail-type", "SageMaker HyperPod Something Else"),
         lambda e: e.__setitem__("source", "aws.ec2"),
-        lambda e: e["detail"].__setitem__("InstanceId", "i-XYZ; curl evil"),
+        lambda e: e.__setitem__("detail", "not an object"),  # an odd *hint* is lenient: test_events_lenient.py
         lambda e: e["detail"].pop("ClusterName"),
         lambda e: e.__setitem__("detail-type", ["not", "a", "string"]),
     ],

@@ -1,7 +1,8 @@
 """Per-user Session Manager session limits on HyperPod login nodes.
 
-AWS session APIs are not in moto, so enforcement runs against InMemorySessionDirectory (which
-counts calls per AWS operation) and the boto3 implementation against botocore's Stubber.
+AWS session APIs are not in moto, so enforcement runs against InMemorySessionDirectory
+(tests/fake_session_directory.py, which counts calls per AWS operation; its account has Run As on
+unless a test says otherwise) and the boto3 implementation against botocore's Stubber.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import pytest
 from botocore.stub import Stubber
 
 from hpops_core.session_limits.enforce import EnforcementReport, enforce, enforce_for_event
-from hpops_core.session_limits.fake_directory import InMemorySessionDirectory
+from fake_session_directory import InMemorySessionDirectory
 from hpops_core.session_limits.identity import (
     IdentityConfig,
     InvalidIdentityConfig,
+    RunAsPreferences,
     normalize_owner,
     resolve_posix_user,
 )
@@ -48,7 +50,7 @@ from hpops_core.session_limits.session_api import (
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_EVENT = REPO / "events" / "ssm-start-session.json"
 
-ACCOUNT = "111122223333"
+ACCOUNT = "123456789012"
 CLUSTER = "abc123def456"
 GROUP = "login"
 T0 = datetime(2025, 3, 14, 9, 0, tzinfo=timezone.utc)
@@ -415,20 +417,22 @@ def test_normalize_owner():
 
 
 def test_resolution_order_and_never_root():
+    on = RunAsPreferences(enabled=True)
     owner = assumed("alice")
     rules = [("arn:aws:sts::*:assumed-role/Researchers/*", "mapped")]
-    assert resolve_posix_user(owner, {"SSMSessionRunAs": "tagged"}, rules, "ignore").posix_user == "tagged"
-    assert resolve_posix_user(owner, {}, rules, "ignore").posix_user == "mapped"
-    assert resolve_posix_user(owner, None, [], "count-as-principal").posix_user == "alice"
-    assert resolve_posix_user(owner, None, [], "ignore").posix_user is None
+    # A mapping rule stands in for the session tag, which Session Manager prefers to the role's tag.
+    assert resolve_posix_user(owner, on, {"SSMSessionRunAs": "tagged"}, rules, "ignore").posix_user == "mapped"
+    assert resolve_posix_user(owner, on, {"SSMSessionRunAs": "tagged"}, [], "ignore").posix_user == "tagged"
+    assert resolve_posix_user(owner, on, None, [], "count-as-principal").posix_user == "alice"
+    assert resolve_posix_user(owner, on, None, [], "ignore").posix_user is None
 
-    root_tag = resolve_posix_user(owner, {"SSMSessionRunAs": "root"}, [], "count-as-principal")
-    assert root_tag.posix_user == "alice" and "ignored unusable" in root_tag.reason
-    named_root = resolve_posix_user(assumed("root"), None, [], "count-as-principal")
+    root_tag = resolve_posix_user(owner, on, {"SSMSessionRunAs": "root"}, [], "count-as-principal")
+    assert root_tag.posix_user == "alice" and "not a usable user" in root_tag.reason
+    named_root = resolve_posix_user(assumed("root"), on, None, [], "count-as-principal")
     assert named_root.posix_user is None and named_root.source == "unmapped"
-    assert resolve_posix_user(f"arn:aws:iam::{ACCOUNT}:root", None, [], "count-as-principal").posix_user is None
+    assert resolve_posix_user(f"arn:aws:iam::{ACCOUNT}:root", on, None, [], "count-as-principal").posix_user is None
     with pytest.raises(InvalidIdentityConfig):
-        resolve_posix_user(owner, None, [("*", "root")], "ignore")
+        resolve_posix_user(owner, on, None, [("*", "root")], "ignore")
     with pytest.raises(InvalidIdentityConfig):
         IdentityConfig(unmapped_policy="count-everything")
 
@@ -521,8 +525,9 @@ def test_event_for_user_under_limit_costs_at_most_three_calls():
     report = on_event(fake, event_for("alice-001", assumed("alice"), node(1)))
 
     assert report.ended_ids == ()
-    assert dict(fake.calls) == {"DescribeSessions": 1, "ListRoleTags": 1}  # one role, looked up once
-    assert report.api_calls == {"DescribeSessions": 1, "ListRoleTags": 1}
+    # One listing, the Run As preferences once, one role looked up once.
+    assert dict(fake.calls) == {"DescribeSessions": 1, "GetDocument": 1, "ListRoleTags": 1}
+    assert report.api_calls == {"DescribeSessions": 1, "GetDocument": 1, "ListRoleTags": 1}
     assert report.total_api_calls <= 3
 
 
@@ -611,6 +616,10 @@ class _NoPaginatorSSM:
         self.terminated.append(SessionId)
         return {"SessionId": SessionId}
 
+    def get_document(self, Name, DocumentFormat):
+        assert (Name, DocumentFormat) == ("SSM-SessionManagerRunShell", "JSON")
+        return {"Name": Name, "DocumentType": "Session", "Content": json.dumps({"inputs": {"runAsEnabled": True}})}
+
 
 def test_boto3_directory_manual_paging_and_enforcement_end_to_end():
     records = [_session_record(i, node(i, cluster="zzz999zzz999")) for i in range(1_001)]
@@ -626,7 +635,7 @@ def test_boto3_directory_manual_paging_and_enforcement_end_to_end():
     assert [r.get("NextToken") for r in ssm.requests] == [None, "1", "2", "3", "4", "5"]
     assert all(r["MaxResults"] == 200 and r["State"] == "Active" for r in ssm.requests)
     assert ssm.terminated == ["alice-002"] and report.ended_ids == ("alice-002",)
-    assert report.api_calls == {"DescribeSessions": 6, "TerminateSession": 1}
+    assert report.api_calls == {"DescribeSessions": 6, "GetDocument": 1, "TerminateSession": 1}
 
 
 def test_boto3_directory_tag_lookup_caches_with_ttl_and_maps_errors():

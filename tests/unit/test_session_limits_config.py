@@ -83,7 +83,7 @@ def test_start_session_event_becomes_an_event_request(saved_event):
     request = parse_session_input(saved_event("ssm-start-session.json"), trigger_config())
     assert request.mode == "event" and request.ignored is None and request.dry_run is False
     assert request.session_id == "alice-0a1b2c3d4e5f67890"
-    assert request.owner == "arn:aws:sts::111122223333:assumed-role/Researchers/alice"
+    assert request.owner == "arn:aws:sts::123456789012:assumed-role/Researchers/alice"
     assert SessionLimitsRequest.from_state(json.loads(json.dumps(request.to_state()))) == request
 
 

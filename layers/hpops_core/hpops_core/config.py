@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpops_core import validation
 from hpops_core.errors import ConfigurationError
 
 
@@ -61,14 +62,14 @@ class SyncConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
         env = os.environ if env is None else env
         return cls(
-            cluster_name=env_str(env, "CLUSTER_NAME"),
-            cluster_arn=env_str(env, "CLUSTER_ARN"),
-            login_group=env_str(env, "LOGIN_GROUP_NAME"),
+            cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            cluster_arn=env_str(env, "CLUSTER_ARN", validation.CLUSTER_ARN_RE),
+            login_group=env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
             target_group_arn=env_str(env, "TARGET_GROUP_ARN"),
             ssh_port=env_int(env, "SSH_PORT", 1, 65535),
             state_table=env_str(env, "STATE_TABLE_NAME"),
             lease_seconds=env_int(env, "LEASE_SECONDS", 60, 86400),
             host_identity_mode=env_choice(env, "HOST_IDENTITY_MODE", ("keys", "certificate", "off")),
-            node_report_poll_seconds=env_int(env, "NODE_REPORT_POLL_SECONDS", 0, 300),
-            node_report_max_polls=env_int(env, "NODE_REPORT_MAX_POLLS", 1, 60),
+            node_report_poll_seconds=env_int(env, "NODE_REPORT_POLL_SECONDS", 0, 20),
+            node_report_max_polls=env_int(env, "NODE_REPORT_MAX_POLLS", 1, 30),
         )

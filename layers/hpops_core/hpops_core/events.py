@@ -7,41 +7,55 @@ Inputs (see events/*.json for samples):
 
 None of the HyperPod events carries a login node's IP (see shared/aws-facts.md), so every event
 is reduced to "cluster X may have changed" and the state machine reconciles the whole login
-group (level-triggered). The event's details are kept only as a human-readable trigger line.
+group (level-triggered). Only the cluster is required and checked strictly; every other field
+is a hint for the human-readable trigger line. A hint that looks odd (AWS's own documented
+node-health example carries InstanceId "i-12345678abcdefghi") never fails the parse: it shows
+as "<hint> (unrecognised)" and is logged by name, and the cluster is reconciled anyway.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from hpops_core import validation
 from hpops_core.errors import MalformedEventError, UnknownClusterError
 
-# HyperPod's own name patterns; anything else (shell metacharacters, ANSI escapes, 10 kB strings)
-# is rejected before it reaches a log line, an API call or a target group.
-ClusterNameStr = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")]
-GroupNameStr = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")]
-InstanceIdStr = Annotated[str, StringConstraints(pattern=r"^i-[a-f0-9]{8,17}$")]
-ClusterArnStr = Annotated[
-    str,
-    StringConstraints(pattern=r"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-zA-Z0-9-]{1,63}$"),
-]
+logger = Logger(child=True)
+
+# The cluster decides what is reconciled, so it is checked strictly (hpops_core/validation.py):
+# shell metacharacters, ANSI escapes or 10 kB strings never reach a log line, an API call or a
+# target group. Everything else in an event is a hint for the trigger text (see _Hints).
+ClusterNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))]
+GroupNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.INSTANCE_GROUP_PATTERN))]
+ClusterArnStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_ARN_PATTERN))]
 ShortTextStr = Annotated[str, StringConstraints(max_length=1024)]
 
+CLUSTER_STATUSES = ("Creating", "InService", "Updating", "RollingBack", "Deleting", "Failed", "SystemUpdating")
 ClusterStatusStr = Literal["Creating", "InService", "Updating", "RollingBack", "Deleting", "Failed", "SystemUpdating"]
+EVENT_LEVELS = ("Info", "Warn", "Error")
+RESOURCE_TYPES = ("Cluster", "InstanceGroup", "Instance")
 
 STATE_CHANGE = "SageMaker HyperPod Cluster State Change"
 NODE_HEALTH = "SageMaker HyperPod Cluster Node Health Event"
 CLUSTER_EVENT = "SageMaker HyperPod Cluster Event"
+HYPERPOD_DETAIL_TYPES = (STATE_CHANGE, NODE_HEALTH, CLUSTER_EVENT)
+MAX_GROUPS_SHOWN = 20
 
 
 class _Lenient(BaseModel):
     # AWS adds fields over time; unknown fields must not break parsing.
     model_config = ConfigDict(extra="ignore")
+
+
+# --- the budget guard's model of a state change (its groups are data there, not hints) -------------
 
 
 class InstanceGroupState(_Lenient):
@@ -59,52 +73,36 @@ class ClusterStateChangeDetail(_Lenient):
     InstanceGroups: list[InstanceGroupState] = []
 
 
-class HealthSummaryModel(_Lenient):
-    HealthStatus: ShortTextStr | None = None
-    HealthStatusReason: ShortTextStr | None = None
-    RepairAction: ShortTextStr | None = None
-    Recommendation: ShortTextStr | None = None
-
-
-class NodeHealthDetail(_Lenient):
-    ClusterName: ClusterNameStr
-    ClusterArn: ClusterArnStr | None = None
-    InstanceId: InstanceIdStr
-    HealthSummary: HealthSummaryModel | None = None
-
-
-class ClusterEventDetails(_Lenient):
-    EventId: ShortTextStr
-    ClusterName: ClusterNameStr
-    ClusterArn: ClusterArnStr | None = None
-    InstanceGroupName: GroupNameStr | None = None
-    InstanceId: InstanceIdStr | None = None
-    ResourceType: Literal["Cluster", "InstanceGroup", "Instance"]
-    EventTime: int | None = None
-    EventLevel: Literal["Info", "Warn", "Error"] | None = None
-    Description: ShortTextStr | None = None
-
-
-class ClusterEventDetail(_Lenient):
-    EventDetails: ClusterEventDetails
-
-
 class ClusterStateChangeEvent(EventBridgeModel):
     source: Literal["aws.sagemaker"]
     detail_type: Literal["SageMaker HyperPod Cluster State Change"] = Field(alias="detail-type")
     detail: ClusterStateChangeDetail
 
 
-class NodeHealthEvent(EventBridgeModel):
-    source: Literal["aws.sagemaker"]
-    detail_type: Literal["SageMaker HyperPod Cluster Node Health Event"] = Field(alias="detail-type")
-    detail: NodeHealthDetail
+# --- what a sync needs from any HyperPod event: which cluster, and nothing else for sure ----------
 
 
-class ClusterEvent(EventBridgeModel):
+class HyperPodEvent(EventBridgeModel):
+    """Any of the three HyperPod detail-types; the detail is read by :func:`_request_from_event`."""
+
     source: Literal["aws.sagemaker"]
-    detail_type: Literal["SageMaker HyperPod Cluster Event"] = Field(alias="detail-type")
-    detail: ClusterEventDetail
+    detail_type: Literal[
+        "SageMaker HyperPod Cluster State Change",
+        "SageMaker HyperPod Cluster Node Health Event",
+        "SageMaker HyperPod Cluster Event",
+    ] = Field(alias="detail-type")
+    detail: dict[str, Any]
+
+
+class EventCluster(_Lenient):
+    """The cluster an event is about: required, and validated strictly."""
+
+    ClusterName: ClusterNameStr
+    ClusterArn: ClusterArnStr | None = None
+
+
+class _ClusterEventDetail(_Lenient):
+    EventDetails: dict[str, Any]
 
 
 class SyncInput(BaseModel):
@@ -118,13 +116,6 @@ class SyncInput(BaseModel):
     trigger: str | None = Field(default=None, pattern=r"^[A-Za-z0-9 ._-]{1,80}$")
 
 
-_EVENT_MODELS: dict[str, type[EventBridgeModel]] = {
-    STATE_CHANGE: ClusterStateChangeEvent,
-    NODE_HEALTH: NodeHealthEvent,
-    CLUSTER_EVENT: ClusterEvent,
-}
-
-
 @dataclass(frozen=True)
 class SyncRequest:
     """The one thing every input becomes: reconcile `cluster`, in `mode`, for this `trigger`."""
@@ -134,15 +125,16 @@ class SyncRequest:
     dry_run: bool
     trigger: str
     event_id: str | None = None
+    # Event hints that looked odd and were replaced in `trigger` (names only, never values).
+    odd_hints: tuple[str, ...] = field(default=(), compare=False)
 
     def to_state(self) -> dict[str, Any]:
-        state = asdict(self)
         return {
-            "cluster": state["cluster"],
-            "mode": state["mode"],
-            "dryRun": state["dry_run"],
-            "trigger": state["trigger"],
-            "eventId": state["event_id"],
+            "cluster": self.cluster,
+            "mode": self.mode,
+            "dryRun": self.dry_run,
+            "trigger": self.trigger,
+            "eventId": self.event_id,
         }
 
 
@@ -168,10 +160,15 @@ def parse_sync_input(event: Any) -> SyncRequest:
     if not isinstance(event, dict):
         raise MalformedEventError(f"expected a JSON object, got {type(event).__name__}")
     if "detail-type" in event:
-        model = _EVENT_MODELS.get(event["detail-type"]) if isinstance(event["detail-type"], str) else None
-        if model is None:
+        if event["detail-type"] not in HYPERPOD_DETAIL_TYPES:
             raise MalformedEventError("unsupported detail-type")
-        return _request_from_event(parse_event(event, model))
+        request = _request_from_event(parse_event(event, HyperPodEvent))
+        if request.odd_hints:
+            logger.warning(
+                "event hints unrecognised and replaced in the trigger text; the cluster is reconciled anyway",
+                extra={"oddHints": list(request.odd_hints), "eventId": request.event_id, "cluster": request.cluster},
+            )
+        return request
     try:
         manual = SyncInput.model_validate(event)
     except ValidationError as error:
@@ -184,24 +181,106 @@ def parse_sync_input(event: Any) -> SyncRequest:
     )
 
 
+# A hint shown as is: a short word or phrase (HealthStatus "Unschedulable", RepairAction "Replace").
+_WORD_PATTERN = r"[A-Za-z0-9][A-Za-z0-9 _.-]{0,63}"
+_WORD_RE = re.compile(rf"\A(?:{_WORD_PATTERN})\Z")
+
+
+def _is_word(value: Any) -> bool:
+    return isinstance(value, str) and _WORD_RE.match(value) is not None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _Hints:
+    """Renders event hints for the trigger text: a hint that fails its rule becomes "<label> (unrecognised)"
+    and its label is remembered, so the parse never fails on a hint and never echoes one."""
+
+    def __init__(self) -> None:
+        self.odd: list[str] = []
+
+    def show(self, value: Any, ok: Callable[[Any], bool], label: str, missing: str | None = None) -> str | None:
+        if value is None:
+            return missing
+        if ok(value):
+            return str(value)
+        if label not in self.odd:
+            self.odd.append(label)
+        return f"{label} (unrecognised)"
+
+
+def _cluster_of(fields: dict[str, Any], where: str) -> EventCluster:
+    try:
+        return EventCluster.model_validate(fields)
+    except ValidationError as error:
+        # Name the fields, never echo the values (they may be hostile).
+        raise MalformedEventError(f"invalid event cluster: {where}.{validation_summary(error)}") from None
+
+
+def _state_change_trigger(detail: dict[str, Any], hints: _Hints) -> str:
+    status = hints.show(detail.get("ClusterStatus"), lambda v: v in CLUSTER_STATUSES, "status", "unknown")
+    groups = detail.get("InstanceGroups")
+    shown: list[str] = []
+    if isinstance(groups, list):
+        for group in groups[:MAX_GROUPS_SHOWN]:
+            if not isinstance(group, dict):
+                hints.show(group, lambda v: False, "instance group")
+                continue
+            name = hints.show(group.get("InstanceGroupName"), validation.is_instance_group, "instance group", "?")
+            current = hints.show(group.get("CurrentCount"), _is_count, "instance count", "?")
+            target = hints.show(group.get("TargetCount"), _is_count, "instance count", "?")
+            shown.append(f"{name} {current}/{target}")
+        if len(groups) > MAX_GROUPS_SHOWN:
+            shown.append(f"+{len(groups) - MAX_GROUPS_SHOWN} more")
+    elif groups is not None:
+        hints.show(groups, lambda v: False, "instance groups")
+    return f"cluster state {status}" + (f" ({', '.join(shown)})" if shown else "")
+
+
+def _node_health_trigger(detail: dict[str, Any], hints: _Hints) -> str:
+    instance = hints.show(detail.get("InstanceId"), validation.is_event_instance_id, "instance id", "unknown instance")
+    health = detail.get("HealthSummary")
+    if not isinstance(health, dict):
+        hints.show(health, lambda v: False, "health summary")
+        health = {}
+    status = hints.show(health.get("HealthStatus"), _is_word, "health status", "unknown")
+    action = hints.show(health.get("RepairAction"), _is_word, "repair action")
+    return f"node health {instance}: {status}" + (f", {action}" if action else "")
+
+
+def _cluster_event_trigger(details: dict[str, Any], hints: _Hints) -> str:
+    level = hints.show(details.get("EventLevel"), lambda v: v in EVENT_LEVELS, "event level", "Info")
+    if details.get("InstanceId") is not None:
+        subject = hints.show(details["InstanceId"], validation.is_event_instance_id, "instance id")
+    elif details.get("InstanceGroupName") is not None:
+        subject = hints.show(details["InstanceGroupName"], validation.is_instance_group, "instance group")
+    else:
+        subject = hints.show(details.get("ResourceType"), lambda v: v in RESOURCE_TYPES, "resource type", "cluster")
+    return f"cluster event {level} on {subject}"
+
+
 def _request_from_event(event: EventBridgeModel) -> SyncRequest:
     detail = event.detail
-    if isinstance(event, ClusterStateChangeEvent):
-        groups = ", ".join(f"{g.InstanceGroupName} {g.CurrentCount}/{g.TargetCount}" for g in detail.InstanceGroups)
-        trigger = f"cluster state {detail.ClusterStatus}" + (f" ({groups})" if groups else "")
-        cluster = detail.ClusterName
-    elif isinstance(event, NodeHealthEvent):
-        health = detail.HealthSummary
-        status = health.HealthStatus if health and health.HealthStatus else "unknown"
-        action = f", {health.RepairAction}" if health and health.RepairAction else ""
-        trigger = f"node health {detail.InstanceId}: {status}{action}"
-        cluster = detail.ClusterName
+    hints = _Hints()
+    if event.detail_type == CLUSTER_EVENT:
+        try:
+            details = _ClusterEventDetail.model_validate(detail).EventDetails
+        except ValidationError as error:
+            raise MalformedEventError(f"invalid event cluster: detail.{validation_summary(error)}") from None
+        cluster = _cluster_of(details, "detail.EventDetails")
+        trigger = _cluster_event_trigger(details, hints)
     else:
-        details = detail.EventDetails
-        subject = details.InstanceId or details.InstanceGroupName or details.ResourceType
-        trigger = f"cluster event {details.EventLevel or 'Info'} on {subject}"
-        cluster = details.ClusterName
-    return SyncRequest(cluster=cluster, mode="event", dry_run=False, trigger=trigger, event_id=event.id)
+        cluster = _cluster_of(detail, "detail")
+        if event.detail_type == STATE_CHANGE:
+            trigger = _state_change_trigger(detail, hints)
+        else:
+            trigger = _node_health_trigger(detail, hints)
+    return SyncRequest(
+        cluster=cluster.ClusterName, mode="event", dry_run=False, trigger=trigger, event_id=event.id,
+        odd_hints=tuple(hints.odd),
+    )
 
 
 def require_managed_cluster(request: SyncRequest, managed_cluster: str) -> SyncRequest:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Literal
 
+from hpops_core import validation
 from hpops_core.budget_guard import BudgetGuardError
 from hpops_core.budget_guard.projection import InvalidBudgetLimit
 
@@ -59,9 +60,8 @@ ACTUAL_THRESHOLDS: tuple[int, ...] = (50, 80, 100)
 FORECAST_THRESHOLDS: tuple[int, ...] = (100,)
 METRIC = "UnblendedCost"
 
-# fullmatch, not match + "$": "$" also matches before a trailing newline.
-_CLUSTER_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
-_POSIX_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+# fullmatch, not match + "$": "$" also matches before a trailing newline. Cluster and user
+# names follow hpops_core/validation.py (the template's BudgetUsers pattern is the same rule).
 _ACCOUNT_ID = re.compile(r"\d{12}")
 _TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}")
 _TAG_KEY = re.compile(r"[\w.:/=+\-@ ]{1,128}")
@@ -75,11 +75,11 @@ _CENT = Decimal("0.01")
 
 
 class InvalidClusterName(BudgetGuardError, ValueError):
-    """Not a HyperPod cluster name (``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``)."""
+    """Not a HyperPod cluster name (hpops_core.validation: ``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``)."""
 
 
 class InvalidPosixUser(BudgetGuardError, ValueError):
-    """Not a POSIX user name (``^[a-z_][a-z0-9_-]{0,31}$``)."""
+    """Not a POSIX user name (hpops_core.validation's rule: ``j.doe`` and ``Alice`` are, ``a b`` is not)."""
 
 
 class InvalidTopicArn(BudgetGuardError, ValueError):
@@ -146,15 +146,17 @@ class BudgetChange:
 def validate_cluster_name(cluster_name: Any) -> str:
     """Return the name if it matches HyperPod's pattern, else raise InvalidClusterName.
     Names end up in budget names, tag filters and DynamoDB keys: never trust them."""
-    if not isinstance(cluster_name, str) or not _CLUSTER_NAME.fullmatch(cluster_name):
-        raise InvalidClusterName(f"{cluster_name!r} is not a valid HyperPod cluster name")
-    return cluster_name
+    try:
+        return validation.check_cluster_name(cluster_name)
+    except validation.InvalidValue as exc:
+        raise InvalidClusterName(str(exc)) from None
 
 
-def _check_user(posix_user: Any) -> str:
-    if not isinstance(posix_user, str) or not _POSIX_USER.fullmatch(posix_user):
-        raise InvalidPosixUser(f"{posix_user!r} is not a valid POSIX user name")
-    return posix_user
+def _check_user(posix_user: Any, what: str = "budget user") -> str:
+    try:
+        return validation.check_posix_user(posix_user, what)
+    except validation.InvalidValue as exc:
+        raise InvalidPosixUser(str(exc)) from None
 
 
 def _check_topic(topic_arn: Any) -> str:

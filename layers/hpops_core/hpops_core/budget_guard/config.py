@@ -1,7 +1,7 @@
 """BudgetGuard configuration: one frozen dataclass per function, read from the environment at call time.
 
 template.yaml sets these variables on the budget guard functions from the stack parameters
-(section "budget guard (issue 5)"). A missing or malformed value is a deployment bug and
+(section "budget guard"). A missing or malformed value is a deployment bug and
 raises ConfigurationError naming the variable, so the failed execution says what to fix.
 """
 
@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
+from hpops_core import validation
 from hpops_core.budget_guard.budget_spec import DEFAULT_USER_TAG, _check_tag_key, _check_user
 from hpops_core.budget_guard.prices import InvalidPriceTable, hourly_prices
 from hpops_core.config import env_str
@@ -42,9 +43,9 @@ def _users(env: Mapping[str, str], name: str) -> tuple[str, ...]:
         if not part:
             continue
         try:
-            user = _check_user(part)
-        except ValueError:
-            raise ConfigurationError(f"environment variable {name}: {part[:40]!r} is not a POSIX user name") from None
+            user = _check_user(part, f"environment variable {name}")
+        except ValueError as exc:  # InvalidPosixUser: names the entry, never echoes a long or odd one
+            raise ConfigurationError(str(exc)) from None
         if user not in users:
             users.append(user)
     return tuple(users)
@@ -90,7 +91,7 @@ class TriggerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TriggerConfig:
-        return cls(cluster_name=_require(_env(env), "CLUSTER_NAME"))
+        return cls(cluster_name=_require(_env(env), "CLUSTER_NAME", validation.CLUSTER_NAME_RE))
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,8 @@ class EnsureBudgetsConfig:
         except ValueError:
             raise ConfigurationError("environment variable BUDGET_USER_TAG_KEY is not a usable tag key") from None
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME"),
-            cluster_arn=_require(env, "CLUSTER_ARN"),
+            cluster_name=_require(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            cluster_arn=_require(env, "CLUSTER_ARN", validation.CLUSTER_ARN_RE),
             account_id=_account(env),
             alert_topic_arn=_require(env, "ALERT_TOPIC_ARN"),
             default_limit=_optional_amount(env, "MONTHLY_BUDGET_USD"),

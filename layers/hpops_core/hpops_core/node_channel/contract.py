@@ -31,7 +31,9 @@ Everything in a report is public: versions, fingerprints, public keys, short rea
 from __future__ import annotations
 
 import hashlib
-import re
+
+# Relative, so it resolves to hpops_core.validation in the layer and in the lifecycle bundle alike.
+from .. import validation
 
 HOST_IDENTITY_FORMAT = "hpops.node.host-identity.v1"
 LOGIN_LIMITS_FORMAT = "hpops.node.login-limits.v1"
@@ -48,13 +50,10 @@ ROLES = ("login", "controller", "compute")
 DEFAULT_POLL_SECONDS = 30
 DEFAULT_HEARTBEAT_SECONDS = 600
 
+
 # The only parameter paths either side reads or writes; names come from a validated cluster name.
-_CLUSTER = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-_INSTANCE_ID = re.compile(r"^i-[A-Za-z0-9]{8,32}$")
-
-
 def _cluster(cluster: str) -> str:
-    if not isinstance(cluster, str) or not _CLUSTER.match(cluster):
+    if not validation.is_cluster_name(cluster):
         raise ValueError("cluster name is not a HyperPod cluster name")
     return cluster
 
@@ -79,7 +78,13 @@ def login_limits_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/login-limits"
 
 
+def check_instance_id(instance_id: object, what: str = "instance id") -> str:
+    """The id a node names itself by (parameter paths); ValueError naming `what` otherwise.
+
+    The event rule, not botocore's: safe in a parameter path, and a node whose id AWS spells
+    differently (as its own event examples do) still gets its certificate."""
+    return validation.check_event_instance_id(instance_id, what)
+
+
 def certificate_parameter(cluster: str, instance_id: str) -> str:
-    if not isinstance(instance_id, str) or not _INSTANCE_ID.match(instance_id):
-        raise ValueError("instance id is not an EC2 instance id")
-    return parameter_prefix(cluster) + "host-certificates/" + instance_id
+    return parameter_prefix(cluster) + "host-certificates/" + check_instance_id(instance_id)

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 
 from hpops_core.node_channel import contract
 
-# One rule for a POSIX user name, wherever hpops names one. Wider than Debian's default
-# NAME_REGEX because real systems have more (useradd --badname, LDAP/SSSD users such as `j.doe`,
-# upper case), but the name is written into a limits.d file, so no whitespace, ':', '/', '@', '*',
-# newline or shell syntax, and no leading '-' or '.' (options, hidden files). 32: the utmp limit.
-USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}$")
-USER_RULE = "letters, digits, '_', '.', '-', at most 32, not starting with '-' or '.'"
+# Relative, so it resolves to hpops_core.validation in the layer and in the lifecycle bundle alike.
+from .. import validation
+
+# The one POSIX user rule (hpops_core/validation.py), the same for every user hpops names.
+USER_RE = validation.POSIX_USER_RE
+USER_RULE = validation.POSIX_USER_RULE
 MAX_LIMIT = 10000
 EXEMPT_LIMIT = 65535  # "no limit" for an exempt user: far beyond anything a person opens
 
@@ -32,7 +31,7 @@ class BadInput(ValueError):
 
 
 def is_user_name(value: object) -> bool:
-    return isinstance(value, str) and USER_RE.match(value) is not None
+    return validation.is_posix_user(value)
 
 
 def _limit(field: str, name: str, value: object, minimum: int) -> int:
@@ -41,10 +40,13 @@ def _limit(field: str, name: str, value: object, minimum: int) -> int:
     return value
 
 
-def _user(field: str, value: object) -> str:
-    if not is_user_name(value):
-        raise BadInput("{}: {!r} is not a valid user name ({})".format(field, str(value)[:40], USER_RULE), field)
-    return value  # type: ignore[return-value]
+def _user(field: str, value: object, limited: bool) -> str:
+    # An override is a limit, and no limit applies to root; exempting root is harmless.
+    check = validation.check_limited_user if limited else validation.check_posix_user
+    try:
+        return check(value, field)
+    except validation.InvalidValue as error:
+        raise BadInput(str(error), field) from None
 
 
 def parse_limits(raw: str) -> dict:
@@ -63,9 +65,9 @@ def parse_limits(raw: str) -> dict:
         raise BadInput('"exempt" must be a list of user names', "exempt")
     return {
         "default": _limit("default", "default", value["default"], 1),
-        "overrides": {_user("overrides", user): _limit("overrides", "overrides[{}]".format(user), limit, 0)
+        "overrides": {_user("overrides", user, True): _limit("overrides", "overrides[{}]".format(user), limit, 0)
                       for user, limit in sorted(overrides.items())},
-        "exempt": sorted({_user("exempt", user) for user in exempt}),
+        "exempt": sorted({_user("exempt", user, False) for user in exempt}),
     }
 
 

@@ -14,15 +14,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
+from hpops_core import validation
 from hpops_core.errors import HpopsError, MalformedEventError
 from hpops_core.node_channel import contract
 
 SK_PREFIX = "node-report#"
 REPORT_TTL_SECONDS = 30 * 24 * 3600  # a replaced node's last report outlives it long enough to debug
 
-ClusterNameStr = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")]
-# Reports come from our agent, which reads its id from the node: stricter than an event hint.
-InstanceIdStr = Annotated[str, StringConstraints(pattern=r"^i-[a-f0-9]{8,17}$")]
+ClusterNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))]
+# Reports come from our agent, which reads its id from the node, and the id goes to
+# DescribeClusterNode: botocore's rule, stricter than an event hint.
+InstanceIdStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.INSTANCE_ID_PATTERN))]
 IpStr = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")]
 FingerprintStr = Annotated[str, StringConstraints(pattern=r"^SHA256:[A-Za-z0-9+/]{43}$")]
 KeyTypeStr = Annotated[str, StringConstraints(pattern=r"^[a-z0-9@.-]{3,64}$")]

@@ -3,10 +3,12 @@
 Layout (pure pieces first, AWS at the edge):
 
 * ``models``         - CloudTrail StartSession event model, target patterns, base errors.
-* ``identity``       - pure: AWS principal -> POSIX user (SSMSessionRunAs tag, mapping rules, fallback).
+* ``identity``       - pure: AWS principal -> the OS user Session Manager runs it as (Run As
+                       preferences, SSMSessionRunAs tags, mapping rules in place of session tags).
+* ``documents``      - pure: which sessions are interactive shells (and so count).
 * ``policy``         - pure: which sessions to end, with reasons.
-* ``session_api``    - ``SessionDirectory`` protocol + boto3 implementation.
-* ``fake_directory`` - in-memory ``SessionDirectory`` for tests and the local twin.
+* ``session_api``    - ``SessionDirectory`` protocol + boto3 implementation (an in-memory one for
+                       unit tests lives in tests/fake_session_directory.py).
 * ``enforce``        - orchestration: fetch, resolve, decide, terminate, report.
 
 The deployed part (functions/session_limits/app.py, statemachines/session_limits.asl.json) adds:

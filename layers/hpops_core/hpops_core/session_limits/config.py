@@ -7,11 +7,13 @@ enforcing a limit nobody meant.
 
     CLUSTER_NAME, CLUSTER_ID, LOGIN_GROUP_NAME    which login nodes (CLUSTER_ID: last segment of the ARN)
     MAX_SESSIONS_PER_USER                         default limit, >= 1
-    SESSION_LIMIT_OVERRIDES                       JSON object {"posix-user": limit >= 0}
+    SESSION_LIMIT_OVERRIDES                       JSON object {"posix-user": limit >= 0} (never root)
     SESSION_EXEMPT_USERS                          comma-separated POSIX users with no limit
+                                                  (user names: hpops_core/validation.py, refused naming the entry)
     SESSION_EXEMPT_PRINCIPALS                     comma-separated globs over the owner ARN
     SESSION_OWNER_MAPPINGS                        JSON array of {"pattern": "<ARN glob>", "user": "<posix>"}
-                                                  (or ["<ARN glob>", "<posix>"]), first match wins
+                                                  (or ["<ARN glob>", "<posix>"]), first match wins; they stand
+                                                  in for SSMSessionRunAs session tags (see identity.py)
     UNMAPPED_SESSION_POLICY                       count-as-principal | ignore
     SESSION_EXCESS_POLICY                         newest | oldest
     SESSION_LIMITS_DRY_RUN                        true | false
@@ -28,14 +30,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpops_core import validation
 from hpops_core.config import env_int, env_str
 from hpops_core.errors import ConfigurationError
 
 from .identity import IdentityConfig, InvalidIdentityConfig
-from .models import CLUSTER_ID_RE, INSTANCE_GROUP_RE
 from .policy import InvalidPolicy, LimitPolicy
 
-_CLUSTER_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
 _TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
 _TRUE, _FALSE = frozenset({"true", "yes", "1"}), frozenset({"false", "no", "0", ""})
 
@@ -64,6 +65,16 @@ def _csv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
 
 
+def _users(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    users = _csv(env, name)
+    for user in users:
+        try:
+            validation.check_posix_user(user, f"environment variable {name}")
+        except validation.InvalidValue as exc:
+            raise ConfigurationError(str(exc)) from None
+    return users
+
+
 def _json(env: Mapping[str, str], name: str, default: str) -> Any:
     raw = env.get(name, "").strip() or default
     try:
@@ -78,6 +89,12 @@ def _overrides(env: Mapping[str, str]) -> dict[str, int]:
     if not isinstance(value, dict):
         raise ConfigurationError(f"environment variable {name} must be a JSON object of user -> limit")
     for user, limit in value.items():
+        # Refused here, at parse time, naming the entry: a limit for a name no session can run as
+        # (or for root, which is never counted) would silently never apply.
+        try:
+            validation.check_limited_user(user, f"environment variable {name}")
+        except validation.InvalidValue as exc:
+            raise ConfigurationError(str(exc)) from None
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise ConfigurationError(f"environment variable {name}: limit for {user!r} must be an integer")
     return value
@@ -114,9 +131,9 @@ class SessionTriggerConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionTriggerConfig:
         env = os.environ if env is None else env
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME", _CLUSTER_NAME_RE),
-            cluster_id=_require(env, "CLUSTER_ID", CLUSTER_ID_RE),
-            login_group=_require(env, "LOGIN_GROUP_NAME", INSTANCE_GROUP_RE),
+            cluster_name=_require(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            cluster_id=_require(env, "CLUSTER_ID", validation.CLUSTER_ID_RE),
+            login_group=_require(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
             dry_run=_bool(env, "SESSION_LIMITS_DRY_RUN"),
         )
 
@@ -143,7 +160,7 @@ class SessionLimitsConfig:
             policy = LimitPolicy(
                 default_max=_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
                 overrides=_overrides(env),
-                exempt_users=frozenset(_csv(env, "SESSION_EXEMPT_USERS")),
+                exempt_users=frozenset(_users(env, "SESSION_EXEMPT_USERS")),
                 exempt_principal_patterns=_csv(env, "SESSION_EXEMPT_PRINCIPALS"),
                 excess=_choice(env, "SESSION_EXCESS_POLICY", ("newest", "oldest")),  # type: ignore[arg-type]
             )
@@ -195,7 +212,7 @@ class LoginLimitsConfig:
         wanted = {
             "default": _int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
             "overrides": _overrides(env),
-            "exempt": list(_csv(env, "SESSION_EXEMPT_USERS")),
+            "exempt": list(_users(env, "SESSION_EXEMPT_USERS")),
         }
         try:
             limits = parse_limits(json.dumps(wanted))

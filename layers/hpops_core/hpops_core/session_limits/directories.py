@@ -29,15 +29,19 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .identity import RunAsPreferences
 from .session_api import DESCRIBE_PAGE_SIZE, Boto3SessionDirectory, SessionDirectory, SessionListingFailed
 
 
 class SnapshotDirectory:
-    """Delegates to ``inner``; ``active_sessions`` is listed once per prefix and then replayed."""
+    """Delegates to ``inner``; ``active_sessions`` is listed once per prefix and then replayed, and
+    the Run As preferences are read once: one snapshot per invocation, so both planning passes see
+    the same sessions and the same preferences."""
 
     def __init__(self, inner: SessionDirectory) -> None:
         self.inner = inner
         self._listings: dict[str, list[dict[str, Any]]] = {}
+        self._preferences: RunAsPreferences | None = None
 
     @property
     def calls(self) -> Counter[str]:
@@ -57,6 +61,11 @@ class SnapshotDirectory:
 
     def principal_tags(self, iam_arn: str) -> dict[str, str]:
         return self.inner.principal_tags(iam_arn)
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        if self._preferences is None:
+            self._preferences = self.inner.run_as_preferences()
+        return self._preferences
 
 
 class OwnerScopedDirectory:
@@ -101,3 +110,6 @@ class OwnerScopedDirectory:
 
     def principal_tags(self, iam_arn: str) -> dict[str, str]:
         return self.inner.principal_tags(iam_arn)
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        return self.inner.run_as_preferences()

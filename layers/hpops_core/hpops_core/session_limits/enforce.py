@@ -18,14 +18,24 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
-from .identity import IdentityConfig, IdentityResolution, normalize_owner, resolve_posix_user
+from hpops_core import validation
+
+from .documents import session_kind
+from .identity import (
+    IdentityConfig,
+    IdentityResolution,
+    RunAsPreferences,
+    needs_principal_tags,
+    normalize_owner,
+    resolve_posix_user,
+)
 from .models import (
-    SESSION_ID_RE,
     SessionLimitError,
     StartSessionEvent,
     login_target_matches,
     login_target_prefix,
     parse_start_session,
+    target_mismatch,
 )
 from .policy import COUNTED_STATUSES, ActiveSession, Decision, LimitPolicy, UserVerdict, decide_terminations
 from .session_api import SessionDirectory
@@ -88,6 +98,11 @@ class EnforcementReport:
     note: str = ""
     trigger_session_listed: bool | None = None  # None for sweeps
     skipped: tuple[tuple[str, str], ...] = field(default=())
+    # Listed under the login prefix but not counted, each with its reason: a target that is not
+    # exactly this cluster's login group (e.g. group "login-2"), or a session that is no shell.
+    not_on_login_nodes: tuple[UnresolvedSession, ...] = ()
+    not_shells: tuple[UnresolvedSession, ...] = ()
+    run_as: str = ""  # the Run As preferences identities were resolved with; "" when none were needed
 
     @property
     def ended_ids(self) -> tuple[str, ...]:
@@ -114,6 +129,8 @@ class EnforcementReport:
             "TerminationFailures": len(self.failed),
             "UnresolvedSessions": len(self.unresolved),
             "LoginSessionsListed": self.login_sessions_listed,
+            "SessionsNotOnLoginNodes": len(self.not_on_login_nodes),
+            "SessionsNotShells": len(self.not_shells),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,6 +165,9 @@ class EnforcementReport:
             "ended": [ended(s) for s in self.ended],
             "failed": [{"session_id": f.session_id, "posix_user": f.posix_user, "error": f.error} for f in self.failed],
             "unresolved": [{"session_id": u.session_id, "owner": u.owner, "reason": u.reason} for u in self.unresolved],
+            "not_on_login_nodes": [{"session_id": u.session_id, "reason": u.reason} for u in self.not_on_login_nodes],
+            "not_shells": [{"session_id": u.session_id, "reason": u.reason} for u in self.not_shells],
+            "run_as": self.run_as,
             "api_calls": dict(self.api_calls),
         }
 
@@ -172,6 +192,8 @@ class EnforcementReport:
         ]
         if self.dry_run:
             lines.append("DRY RUN: no session was terminated; this is what enforcement would do.")
+        if self.run_as:
+            lines.append(f"Session Manager preferences: {self.run_as}.")
         for verdict in self.users_over_limit:
             lines.append("")
             lines.append(
@@ -213,27 +235,34 @@ def _call_counts(directory: SessionDirectory) -> Counter[str]:
     return Counter(calls) if isinstance(calls, Mapping) else Counter()
 
 
-def _session_from_record(record: Any, cluster_id: str, login_group: str) -> tuple[dict[str, Any] | None, str]:
-    """Check one DescribeSessions record; returns (clean fields, "") or (None, reason)."""
+_COUNTED, _NOT_ON_LOGIN_NODES, _NOT_SHELL, _UNUSABLE = "counted", "not on login nodes", "not a shell", "unusable"
+
+
+def _session_from_record(record: Any, cluster_id: str, login_group: str) -> tuple[dict[str, Any] | None, str, str]:
+    """Check one DescribeSessions record. Pure: (clean fields, "counted", "") or (None, category, reason)."""
     if not isinstance(record, Mapping):
-        return None, "record is not an object"
+        return None, _UNUSABLE, "record is not an object"
     session_id = record.get("SessionId")
-    if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
-        return None, "missing or unsafe SessionId"
+    if not validation.is_session_id(session_id):
+        return None, _UNUSABLE, "missing or unsafe SessionId"
     target = record.get("Target")
-    if not isinstance(target, str) or not login_target_matches(target, cluster_id, login_group):
+    mismatch = target_mismatch(target, cluster_id, login_group)
+    if mismatch:
         # Prefix filtering lets "login-2" through for group "login"; this is the exact check.
-        return None, "target is not a login node of this cluster"
+        return None, _NOT_ON_LOGIN_NODES, mismatch
+    kind = session_kind(record.get("DocumentName"))
+    if not kind.counted:
+        return None, _NOT_SHELL, f"not an interactive shell: {kind.reason}"
     owner = record.get("Owner")
     if not isinstance(owner, str) or not owner:
-        return None, "missing Owner"
+        return None, _UNUSABLE, "missing Owner"
     start = record.get("StartDate")
     if not isinstance(start, datetime):
-        return None, "missing StartDate (cannot order it, so never ended)"
+        return None, _UNUSABLE, "missing StartDate (cannot order it, so never ended)"
     status = record.get("Status")
     if not isinstance(status, str):
-        return None, "missing Status"
-    return {"session_id": session_id, "target": target, "owner": owner, "start_date": start, "status": status}, ""
+        return None, _UNUSABLE, "missing Status"
+    return {"session_id": session_id, "target": target, "owner": owner, "start_date": start, "status": status}, _COUNTED, ""
 
 
 def enforce(
@@ -259,17 +288,20 @@ def enforce(
     calls_before = _call_counts(directory)
 
     unresolved: list[UnresolvedSession] = []
+    not_on_login_nodes: list[UnresolvedSession] = []
+    not_shells: list[UnresolvedSession] = []
     records: list[dict[str, Any]] = []
     seen_ids: set[str] = set()
     listed = 0
     for raw in directory.active_sessions(prefix):
-        clean, why = _session_from_record(raw, cluster_id, login_group)
+        clean, category, why = _session_from_record(raw, cluster_id, login_group)
         if clean is None:
-            if why != "target is not a login node of this cluster":
-                sid = raw.get("SessionId") if isinstance(raw, Mapping) else None
-                unresolved.append(
-                    UnresolvedSession(sid if isinstance(sid, str) and SESSION_ID_RE.match(sid) else "<invalid>", None, why)
-                )
+            sid = raw.get("SessionId") if isinstance(raw, Mapping) else None
+            sid = sid if validation.is_session_id(sid) else "<invalid>"
+            owner = raw.get("Owner") if isinstance(raw, Mapping) and isinstance(raw.get("Owner"), str) else None
+            {_NOT_ON_LOGIN_NODES: not_on_login_nodes, _NOT_SHELL: not_shells}.get(category, unresolved).append(
+                UnresolvedSession(sid, owner, why)
+            )
             continue
         if clean["session_id"] in seen_ids:  # paging can repeat a record while the set changes
             continue
@@ -288,16 +320,21 @@ def enforce(
     ]
     identities: dict[str, IdentityResolution] = {}
     note = ""
+    run_as = ""
     if len(candidates) <= policy.min_limit():
         note = f"{len(candidates)} countable session(s) <= smallest limit {policy.min_limit()}; no identity lookups needed"
         decision = Decision(verdicts=(), to_terminate=())
     else:
+        # Whose session it is depends first on the account's Run As settings; without them no
+        # decision is safe, so a failure to read them (RunAsPreferencesUnavailable) stops the run.
+        preferences = directory.run_as_preferences()
+        run_as = preferences.describe()
         tag_cache: dict[str, dict[str, str] | None] = {}
         for r in candidates:
             owner = r["owner"]
             if owner in identities:
                 continue
-            identities[owner] = _resolve(directory, owner, identity_config, tag_cache)
+            identities[owner] = _resolve(directory, owner, identity_config, preferences, tag_cache)
         sessions = []
         for r in candidates:
             resolution = identities[r["owner"]]
@@ -345,6 +382,9 @@ def enforce(
         note=note,
         trigger_session_listed=None if trigger_session_id is None else trigger_session_id in by_id,
         skipped=tuple((s.session_id, s.reason) for s in decision.skipped),
+        not_on_login_nodes=tuple(not_on_login_nodes),
+        not_shells=tuple(not_shells),
+        run_as=run_as,
     )
 
 
@@ -352,10 +392,11 @@ def _resolve(
     directory: SessionDirectory,
     owner: str,
     config: IdentityConfig,
+    preferences: RunAsPreferences,
     tag_cache: dict[str, dict[str, str] | None],
 ) -> IdentityResolution:
     tags: dict[str, str] | None = None
-    iam_arn = normalize_owner(owner) if config.lookup_tags else None
+    iam_arn = normalize_owner(owner) if needs_principal_tags(owner, preferences, config) else None
     if iam_arn is not None:
         # Many sessions share one role (assumed-role/Researchers/alice, .../bob): one lookup each run.
         if iam_arn not in tag_cache:
@@ -363,13 +404,13 @@ def _resolve(
                 tag_cache[iam_arn] = directory.principal_tags(iam_arn)
             except SessionLimitError as exc:
                 tag_cache[iam_arn] = None
-                # The tag outranks every other source; guessing without it could end the wrong
+                # The tag outranks the default user; guessing without it could end the wrong
                 # person's session, so such principals are left uncounted this run.
                 return IdentityResolution(None, "unmapped", f"run-as tag lookup failed ({exc}); not counted")
         tags = tag_cache[iam_arn]
         if tags is None:
             return IdentityResolution(None, "unmapped", "run-as tag lookup failed earlier this run; not counted")
-    return resolve_posix_user(owner, tags, config.mapping_rules, config.unmapped_policy)
+    return resolve_posix_user(owner, preferences, tags, config.mapping_rules, config.unmapped_policy)
 
 
 def enforce_for_event(

@@ -1,46 +1,61 @@
-"""Pure identity resolution: AWS principal (session ``Owner``) -> POSIX user the session runs as.
+"""Pure identity resolution: the OS user Session Manager runs a session as, which is the POSIX
+user the session counts against.
 
-Session Manager's "Run As" picks the OS user from the ``SSMSessionRunAs`` tag of the calling
-IAM user or role (or a session tag for federated users), else the account's default run-as
-user. We mirror that order, with operator mapping rules standing in for what we cannot see:
+How Session Manager decides (AWS Systems Manager User Guide, "Turn on Run As support for Linux
+and macOS managed nodes", and shared/aws-facts.md):
 
-1. ``SSMSessionRunAs`` tag on the principal (IAM role/user tags; looked up by the caller).
-2. First matching mapping rule (fnmatch-style glob over the *owner ARN*).
-3. The unmapped policy: count under the principal's own name, or ignore (never terminated).
+1. Run As off in the account's Session Manager preferences (the ``SSM-SessionManagerRunShell``
+   document's ``inputs.runAsEnabled`` false, or no such document: never configured): every
+   shell runs as ``ssm-user``.
+2. Run As on: the ``SSMSessionRunAs`` *session* tag (federated principals; it wins over the
+   role's tag), else the ``SSMSessionRunAs`` tag on the IAM role or user, else
+   ``runAsDefaultUser``. With none of them, or a tag naming a user SSM cannot use, SSM starts
+   no session at all.
 
-Limitations, stated so nobody relies on more:
+What we can see: the preferences (GetDocument) and role/user tags (ListRoleTags/ListUserTags).
+Session tags are visible nowhere we look: ``DescribeSessions`` reports only the owner ARN, and
+the CloudTrail record's ``userIdentity`` carries the ARN and a session context (issuing role,
+creationDate, mfaAuthenticated, sourceIdentity), never the principal tags. So:
 
-* Session tags (typical for SSO/federation) are not visible on the role, so a federated
-  user's run-as tag can only be reproduced through mapping rules.
-* ``root`` is never a result: SSM refuses run-as root, and counting sessions under ``root``
-  would let one misconfiguration throttle unrelated people.
+* Operator mapping rules stand in for the session tag, in its place: before the role's tag, and
+  only for principals that can carry session tags (assumed-role sessions, federated users). An
+  IAM user has no session tags, so its own tag or the default decides, as in SSM.
+* A listed session that resolves to nobody (SSM would have refused it) can only exist through a
+  session tag we cannot see. The unmapped policy decides: count it under the principal's
+  session/user name (the best stand-in for that tag), or leave it uncounted.
+
+``root`` is never a result: SSM does not run sessions as root, and counting under root would let
+one misconfiguration throttle unrelated people.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Literal
+from typing import Any, Literal
 
-from hpops_core.node_channel.login_limits import USER_RE
+from hpops_core import validation
 
 from .models import SessionLimitError
 
 RUN_AS_TAG = "SSMSessionRunAs"
+PREFERENCES_DOCUMENT = "SSM-SessionManagerRunShell"
+RUN_AS_OFF_USER = "ssm-user"  # the account Session Manager creates and uses when Run As is off
 
 UnmappedPolicy = Literal["count-as-principal", "ignore"]
-IdentitySource = Literal["tag", "mapping", "principal-name", "unmapped"]
+IdentitySource = Literal["run-as-off", "mapping", "tag", "default-user", "principal-name", "unmapped"]
 
-# The one POSIX user rule, the same the login nodes apply to maxlogins entries: a run-as user
-# counted here can always be limited there too.
-POSIX_USER_RE = USER_RE
+# The one POSIX user rule (hpops_core/validation.py): a run-as user counted here can always be
+# limited on the login nodes too.
+POSIX_USER_RE = validation.POSIX_USER_RE
 # Principal-name fallback keys only group sessions; they are not real accounts, so SSO-style
 # names ("alice@example.com") are allowed.
-PRINCIPAL_KEY_RE = re.compile(r"^[A-Za-z0-9+=,.@_-]{1,64}$")
+PRINCIPAL_KEY_RE = re.compile(r"\A[A-Za-z0-9+=,.@_-]{1,64}\Z")
 
-FORBIDDEN_USERS = frozenset({"root"})
+FORBIDDEN_USERS = validation.NEVER_LIMITED_USERS
 
 _ARN_RE = re.compile(
     r"^arn:(?P<partition>aws[a-z-]*):(?P<service>iam|sts)::(?P<account>[0-9]{12}):(?P<resource>.+)$"
@@ -49,6 +64,62 @@ _ARN_RE = re.compile(
 
 class InvalidIdentityConfig(SessionLimitError, ValueError):
     """Mapping rules or unmapped policy are unusable (e.g. a rule maps to ``root``)."""
+
+
+class InvalidRunAsPreferences(SessionLimitError, ValueError):
+    """The Session Manager preferences document cannot be read as Run As settings."""
+
+
+@dataclass(frozen=True)
+class RunAsPreferences:
+    """What the account's Session Manager preferences say about Run As."""
+
+    enabled: bool
+    default_user: str | None = None
+    note: str = ""  # where this came from, or what was ignored and why
+
+    def describe(self) -> str:
+        if not self.enabled:
+            text = f"Run As is off: every shell runs as {RUN_AS_OFF_USER}"
+        elif self.default_user:
+            text = f"Run As is on, runAsDefaultUser {self.default_user}"
+        else:
+            text = "Run As is on, no runAsDefaultUser"
+        return f"{text} ({self.note})" if self.note else text
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise InvalidRunAsPreferences(f"{PREFERENCES_DOCUMENT}: inputs.runAsEnabled must be true or false")
+
+
+def parse_run_as_preferences(content: str | None) -> RunAsPreferences:
+    """Run As settings from the preferences document's content (JSON); None: the document does not exist."""
+    if content is None:
+        return RunAsPreferences(False, None, f"no {PREFERENCES_DOCUMENT} document: Session Manager's defaults")
+    try:
+        document = json.loads(content)
+    except (TypeError, ValueError):
+        raise InvalidRunAsPreferences(f"{PREFERENCES_DOCUMENT} is not a JSON document") from None
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    if inputs is None:
+        inputs = {}
+    if not isinstance(inputs, dict):
+        raise InvalidRunAsPreferences(f"{PREFERENCES_DOCUMENT}: inputs must be an object")
+    enabled = _flag(inputs.get("runAsEnabled", False))
+    raw = inputs.get("runAsDefaultUser") or ""
+    if not isinstance(raw, str):
+        raise InvalidRunAsPreferences(f"{PREFERENCES_DOCUMENT}: inputs.runAsDefaultUser must be a string")
+    default = raw.strip()
+    if not enabled or not default:
+        return RunAsPreferences(enabled, None)
+    if not validation.is_limited_user(default):
+        # SSM cannot start a session as such a user, so no session runs as it.
+        return RunAsPreferences(True, None, f"runAsDefaultUser {validation.shown(default)} is not usable; ignored")
+    return RunAsPreferences(True, default)
 
 
 @dataclass(frozen=True)
@@ -71,26 +142,28 @@ class IdentityConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "mapping_rules", validate_mapping_rules(self.mapping_rules))
         if self.unmapped_policy not in ("count-as-principal", "ignore"):
-            raise InvalidIdentityConfig(f"unknown unmapped_policy {self.unmapped_policy!r}")
+            raise InvalidIdentityConfig(f"unknown unmapped_policy {validation.shown(self.unmapped_policy)}")
 
 
 def validate_mapping_rules(rules: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     checked = []
-    for rule in rules:
+    for index, rule in enumerate(rules):
         try:
             pattern, user = rule
         except (TypeError, ValueError):
-            raise InvalidIdentityConfig(f"mapping rule must be (arn_glob, posix_user): {rule!r}") from None
+            raise InvalidIdentityConfig(f"mapping rule {index} must be (arn_glob, posix_user)") from None
         if not isinstance(pattern, str) or not pattern:
-            raise InvalidIdentityConfig(f"mapping rule pattern must be a non-empty string: {rule!r}")
-        if not _valid_posix_user(user):
-            raise InvalidIdentityConfig(f"mapping rule maps to an unusable POSIX user: {user!r}")
+            raise InvalidIdentityConfig(f"mapping rule {index}: pattern must be a non-empty string")
+        try:
+            validation.check_limited_user(user, f"mapping rule {index} user")
+        except validation.InvalidValue as exc:
+            raise InvalidIdentityConfig(str(exc)) from None
         checked.append((pattern, user))
     return tuple(checked)
 
 
 def _valid_posix_user(user: object) -> bool:
-    return isinstance(user, str) and bool(POSIX_USER_RE.match(user)) and user not in FORBIDDEN_USERS
+    return validation.is_limited_user(user)
 
 
 @dataclass(frozen=True)
@@ -158,42 +231,80 @@ def principal_name(owner_arn: str) -> str | None:
     return None
 
 
+def may_carry_session_tags(owner_arn: str) -> bool:
+    """Assumed-role sessions and federated users can carry session tags; IAM users and root cannot."""
+    principal = _parse_principal(owner_arn)
+    return principal is not None and principal.kind in ("assumed-role", "federated-user")
+
+
+def _mapping_rule(owner_arn: str, rules: Iterable[tuple[str, str]]) -> tuple[str, str] | None:
+    if not may_carry_session_tags(owner_arn):
+        return None
+    return next(((p, u) for p, u in rules if fnmatchcase(owner_arn, p)), None)
+
+
+def needs_principal_tags(owner_arn: str, preferences: RunAsPreferences, config: IdentityConfig) -> bool:
+    """Whether :func:`resolve_posix_user` would read the principal's tags (look them up only then)."""
+    if not preferences.enabled or not config.lookup_tags:
+        return False
+    if _mapping_rule(owner_arn, config.mapping_rules) is not None:
+        return False
+    return normalize_owner(owner_arn) is not None
+
+
 def resolve_posix_user(
     owner_arn: str,
+    preferences: RunAsPreferences,
     principal_tags: Mapping[str, str] | None,
-    mapping_rules: Iterable[tuple[str, str]],
+    mapping_rules: Iterable[tuple[str, str]] = (),
     unmapped_policy: UnmappedPolicy = "count-as-principal",
 ) -> IdentityResolution:
-    """Decide which POSIX user a session of ``owner_arn`` counts against. Pure; never ``root``.
+    """Decide which POSIX user a session of ``owner_arn`` runs as, in Session Manager's order. Pure; never ``root``.
 
     ``principal_tags`` are the tags of :func:`normalize_owner`'s ARN, or None when they were not
     (or could not be) looked up.
     """
     if unmapped_policy not in ("count-as-principal", "ignore"):
-        raise InvalidIdentityConfig(f"unknown unmapped_policy {unmapped_policy!r}")
-    notes: list[str] = []
+        raise InvalidIdentityConfig(f"unknown unmapped_policy {validation.shown(unmapped_policy)}")
+    rules = validate_mapping_rules(mapping_rules)
 
+    # 1. Run As off: SSM ignores every tag and runs the shell as its own account.
+    if not preferences.enabled:
+        return IdentityResolution(RUN_AS_OFF_USER, "run-as-off", preferences.describe())
+
+    # 2. The session tag, which we cannot see: the operator's mapping rule stands in for it.
+    rule = _mapping_rule(owner_arn, rules)
+    if rule is not None:
+        return IdentityResolution(
+            rule[1], "mapping",
+            f"owner matches mapping rule {rule[0]!r} (in place of an {RUN_AS_TAG} session tag, "
+            "which Session Manager prefers to the role's tag)",
+        )
+
+    # 3. The IAM role's or user's tag. A tag SSM cannot use stops SSM there: no default applies.
+    notes: list[str] = []
     tag_value = (principal_tags or {}).get(RUN_AS_TAG)
     if tag_value is not None:
         if _valid_posix_user(tag_value):
             return IdentityResolution(tag_value, "tag", f"{RUN_AS_TAG} tag on the principal is {tag_value!r}")
-        # SSM itself rejects such a value (root, empty, odd characters), so the tag cannot be what
-        # the session runs as; fall through rather than count under a bogus name.
-        notes.append(f"ignored unusable {RUN_AS_TAG} tag value")
+        notes.append(f"the principal's {RUN_AS_TAG} tag is not a usable user, so SSM starts no session with it")
+    else:
+        if principal_tags is None and normalize_owner(owner_arn) is not None:
+            notes.append("the principal's tags were not looked up")
+        # 4. The account's default run-as user.
+        if preferences.default_user:
+            prefix = "".join(f"{note}; " for note in notes)
+            return IdentityResolution(
+                preferences.default_user, "default-user",
+                f"{prefix}no {RUN_AS_TAG} tag on the principal; runAsDefaultUser is {preferences.default_user!r}",
+            )
+        notes.append(f"no {RUN_AS_TAG} tag and no runAsDefaultUser, so SSM starts no session without a session tag")
 
-    prefix = "".join(f"{note}; " for note in notes)
-    for pattern, user in validate_mapping_rules(mapping_rules):
-        if fnmatchcase(owner_arn, pattern):
-            return IdentityResolution(user, "mapping", f"{prefix}owner matches mapping rule {pattern!r}")
-
+    # 5. Nothing SSM could have used: the session exists through a session tag we cannot see.
+    prefix = "; ".join(notes)
     if unmapped_policy == "ignore":
-        return IdentityResolution(None, "unmapped", f"{prefix}no run-as tag or mapping rule; policy is 'ignore'")
-
+        return IdentityResolution(None, "unmapped", f"{prefix}; policy is 'ignore'")
     name = principal_name(owner_arn)
     if name is None or name in FORBIDDEN_USERS or not PRINCIPAL_KEY_RE.match(name):
-        return IdentityResolution(
-            None, "unmapped", f"{prefix}no run-as tag or mapping rule and no usable principal name to count under"
-        )
-    return IdentityResolution(
-        name, "principal-name", f"{prefix}no run-as tag or mapping rule; counted under principal name {name!r}"
-    )
+        return IdentityResolution(None, "unmapped", f"{prefix}; no usable principal name to count under")
+    return IdentityResolution(name, "principal-name", f"{prefix}; counted under principal name {name!r}")

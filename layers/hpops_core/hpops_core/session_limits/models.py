@@ -14,6 +14,8 @@ from typing import Any, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hpops_core import validation
+
 
 class SessionLimitError(Exception):
     """Base class for every named error of the session-limits feature."""
@@ -23,46 +25,39 @@ class MalformedSessionEvent(SessionLimitError, ValueError):
     """The event is not a successful, well-formed CloudTrail ``StartSession`` record."""
 
 
-# --- patterns ---------------------------------------------------------------------------------
+# --- patterns (the rules themselves live in hpops_core/validation.py) ----------------------------
 
-# Session ids look like "<role-session-or-user-name>-<hex>"; federated names bring '@' and '.'.
-# API limit is 96 characters; the character set keeps them safe in logs and messages.
-SESSION_ID_PATTERN = r"[A-Za-z0-9._@-]{1,96}"
-SESSION_ID_RE = re.compile(rf"^{SESSION_ID_PATTERN}$")
+# botocore: 1-96 characters, no pattern; ids start with the caller's session name, which may carry
+# `+=,.@_-`. Only whitespace and control characters are refused (they would forge log lines).
+SESSION_ID_PATTERN = validation.SESSION_ID_PATTERN
+SESSION_ID_RE = validation.SESSION_ID_RE
 
-# HyperPod cluster ids are 12 lowercase alphanumerics (last segment of the cluster ARN); accept a
-# little more so that twins/tests with other lengths still work, but never separators.
-CLUSTER_ID_PATTERN = r"[a-z0-9]{1,64}"
-# SageMaker ClusterInstanceGroupName: [a-zA-Z0-9](-*[a-zA-Z0-9])*, max 63.
-INSTANCE_GROUP_PATTERN = r"[A-Za-z0-9](?:-*[A-Za-z0-9]){0,62}"
-# EC2 instance ids: i- followed by 8 or 17 hex digits.
-INSTANCE_ID_PATTERN = r"i-[0-9a-f]{8}(?:[0-9a-f]{9})?"
+CLUSTER_ID_PATTERN = validation.CLUSTER_ID_PATTERN
+INSTANCE_GROUP_PATTERN = validation.INSTANCE_GROUP_PATTERN
+# Targets name real nodes (botocore's ClusterNodeId), never an event's loose spelling.
+INSTANCE_ID_PATTERN = validation.INSTANCE_ID_PATTERN
 
 # The instance id is anchored at the end, so a group name that itself contains hyphens
 # ("login-b") still parses unambiguously: the regex backtracks to the last "-i-<hex>".
 TARGET_RE = re.compile(
-    rf"^sagemaker-cluster:(?P<cluster_id>{CLUSTER_ID_PATTERN})"
-    rf"_(?P<group>{INSTANCE_GROUP_PATTERN})-(?P<instance_id>{INSTANCE_ID_PATTERN})$"
+    rf"\Asagemaker-cluster:(?P<cluster_id>{CLUSTER_ID_PATTERN})"
+    rf"_(?P<group>{INSTANCE_GROUP_PATTERN})-(?P<instance_id>{INSTANCE_ID_PATTERN})\Z"
 )
-CLUSTER_ID_RE = re.compile(rf"^{CLUSTER_ID_PATTERN}$")
-INSTANCE_GROUP_RE = re.compile(rf"^{INSTANCE_GROUP_PATTERN}$")
+CLUSTER_ID_RE = validation.CLUSTER_ID_RE
+INSTANCE_GROUP_RE = validation.INSTANCE_GROUP_RE
 
 # IAM/STS principal ARNs as they appear in userIdentity.arn and DescribeSessions' Owner.
 PRINCIPAL_ARN_RE = re.compile(
-    r"^arn:aws[a-z-]*:(?:iam|sts)::[0-9]{12}:[A-Za-z0-9+=,.@_/-]{1,400}$"
-)
-
-CLUSTER_ARN_RE = re.compile(
-    rf"^arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{{12}}:cluster/(?P<cluster_id>{CLUSTER_ID_PATTERN})$"
+    r"\Aarn:aws[a-z-]*:(?:iam|sts)::[0-9]{12}:[A-Za-z0-9+=,.@_/-]{1,400}\Z"
 )
 
 
 def cluster_id_from_arn(cluster_arn: str) -> str:
     """``arn:aws:sagemaker:us-east-1:111122223333:cluster/abc123def456`` -> ``abc123def456``."""
-    match = CLUSTER_ARN_RE.match(cluster_arn or "")
-    if not match:
-        raise MalformedSessionEvent(f"not a SageMaker HyperPod cluster ARN: {cluster_arn!r}")
-    return match.group("cluster_id")
+    cluster_id = cluster_arn.rsplit("/", 1)[-1] if isinstance(cluster_arn, str) else None
+    if not validation.is_cluster_arn(cluster_arn) or not validation.is_cluster_id(cluster_id):
+        raise MalformedSessionEvent(f"not a SageMaker HyperPod cluster ARN: {validation.shown(cluster_arn)}")
+    return cluster_id
 
 
 def login_target_prefix(cluster_id: str, login_group: str) -> str:
@@ -71,10 +66,11 @@ def login_target_prefix(cluster_id: str, login_group: str) -> str:
     Only a *prefix*: group ``login`` is also a prefix of group ``login-2``'s targets, so callers
     must confirm a full match with :func:`login_target_matches` after prefix filtering.
     """
-    if not CLUSTER_ID_RE.match(cluster_id or ""):
-        raise MalformedSessionEvent(f"invalid cluster id: {cluster_id!r}")
-    if not INSTANCE_GROUP_RE.match(login_group or ""):
-        raise MalformedSessionEvent(f"invalid instance group name: {login_group!r}")
+    try:
+        validation.check_cluster_id(cluster_id)
+        validation.check_instance_group(login_group)
+    except validation.InvalidValue as exc:
+        raise MalformedSessionEvent(str(exc)) from None
     return f"sagemaker-cluster:{cluster_id}_{login_group}-"
 
 
@@ -90,8 +86,20 @@ def parse_target(target: str) -> tuple[str, str, str] | None:
 
 def login_target_matches(target: str, cluster_id: str, login_group: str) -> bool:
     """True only for a node of exactly ``login_group`` in exactly ``cluster_id``."""
+    return target_mismatch(target, cluster_id, login_group) is None
+
+
+def target_mismatch(target: Any, cluster_id: str, login_group: str) -> str | None:
+    """Why ``target`` is not a login node of this cluster (None when it is one). Names the group,
+    never echoes an unrecognised target."""
     parsed = parse_target(target)
-    return parsed is not None and parsed[0] == cluster_id and parsed[1] == login_group
+    if parsed is None:
+        return "target does not look like sagemaker-cluster:<cluster-id>_<group>-<instance-id>"
+    if parsed[0] != cluster_id:
+        return f"target is on cluster id {parsed[0]}, not {cluster_id}"
+    if parsed[1] != login_group:
+        return f"target is on instance group {parsed[1]!r}, not the login group {login_group!r}"
+    return None
 
 
 # --- the model --------------------------------------------------------------------------------
@@ -156,8 +164,8 @@ class StartSessionResponse(BaseModel):
     @field_validator("sessionId")
     @classmethod
     def _session_id(cls, value: str) -> str:
-        if not SESSION_ID_RE.match(value):
-            raise ValueError("responseElements.sessionId has unexpected characters or length")
+        if not validation.is_session_id(value):
+            raise ValueError("responseElements.sessionId is not 1-96 characters without spaces or control characters")
         return value
 
 

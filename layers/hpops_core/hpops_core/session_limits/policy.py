@@ -15,6 +15,8 @@ from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import Literal
 
+from hpops_core import validation
+
 from .models import SessionLimitError
 
 # Disconnected sessions can be resumed but hold no shell; Terminating ones are already on the way
@@ -51,8 +53,10 @@ class LimitPolicy:
         _check_limit("default_max", self.default_max, 1)
         overrides = {}
         for user, limit in dict(self.overrides).items():
-            if not isinstance(user, str) or not user:
-                raise InvalidPolicy(f"override key must be a user name, got {user!r}")
+            try:
+                validation.check_limited_user(user, "override")
+            except validation.InvalidValue as exc:
+                raise InvalidPolicy(str(exc)) from None
             overrides[user] = _check_limit(f"overrides[{user!r}]", limit, 0)
         object.__setattr__(self, "overrides", MappingProxyType(overrides))
         if isinstance(self.exempt_users, str):

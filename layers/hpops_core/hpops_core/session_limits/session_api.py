@@ -1,8 +1,8 @@
 """The transport seam for session data: a small protocol plus the real boto3 implementation.
 
 moto implements none of DescribeSessions / TerminateSession / StartSession, so everything that
-touches sessions goes through :class:`SessionDirectory`; tests and the local twin use
-``fake_directory.InMemorySessionDirectory``, Lambda uses :class:`Boto3SessionDirectory`.
+touches sessions goes through :class:`SessionDirectory`; unit tests use an in-memory double
+(tests/fake_session_directory.py), Lambda and the local twin use :class:`Boto3SessionDirectory`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .identity import PREFERENCES_DOCUMENT, InvalidRunAsPreferences, RunAsPreferences, parse_run_as_preferences
 from .models import SessionLimitError
 
 DESCRIBE_PAGE_SIZE = 200  # DescribeSessions maximum; fewer pages = fewer calls per event.
@@ -38,6 +39,10 @@ class TerminateFailed(DirectoryError):
     """TerminateSession failed for one session."""
 
 
+class RunAsPreferencesUnavailable(DirectoryError):
+    """The Session Manager preferences (Run As) could not be read; without them nobody's user is known."""
+
+
 @runtime_checkable
 class SessionDirectory(Protocol):
     """What enforcement needs from AWS. Implementations may expose ``calls: Counter`` (API call
@@ -53,6 +58,10 @@ class SessionDirectory(Protocol):
 
     def principal_tags(self, iam_arn: str) -> dict[str, str]:
         """Tags of an IAM role/user ARN ({} if it no longer exists); :class:`TagLookupFailed` otherwise."""
+        ...
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        """The account's Session Manager Run As settings; :class:`RunAsPreferencesUnavailable` if unreadable."""
         ...
 
 
@@ -156,6 +165,25 @@ class Boto3SessionDirectory:
             self.ssm.terminate_session(SessionId=session_id)
         except (ClientError, BotoCoreError) as exc:
             raise TerminateFailed(f"TerminateSession {session_id} failed: {_error_code(exc)}") from exc
+
+    # -- Run As preferences ----------------------------------------------------------------
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        """GetDocument SSM-SessionManagerRunShell, on every call: callers cache it per invocation
+        (SnapshotDirectory), so an operator's change of preferences counts from the next run."""
+        self.calls["GetDocument"] += 1
+        try:
+            document = self.ssm.get_document(Name=PREFERENCES_DOCUMENT, DocumentFormat="JSON")
+        except ClientError as exc:
+            if _error_code(exc) == "InvalidDocument":  # never saved: Session Manager's defaults apply
+                return parse_run_as_preferences(None)
+            raise RunAsPreferencesUnavailable(f"GetDocument {PREFERENCES_DOCUMENT} failed: {_error_code(exc)}") from exc
+        except BotoCoreError as exc:
+            raise RunAsPreferencesUnavailable(f"GetDocument {PREFERENCES_DOCUMENT} failed: {_error_code(exc)}") from exc
+        try:
+            return parse_run_as_preferences(document.get("Content") or "")
+        except InvalidRunAsPreferences as exc:
+            raise RunAsPreferencesUnavailable(str(exc)) from None
 
     # -- tags ------------------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ Accepted inputs (the state machine wraps them as ``{"input": ...}`` first):
 Everything else raises :class:`~hpops_core.errors.MalformedEventError`; a cluster this stack does
 not guard raises :class:`~hpops_core.errors.UnknownClusterError`. Both change nothing. A
 StartSession on another instance group of *this* cluster is not an error: the rule's target
-prefix ``..._login-`` also matches group ``login-2``, so such a request comes back ``ignored``.
+prefix ``..._login-`` also matches group ``login-2``, so such a request comes back ``ignored``,
+as does a session that is no shell (port forwarding, SSH tunnel, non-interactive command).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
+from hpops_core import validation
 from hpops_core.errors import MalformedEventError, UnknownClusterError
 
 from .config import SessionTriggerConfig
-from .models import SESSION_ID_RE, MalformedSessionEvent, parse_start_session, parse_target
+from .documents import session_kind
+from .models import MalformedSessionEvent, parse_start_session, parse_target
 
 Mode = Literal["event", "sweep"]
 
@@ -30,7 +33,7 @@ Mode = Literal["event", "sweep"]
 class SweepInput(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    cluster: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    cluster: str = Field(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))
     mode: Literal["sweep"]
     dry_run: StrictBool = Field(default=False, alias="dryRun")
 
@@ -68,7 +71,7 @@ class SessionLimitsRequest:
         session_id, owner = state.get("sessionId"), state.get("owner")
         if mode not in ("event", "sweep") or not isinstance(dry_run, bool) or not isinstance(cluster, str):
             raise MalformedEventError("request needs cluster, mode (event|sweep) and dryRun")
-        if mode == "event" and not (isinstance(session_id, str) and SESSION_ID_RE.match(session_id) and isinstance(owner, str)):
+        if mode == "event" and not (validation.is_session_id(session_id) and isinstance(owner, str)):
             raise MalformedEventError("an event request needs sessionId and owner")
         return cls(
             cluster=cluster,
@@ -100,8 +103,12 @@ def parse_session_input(raw: Any, config: SessionTriggerConfig) -> SessionLimits
             raise UnknownClusterError(f"session target is on cluster id {cluster_id}, this stack guards {config.cluster_id}")
         trigger = f"StartSession {event.session_id} on {instance_id} by {event.owner_arn}"
         ignored = None
+        kind = session_kind(event.detail.requestParameters.documentName)
         if group != config.login_group:
             ignored = f"session is on instance group {group!r}, not the login group {config.login_group!r}"
+        elif not kind.counted:
+            # Such a session never counts, so it cannot put anyone over a limit: nothing to check.
+            ignored = f"session is not an interactive shell ({kind.reason})"
         return SessionLimitsRequest(
             cluster=config.cluster_name,
             mode="event",

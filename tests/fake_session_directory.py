@@ -1,4 +1,7 @@
-"""In-memory :class:`~hpops_core.session_limits.session_api.SessionDirectory` for tests and the twin.
+"""In-memory :class:`~hpops_core.session_limits.session_api.SessionDirectory` for unit tests.
+
+A test double, so it lives with the tests, not in the Lambda layer. (The twin plays Session
+Manager behind moto instead: tests/hpops_twin/ssm_sessions.py.)
 
 It models the AWS behaviour enforcement depends on, and counts calls the way AWS would bill
 them: one ``DescribeSessions`` per page of ``page_size`` active sessions (at least one call even
@@ -17,7 +20,17 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from .session_api import DESCRIBE_PAGE_SIZE, TagLookupFailed, TerminateFailed
+from hpops_core.session_limits.identity import RunAsPreferences
+from hpops_core.session_limits.session_api import (
+    DESCRIBE_PAGE_SIZE,
+    RunAsPreferencesUnavailable,
+    TagLookupFailed,
+    TerminateFailed,
+)
+
+# Most tests are about limits, not about Run As: by default the account has Run As on and no
+# default user, so each principal's SSMSessionRunAs tag (or the unmapped policy) decides.
+RUN_AS_ON = RunAsPreferences(enabled=True)
 
 # What DescribeSessions(State=Active) returns; Terminated/Failed sessions move to History.
 _ACTIVE_STATE_STATUSES = frozenset({"Connected", "Connecting", "Disconnected", "Terminating"})
@@ -51,6 +64,7 @@ class InMemorySessionDirectory:
         *,
         page_size: int = DESCRIBE_PAGE_SIZE,
         tags: Mapping[str, Mapping[str, str]] | None = None,
+        preferences: RunAsPreferences = RUN_AS_ON,
     ) -> None:
         if not 1 <= page_size <= DESCRIBE_PAGE_SIZE:
             raise ValueError("page_size must be 1..200, like DescribeSessions MaxResults")
@@ -59,6 +73,7 @@ class InMemorySessionDirectory:
         self._tags: dict[str, dict[str, str]] = {arn: dict(t) for arn, t in (tags or {}).items()}
         self._failing_tag_lookups: set[str] = set()
         self._failing_terminations: set[str] = set()
+        self.preferences: RunAsPreferences | None = preferences  # None: GetDocument fails
         self._lock = threading.Lock()  # the twin may drive it from several threads
         self.calls: Counter[str] = Counter()
         self.terminated: list[str] = []  # successful TerminateSession ids, in call order
@@ -72,10 +87,11 @@ class InMemorySessionDirectory:
         target: str,
         start_date: datetime,
         status: str = "Connected",
+        document_name: str = "SSM-SessionManagerRunShell",
     ) -> FakeSession:
         if start_date.tzinfo is None:
             start_date = start_date.replace(tzinfo=timezone.utc)
-        session = FakeSession(session_id, owner, target, start_date, status)
+        session = FakeSession(session_id, owner, target, start_date, status, document_name)
         with self._lock:
             if session_id in self._sessions:
                 raise ValueError(f"duplicate session id {session_id}")
@@ -140,3 +156,9 @@ class InMemorySessionDirectory:
             raise TagLookupFailed(f"tag lookup for {iam_arn} failed: AccessDenied")
         with self._lock:
             return dict(self._tags.get(iam_arn, {}))
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        self.calls["GetDocument"] += 1
+        if self.preferences is None:
+            raise RunAsPreferencesUnavailable("GetDocument SSM-SessionManagerRunShell failed: AccessDeniedException")
+        return self.preferences
