@@ -134,11 +134,12 @@ def apply_target_changes(event: dict, context: LambdaContext) -> dict:
     """{"register": [...], "deregister": [...]} -> one RegisterTargets and one DeregisterTargets call.
 
     The state machine calls this only when something changes; only then are the target group's
-    VPC CIDRs read (2 calls), which decide whether a target is named with AvailabilityZone=all.
+    VPC CIDRs read (DescribeVpcs, plus DescribeTargetGroups for a target group the stack did not
+    create), which decide whether a target is named with AvailabilityZone=all.
     """
     config = SyncConfig.from_env()
     register, deregister = list(event.get("register", [])), list(event.get("deregister", []))
-    cidrs = target_group.vpc_cidrs(config.target_group_arn) if register or deregister else ()
+    cidrs = target_group.vpc_cidrs(config.target_group_arn, config.target_group_vpc_id) if register or deregister else ()
     # Register first: during a replacement the new node takes traffic before the old one leaves.
     target_group.register_ips(config.target_group_arn, register, config.ssh_port, cidrs)
     target_group.deregister_ips(config.target_group_arn, deregister, config.ssh_port, cidrs)

@@ -111,3 +111,14 @@ def test_a_secondary_vpc_cidr_is_inside(aws, app):
 
     assert registered(aws) == ["10.2.0.9"]
     assert aws.sent["RegisterTargets"] == [[{"Id": "10.2.0.9", "Port": 22}]]
+
+
+def test_a_target_group_the_stack_created_costs_no_describe_target_groups(aws, app, monkeypatch):
+    # The stack created the target group in VpcId, so only the VPC's CIDRs are read.
+    monkeypatch.setenv("TARGET_GROUP_VPC_ID", aws.vpc)
+
+    app.apply_target_changes({"register": [INSIDE, PEERED], "deregister": []}, CONTEXT)
+
+    assert registered(aws) == [INSIDE, PEERED]
+    assert aws.sent["RegisterTargets"][0][1] == {"Id": PEERED, "Port": 22, "AvailabilityZone": "all"}
+    assert aws.calls == ["DescribeVpcs", "RegisterTargets"]

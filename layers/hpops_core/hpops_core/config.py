@@ -49,6 +49,8 @@ class SyncConfig:
     cluster_arn: str
     login_group: str
     target_group_arn: str
+    # Set when the stack created the target group (then its VPC is VpcId); empty for an existing one.
+    target_group_vpc_id: str
     ssh_port: int
     state_table: str
     lease_seconds: int
@@ -66,6 +68,7 @@ class SyncConfig:
             cluster_arn=env_str(env, "CLUSTER_ARN", validation.CLUSTER_ARN_RE),
             login_group=env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
             target_group_arn=env_str(env, "TARGET_GROUP_ARN"),
+            target_group_vpc_id=env.get("TARGET_GROUP_VPC_ID", "").strip(),
             ssh_port=env_int(env, "SSH_PORT", 1, 65535),
             state_table=env_str(env, "STATE_TABLE_NAME"),
             lease_seconds=env_int(env, "LEASE_SECONDS", 60, 86400),

@@ -22,16 +22,19 @@ def describe_targets(target_group_arn: str) -> list[Target]:
     ]
 
 
-def vpc_cidrs(target_group_arn: str) -> tuple[str, ...]:
+def vpc_cidrs(target_group_arn: str, vpc_id: str = "") -> tuple[str, ...]:
     """The IPv4 CIDR blocks of the target group's VPC (primary and associated secondary ones).
 
-    Read when targets change, not cached across invocations: a secondary CIDR can be associated
-    at any time, and a stale list would name an in-VPC node with AvailabilityZone=all.
+    `vpc_id` is known when the stack created the target group; only an existing target group's
+    VPC is looked up. Read when targets change, not cached across invocations: a secondary CIDR
+    can be associated at any time, and a stale list would name an in-VPC node with
+    AvailabilityZone=all.
     """
-    with transient_errors_named("elbv2:DescribeTargetGroups"):
-        group = client("elbv2").describe_target_groups(TargetGroupArns=[target_group_arn])["TargetGroups"][0]
+    if not vpc_id:
+        with transient_errors_named("elbv2:DescribeTargetGroups"):
+            vpc_id = client("elbv2").describe_target_groups(TargetGroupArns=[target_group_arn])["TargetGroups"][0]["VpcId"]
     with transient_errors_named("ec2:DescribeVpcs"):
-        vpc = client("ec2").describe_vpcs(VpcIds=[group["VpcId"]])["Vpcs"][0]
+        vpc = client("ec2").describe_vpcs(VpcIds=[vpc_id])["Vpcs"][0]
     associated = {
         a["CidrBlock"] for a in vpc.get("CidrBlockAssociationSet", [])
         if a.get("CidrBlockState", {}).get("State") == "associated"
