@@ -1,4 +1,4 @@
-"""`make bench`, budget guard (issue 5): what each budget check costs, per event and per sweep.
+"""`make bench`, budget guard: what each budget check costs, per event and per sweep.
 
 BudgetGuard executions are started directly with the event as input (what its EventBridge rule
 does), so the counts are the budget guard's alone, not LoginNodeSync's on the same event.

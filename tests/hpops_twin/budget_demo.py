@@ -1,4 +1,4 @@
-"""The demo's budget guard steps (issue 5): the cluster's budget appears with the cluster, a
+"""The demo's budget guard steps: the cluster's budget appears with the cluster, a
 scale-out of the gpu group that would overrun the month is called out at once (before AWS
 Budgets' own alerts, which trail usage by hours), and the same event delivered again stays quiet.
 

@@ -1,4 +1,4 @@
-"""The demo's certificate-mode chapter (issue 3): a second twin deployed with
+"""The demo's certificate-mode chapter: a second twin deployed with
 HostIdentityMode=certificate. Every login node keeps its own host keys and gets host certificates
 from the stack's CA; users trust one @cert-authority line. Steps continue the main demo's table.
 """

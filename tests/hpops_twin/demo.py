@@ -192,10 +192,10 @@ class Demo:
         self.step("manual repair, dry run (trusts no cached IP, changes nothing)", lambda: [world.start_repair(dry_run=True)])
         if world.resolver.parameters["HostIdentityMode"] == "keys":
             self.host_identity_steps()
-        from hpops_twin.session_demo import session_limit_steps  # issue 4
+        from hpops_twin.session_demo import session_limit_steps
 
         session_limit_steps(self)
-        from hpops_twin.budget_demo import budget_steps  # issue 5
+        from hpops_twin.budget_demo import budget_steps
 
         budget_steps(self)
         return self.steps

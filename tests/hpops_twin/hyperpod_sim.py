@@ -3,8 +3,8 @@
 moto serves the real ListClusterNodes / DescribeClusterNode / DescribeCluster APIs, but its
 nodes have no IPs and never change. The simulator swaps in nodes that have instance ids and
 private IPs, replaces and scales them the way HyperPod does (old node ShuttingDown, new node
-Pending with a new IP, then Running), and emits the three documented event shapes
-(shared/aws-facts.md). It emits events; the world decides whether EventBridge delivers them.
+Pending with a new IP, then Running), and emits the three event shapes AWS documents.
+It emits events; the world decides whether EventBridge delivers them.
 """
 
 from __future__ import annotations

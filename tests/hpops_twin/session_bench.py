@@ -1,4 +1,4 @@
-"""`make bench`, session limits (issue 4): what a sweep and a StartSession event cost.
+"""`make bench`, session limits: what a sweep and a StartSession event cost.
 
 The account holds 10,000 active Session Manager sessions of 500 users (each user has their own
 role, tagged SSMSessionRunAs=<user>): 2 login-node sessions per user (at the default limit),

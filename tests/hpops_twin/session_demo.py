@@ -1,4 +1,4 @@
-"""The demo's session-limit step (issue 4): alice opens three Session Manager sessions against a
+"""The demo's session-limit step: alice opens three Session Manager sessions against a
 limit of two; the StartSession events reach the SessionLimits state machine through the
 template's CloudTrail rule, the newest session is ended, and the AlertTopic hears about it.
 """

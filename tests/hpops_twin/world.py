@@ -374,12 +374,12 @@ class TwinWorld:
         hosts = self.hosts.installed()
         hosts.__enter__()
         self._stack.append(hosts)
-        self.sessions = SessionManagerTwin(self)  # Session Manager APIs and users (issue 4, ssm_sessions.py)
+        self.sessions = SessionManagerTwin(self)  # Session Manager APIs and users (ssm_sessions.py)
         sessions = self.sessions.installed()
         sessions.__enter__()
         self._stack.append(sessions)
         self._provision()
-        self.budget = BudgetTwin.install(self)  # budget guard (issue 5): UpdateBudget, CE cost, alert inboxes
+        self.budget = BudgetTwin.install(self)  # budget guard: UpdateBudget, CE cost, alert inboxes
         self.notification_log: list[dict] = []
         sqs = self.aws.client("sqs")
         self._alert_queue = sqs.create_queue(QueueName="twin-alert-observer")["QueueUrl"]

@@ -1,4 +1,4 @@
-"""Budget guardrails (issue 5): the real BudgetGuard state machine and handlers in the twin.
+"""Budget guardrails: the real BudgetGuard state machine and handlers in the twin.
 
 Each test asserts what an operator would see: the budgets in the account (moto's Budgets), the
 messages on the AlertTopic (an SQS queue subscribed to it), the events another team's rule on

@@ -81,7 +81,7 @@ def test_burst_of_20_events_converges_and_releases_the_lease(synced_world):
     while len(events) < 20:
         events.append(sim.state_change_event(world.cluster_name))
     started = world.publish(events[:20])
-    # Cluster state changes also start the BudgetGuard state machine (issue 5); count the syncs.
+    # Cluster state changes also start the BudgetGuard state machine; count the syncs.
     assert sum(arn.rsplit(":", 2)[-2].endswith("LoginNodeSyncStateMachine") for arn in started) == 20
     results = world.wait(started, timeout=120)
     assert_all_succeeded(results)

@@ -1,4 +1,4 @@
-"""template.yaml's budget guard section agrees with the code and keeps its promises (issue 5)."""
+"""template.yaml's budget guard section agrees with the code and keeps its promises."""
 
 import json
 

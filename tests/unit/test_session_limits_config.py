@@ -1,4 +1,4 @@
-"""Session limits (issue 4): configuration, trigger parsing and the template wiring. No AWS."""
+"""Session limits: configuration, trigger parsing and the template wiring. No AWS."""
 
 from __future__ import annotations
 

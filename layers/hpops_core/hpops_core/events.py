@@ -5,7 +5,7 @@ Inputs (see events/*.json for samples):
   * the scheduled sweep and manual repairs: {"cluster": "...", "mode": "sweep"|"repair", "dryRun": bool,
     "trigger": optional label, e.g. the daily host certificate check}.
 
-None of the HyperPod events carries a login node's IP (see shared/aws-facts.md), so every event
+None of the HyperPod events carries a login node's IP, so every event
 is reduced to "cluster X may have changed" and the state machine reconciles the whole login
 group (level-triggered). Only the cluster is required and checked strictly; every other field
 is a hint for the human-readable trigger line. A hint that looks odd (AWS's own documented

@@ -2,7 +2,7 @@
 user the session counts against.
 
 How Session Manager decides (AWS Systems Manager User Guide, "Turn on Run As support for Linux
-and macOS managed nodes", and shared/aws-facts.md):
+and macOS managed nodes"):
 
 1. Run As off in the account's Session Manager preferences (the ``SSM-SessionManagerRunShell``
    document's ``inputs.runAsEnabled`` false, or no such document: never configured): every
