@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit twin ssh checks lint build checkov bench clean lifecycle
+.PHONY: demo test unit twin ssh checks lint build checkov bench chaos clean lifecycle
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -52,6 +52,10 @@ checkov: $(CHECKOV)/.installed
 
 bench: $(STAMP)
 	$(BIN)/hpops bench $(if $(JSON),--json $(JSON))
+
+# Hostile inputs, injected AWS faults, duplicate/reordered/burst delivery: make chaos [JSON=file]
+chaos: $(STAMP)
+	$(BIN)/python -m hpops_twin.chaos $(if $(JSON),--json $(JSON))
 
 # The node agent bundle for the cluster's lifecycle scripts: make lifecycle STACK=<stack-name>
 lifecycle: $(STAMP)

@@ -20,7 +20,7 @@ from hpops_core.config import SyncConfig, env_str
 from hpops_core.errors import EmptyListingGuardError, MalformedEventError
 from hpops_core.events import parse_sync_input, require_managed_cluster
 from hpops_core.execution_events import lease_to_release
-from hpops_core.target_plan import LoginNode, plan_targets
+from hpops_core.target_plan import LoginNode, plan_targets, still_to_apply
 
 logger = Logger()
 tracer = Tracer()
@@ -131,7 +131,7 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def apply_target_changes(event: dict, context: LambdaContext) -> dict:
-    """{"register": [...], "deregister": [...]} -> one RegisterTargets and one DeregisterTargets call.
+    """{"register", "deregister", "attempt"} -> one RegisterTargets and one DeregisterTargets call.
 
     The state machine calls this only when something changes; only then are the target group's
     VPC CIDRs read (DescribeVpcs, plus DescribeTargetGroups for a target group the stack did not
@@ -139,6 +139,10 @@ def apply_target_changes(event: dict, context: LambdaContext) -> dict:
     """
     config = SyncConfig.from_env()
     register, deregister = list(event.get("register", [])), list(event.get("deregister", []))
+    if int(event.get("attempt") or 0) > 0:
+        # A retry: the previous attempt may have applied part of the change set already.
+        current = target_group.describe_targets(config.target_group_arn)
+        register, deregister = still_to_apply(register, deregister, current, config.ssh_port)
     cidrs = target_group.vpc_cidrs(config.target_group_arn, config.target_group_vpc_id) if register or deregister else ()
     # Register first: during a replacement the new node takes traffic before the old one leaves.
     target_group.register_ips(config.target_group_arn, register, config.ssh_port, cidrs)

@@ -69,7 +69,10 @@ def test_malformed_events_get_a_named_error(saved_event, mutate):
 
 @pytest.mark.parametrize("payload", [None, [], "repair", 42, {}, {"cluster": "ml-research"},
                                      {"cluster": "ml-research", "mode": "delete-everything"},
-                                     {"cluster": "ml-research", "mode": "repair", "extra": 1}])
+                                     {"cluster": "ml-research", "mode": "repair", "extra": 1},
+                                     # "false" is not false: a quoted flag must not start a real repair
+                                     {"cluster": "ml-research", "mode": "repair", "dryRun": "false"},
+                                     {"cluster": "ml-research", "mode": "repair", "dryRun": 0}])
 def test_malformed_manual_inputs(payload):
     with pytest.raises(MalformedEventError):
         parse_sync_input(payload)

@@ -1,6 +1,6 @@
 """The pure decision: no AWS, every reason checked."""
 
-from hpops_core.target_plan import LoginNode, Target, plan_targets
+from hpops_core.target_plan import LoginNode, Target, plan_targets, still_to_apply
 
 PORT = 22
 
@@ -96,3 +96,15 @@ def test_draining_a_gone_cluster_says_why_in_each_reason():
     )
     deleting = plan_targets([], [target(1)], PORT, "Deleting", "ml-research")
     assert deleting.reasons == ("deregister 10.0.0.1: cluster ml-research is being deleted",)
+
+
+def test_a_retried_apply_sends_only_what_did_not_take_effect():
+    # The first attempt registered 10.0.0.9 and died before deregistering 10.0.0.1.
+    now = [Target("10.0.0.1", 22, "healthy"), Target("10.0.0.9", 22, "initial"), Target("10.0.0.5", 22, "draining")]
+    register, deregister = still_to_apply(["10.0.0.9"], ["10.0.0.1", "10.0.0.5"], now, 22)
+    assert register == [] and deregister == ["10.0.0.1"], "10.0.0.5 is already draining"
+
+
+def test_a_retried_apply_with_nothing_done_sends_everything():
+    now = [Target("10.0.0.1", 22, "healthy"), Target("10.0.0.9", 2222, "healthy")]
+    assert still_to_apply(["10.0.0.9"], ["10.0.0.1"], now, 22) == (["10.0.0.9"], ["10.0.0.1"])

@@ -88,8 +88,10 @@ def test_instance_ids_strict_for_api_calls_lenient_as_events_spell_them():
     ("a;rm -rf /", False),  # spaces
     ("alice\x1b[31m", False),
     ("alice\u2028x", False),
+    ("mallory-$(reboot)", False),  # no space, still not a name IAM allows
+    ("mallory-\u202egnp.exe", False),  # a bidi override would spoof the alert's text
 ])
-def test_session_ids_follow_botocore_but_never_carry_whitespace_or_control_characters(session_id, accepted):
+def test_session_ids_are_iam_style_names_never_shell_or_control_characters(session_id, accepted):
     assert validation.is_session_id(session_id) is accepted
 
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationError
 
 from hpops_core import validation
 from hpops_core.errors import MalformedEventError, UnknownClusterError
@@ -111,7 +111,8 @@ class SyncInput(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     cluster: ClusterNameStr
     mode: Literal["sweep", "repair"]
-    dry_run: bool = Field(default=False, alias="dryRun")
+    # Strict: the string "false" must not quietly mean False (or a typo mean a real repair).
+    dry_run: StrictBool = Field(default=False, alias="dryRun")
     # Set by schedules that start a repair (the daily host certificate check), shown in the plan.
     trigger: str | None = Field(default=None, pattern=r"^[A-Za-z0-9 ._-]{1,80}$")
 

@@ -141,3 +141,16 @@ def availability_zone_for(ip: str, vpc_cidrs: Iterable[str]) -> str | None:
         return None
     inside = any(address in ipaddress.ip_network(cidr) for cidr in vpc_cidrs)
     return None if inside else "all"
+
+
+def still_to_apply(
+    register: Iterable[str], deregister: Iterable[str], targets: Iterable[Target], ssh_port: int
+) -> tuple[list[str], list[str]]:
+    """What a retried apply still has to send, given the target group as it is now.
+
+    A retry follows an attempt that may have got halfway (a Lambda timed out between its two
+    calls); re-sending what already took effect changes nothing in ELB but is a second side effect.
+    A target that is draining has already been deregistered.
+    """
+    registered = {t.ip for t in targets if t.port == ssh_port and t.state not in LEAVING_STATES}
+    return [ip for ip in register if ip not in registered], [ip for ip in deregister if ip in registered]

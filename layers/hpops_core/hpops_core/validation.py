@@ -42,7 +42,10 @@ CLUSTER_ID_PATTERN = r"[a-z0-9]{1,64}"
 CLUSTER_ARN_PATTERN = r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:[0-9]{12}:cluster/[a-zA-Z0-9-]{1,63}"
 INSTANCE_ID_PATTERN = r"i-[a-f0-9]{8}(?:[a-f0-9]{9})?"
 EVENT_INSTANCE_ID_PATTERN = r"i-[A-Za-z0-9]{8,32}"
-SESSION_ID_PATTERN = r"[^\s\x00-\x1f\x7f-\x9f]{1,96}"
+# botocore allows any 1-96 characters, but a real session id is the caller's IAM user, role-session
+# or federated name ([\w+=,.@-], IAM's own rule for those names) followed by '-' and hex. Anything
+# else (shell characters, bidi overrides that spoof an alert's text) is not a session SSM started.
+SESSION_ID_PATTERN = r"[A-Za-z0-9+=,.@_-]{1,96}"
 
 
 def anchored(pattern: str) -> str:
