@@ -100,6 +100,13 @@ def test_a_state_change_event_gives_its_time_and_compact_state():
     assert request.trigger == "cluster state Updating (gpu 8/16)"
 
 
+def test_a_cluster_status_aws_adds_later_is_accepted_as_data():
+    # SystemUpdating arrived after the first releases; the next new status must not fail the guard.
+    request = parse_budget_input(event(ClusterStatus="Maintaining"), "2026-11-22T03:00:00Z", "ml-research")
+    assert request.observed["ClusterStatus"] == "Maintaining"
+    assert request.trigger.startswith("cluster state Maintaining")
+
+
 def test_a_sweep_uses_the_execution_start_time():
     request = parse_budget_input({"cluster": "ml-research", "mode": "sweep"}, "2026-11-22T03:10:47.123Z", "ml-research")
     assert request.mode == "sweep" and request.observed is None
@@ -113,7 +120,8 @@ def test_a_sweep_uses_the_execution_start_time():
         ({"cluster": "ml-research", "mode": "sweep"}, None, MalformedEventError),
         ({"cluster": "ml-research", "mode": "sweep"}, "yesterday", MalformedEventError),
         ({"cluster": "ml-research", "mode": "repair"}, "2026-11-22T03:00:00Z", MalformedEventError),
-        (event(ClusterStatus="Exploding"), None, MalformedEventError),
+        (event(ClusterStatus="Exploding; rm -rf /"), None, MalformedEventError),
+        (event(ClusterStatus=["InService"]), None, MalformedEventError),
         (event(time=None) | {"time": "2026-11-10T12:00:00"}, None, MalformedEventError),
         (event() | {"detail-type": "SageMaker HyperPod Cluster Event"}, None, MalformedEventError),
         (event(ClusterName="other-cluster"), None, UnknownClusterError),

@@ -39,7 +39,9 @@ ClusterArnStr = Annotated[str, StringConstraints(pattern=validation.anchored(val
 ShortTextStr = Annotated[str, StringConstraints(max_length=1024)]
 
 CLUSTER_STATUSES = ("Creating", "InService", "Updating", "RollingBack", "Deleting", "Failed", "SystemUpdating")
-ClusterStatusStr = Literal["Creating", "InService", "Updating", "RollingBack", "Deleting", "Failed", "SystemUpdating"]
+# AWS adds cluster statuses over time (SystemUpdating came later); a status the code does not know
+# is treated as a live cluster, never as a reason to refuse the event. It must still be a word.
+ClusterStatusStr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z]{1,40}$")]
 EVENT_LEVELS = ("Info", "Warn", "Error")
 RESOURCE_TYPES = ("Cluster", "InstanceGroup", "Instance")
 
