@@ -226,3 +226,17 @@ def test_no_comment_points_at_an_issue_number_or_outside_the_repository():
                  for n, line in enumerate(p.read_text(errors="ignore").splitlines(), 1) if pattern.search(line)]
     offenders = [o for o in offenders if not o.startswith("tests/unit/test_template.py")]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("logical_id", sorted(MACHINES))
+def test_every_state_says_what_it_is_for(logical_id):
+    def missing(states):
+        for name, state in states.items():
+            if not state.get("Comment"):
+                yield name
+            if state["Type"] == "Map":
+                yield from missing((state.get("ItemProcessor") or state.get("Iterator"))["States"])
+            for branch in state.get("Branches", []):
+                yield from missing(branch["States"])
+
+    assert not list(missing(definition(MACHINES[logical_id])["States"]))
