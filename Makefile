@@ -6,11 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test unit twin ssh checks lint build checkov bench chaos clean lifecycle
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml twin/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./twin
 	@touch $(STAMP)
 
 demo: $(STAMP)

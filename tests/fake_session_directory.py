@@ -1,7 +1,7 @@
 """In-memory :class:`~hpops_core.session_limits.session_api.SessionDirectory` for unit tests.
 
 A test double, so it lives with the tests, not in the Lambda layer. (The twin plays Session
-Manager behind moto instead: tests/hpops_twin/ssm_sessions.py.)
+Manager behind moto instead: twin/hpops_twin/ssm_sessions.py.)
 
 It models the AWS behaviour enforcement depends on, and counts calls the way AWS would bill
 them: one ``DescribeSessions`` per page of ``page_size`` active sessions (at least one call even

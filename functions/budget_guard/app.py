@@ -18,13 +18,13 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from hpops_core.aws.clients import client
+from hpops_core.common.clients import client
 from hpops_core.budget_guard import guard
 from hpops_core.budget_guard.alert_state import alert_table
 from hpops_core.budget_guard.aws_budgets import budgets_client, ce_client
 from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig, TriggerConfig
 from hpops_core.budget_guard.trigger import parse_budget_input
-from hpops_core.errors import MalformedEventError
+from hpops_core.common.errors import MalformedEventError
 
 logger = Logger()
 tracer = Tracer()

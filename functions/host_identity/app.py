@@ -25,10 +25,10 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from hpops_core.aws.clients import client
-from hpops_core.aws.login_nodes import describe_private_ip
-from hpops_core.config import env_choice, env_int, env_str
-from hpops_core.errors import MalformedEventError
+from hpops_core.common.clients import client
+from hpops_core.cluster.login_group import describe_private_ip
+from hpops_core.common.config import env_choice, env_int, env_str
+from hpops_core.common.errors import MalformedEventError
 from hpops_core.host_identity import certificate_delivery, certificates, verifier
 from hpops_core.host_identity.certificates import CertificatePolicy
 from hpops_core.host_identity.gate import gate_registrations
@@ -39,7 +39,7 @@ from hpops_core.host_identity.identity_record import (
 )
 from hpops_core.host_identity.keys import InvalidCertificateRequest, fingerprint
 from hpops_core.node_channel import contract, desired_state, report_store
-from hpops_core.node_channel.acknowledgement import judge_acknowledgement
+from hpops_core.host_identity.acknowledgement import judge_acknowledgement
 
 logger = Logger()
 tracer = Tracer()

@@ -1,7 +1,7 @@
 """LoginNodeSync Lambda handlers: where events enter and effects are triggered.
 
 Each handler is thin: parse its input, read config, call the adapters in hpops_core.aws and the
-pure decision in hpops_core.target_plan, return plain JSON for the next state. The order of the
+pure decision in hpops_core.login_sync.target_plan, return plain JSON for the next state. The order of the
 steps, retries, error routing and the "one more pass" loop live in
 statemachines/login_node_sync.asl.json.
 """
@@ -15,12 +15,14 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from hpops_core.aws import login_nodes, sync_lease, target_group
-from hpops_core.config import SyncConfig, env_str
-from hpops_core.errors import EmptyListingGuardError, MalformedEventError
-from hpops_core.events import parse_sync_input, require_managed_cluster
-from hpops_core.execution_events import lease_to_release
-from hpops_core.target_plan import LoginNode, plan_targets, still_to_apply
+from hpops_core.cluster import login_group as login_nodes
+from hpops_core.login_sync import sync_lease, target_group
+from hpops_core.common.config import env_str
+from hpops_core.login_sync.config import SyncConfig
+from hpops_core.common.errors import EmptyListingGuardError, MalformedEventError
+from hpops_core.login_sync.trigger import parse_sync_input, require_managed_cluster
+from hpops_core.login_sync.execution_events import lease_to_release
+from hpops_core.login_sync.target_plan import LoginNode, plan_targets, still_to_apply
 
 logger = Logger()
 tracer = Tracer()

@@ -16,7 +16,7 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from hpops_core.config import env_str
+from hpops_core.common.config import env_str
 from hpops_core.node_channel import report_store
 from hpops_core.node_channel.reports import NodeReportRejected, check_report_origin, parse_report_event
 

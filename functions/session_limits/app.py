@@ -25,8 +25,8 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops_core.aws.clients import THROTTLING_CODES, client, transient_errors_named
-from hpops_core.errors import HpopsError, MalformedEventError, TransientAwsError, UnknownClusterError
+from hpops_core.common.clients import THROTTLING_CODES, client, transient_errors_named
+from hpops_core.common.errors import HpopsError, MalformedEventError, TransientAwsError, UnknownClusterError
 from hpops_core.session_limits import ledger
 from hpops_core.session_limits.config import LoginLimitsConfig, SessionLimitsConfig, SessionTriggerConfig
 from hpops_core.session_limits.login_limits import publish_and_check

@@ -21,7 +21,8 @@ from pathlib import Path
 from hpops_core.node_channel import contract
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-LIFECYCLE_DIR = PACKAGE_DIR.parent / "lifecycle"
+# install.sh and the systemd unit: package data, so an installed `hpops lifecycle` finds them too.
+LIFECYCLE_DIR = PACKAGE_DIR / "lifecycle"
 # Modules only the operator's machine needs.
 NOT_SHIPPED = {"bundle.py"}
 # The HyperPod DLAMI's system Python; wheels are resolved for it, not for the operator's Python.
@@ -30,8 +31,8 @@ NODE_PYTHON_VERSION = "3.10"
 
 # The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
 SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py")
-# Standard-library modules of hpops_core itself that the channel modules import (the name and id rules).
-SHIPPED_CORE_MODULES = ("validation.py",)
+# Standard-library modules of hpops_core.common that the channel modules import (the name and id rules).
+SHIPPED_COMMON_MODULES = ("__init__.py", "validation.py")
 
 
 def _node_channel_dir() -> Path:
@@ -71,8 +72,9 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     (core / "__init__.py").write_text("")
     for name in SHIPPED_CHANNEL_MODULES:
         shutil.copy2(_node_channel_dir() / name, core / "node_channel" / name)
-    for name in SHIPPED_CORE_MODULES:
-        shutil.copy2(_core_dir() / name, core / name)
+    (core / "common").mkdir()
+    for name in SHIPPED_COMMON_MODULES:
+        shutil.copy2(_core_dir() / "common" / name, core / "common" / name)
 
     if vendor:
         vendor_boto3(bundle / "lib")

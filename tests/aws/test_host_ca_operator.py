@@ -9,7 +9,7 @@ import pytest
 from moto import mock_aws
 
 from hpops_core.host_identity.keys import HostCA
-from hpops_twin.cli import main
+from hpops.main import main
 from hpops_twin.template_model import TemplateModel
 
 # The outputs the CLI reads, defined here by the same logical names template.yaml uses.

@@ -523,14 +523,14 @@ def test_agent_logs_are_json_lines(aws, node_root, capsys):
 
 
 def test_shared_rules_module_ships_in_the_bundle_and_parses_as_python_38(tmp_path):
-    """hpops_core/validation.py (the name and id rules) is imported by the node channel modules, so
+    """hpops_core/common/validation.py (the name and id rules) is imported by the node channel modules, so
     the bundle carries it, it is Python 3.8 syntax with standard-library imports only, and the
     bundled channel modules load it from the bundle, not from the operator's checkout."""
     import ast
     import subprocess
     import sys
 
-    from hpops_core import validation
+    from hpops_core.common import validation
     from hpops_node_agent import bundle as bundle_module
 
     source = Path(validation.__file__)
@@ -542,15 +542,15 @@ def test_shared_rules_module_ships_in_the_bundle_and_parses_as_python_38(tmp_pat
             assert name.split(".")[0] in sys.stdlib_module_names or name == "__future__", name
 
     built = bundle_module.build_bundle(tmp_path, CLUSTER, REGION, BUS, vendor=False)
-    assert (built / "hpops_core" / "validation.py").read_text() == source.read_text()
+    assert (built / "hpops_core" / "common" / "validation.py").read_text() == source.read_text()
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); "
-             "from hpops_core.node_channel import contract, login_limits; import hpops_core.validation as v; "
+             "from hpops_core.node_channel import contract, login_limits; import hpops_core.common.validation as v; "
              "print(v.__file__); print(contract.check_instance_id('i-12345678abcdefghi')); "
              "print(login_limits.parse_limits('{\"default\": 2, \"overrides\": {\"j.doe\": 4}}'))")
     result = subprocess.run([sys.executable, "-c", probe, str(built)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == str(built / "hpops_core" / "validation.py")
+    assert lines[0] == str(built / "hpops_core" / "common" / "validation.py")
     assert lines[1] == "i-12345678abcdefghi" and "'j.doe': 4" in lines[2]
 
 

@@ -28,9 +28,9 @@ REGION = "us-west-2"
 BUS = "hpops-node-reports"
 AGENT_MODULES = sorted(Path(bundle_module.__file__).parent.glob("*.py")) + [
     Path(bundle_module._node_channel_dir()) / name for name in bundle_module.SHIPPED_CHANNEL_MODULES] + [
-    Path(bundle_module._node_channel_dir()).parent / name for name in bundle_module.SHIPPED_CORE_MODULES]
+    Path(bundle_module._core_dir()) / "common" / name for name in bundle_module.SHIPPED_COMMON_MODULES]
 # What the shipped modules may import from hpops_core: exactly what the bundle ships.
-SHIPPED_CORE = {"hpops_core.node_channel", "hpops_core.validation"}
+SHIPPED_CORE = {"hpops_core.node_channel", "hpops_core.common", "hpops_core.common.validation"}
 ALLOWED_IMPORTS = {"hpops_core", "boto3", "botocore"}
 
 

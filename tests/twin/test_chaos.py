@@ -1,4 +1,4 @@
-"""The chaos suite (`make chaos`, tests/hpops_twin/chaos.py), reduced to what `make test` can afford:
+"""The chaos suite (`make chaos`, twin/hpops_twin/chaos.py), reduced to what `make test` can afford:
 one hostile input per entry point, one fault-injection seed, and the delivery scenarios that
 exercise the lease (a Lambda timeout mid-apply, two sweeps at once). Same invariants as the full suite; `make chaos` runs all of it.
 """

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 from moto.elbv2.models import ELBv2Backend
 
-from hpops_core.aws import sync_lease
+from hpops_core.login_sync import sync_lease
 from hpops_core.host_identity import verifier
 
 

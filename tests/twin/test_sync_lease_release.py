@@ -7,7 +7,7 @@ expired (LEASE_SECONDS, longer than the sync's timeout), and the login tier woul
 import json
 import time
 
-from hpops_core.aws import sync_lease
+from hpops_core.login_sync import sync_lease
 
 
 def _status_change(world, execution_name: str, status: str, state_machine_arn: str | None = None) -> dict:

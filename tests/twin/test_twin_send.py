@@ -6,7 +6,7 @@ import json
 import pytest
 from botocore.exceptions import ClientError
 
-from hpops_twin import cli
+from hpops import main as cli
 from hpops_twin.world import ACCOUNT_ID, REGION
 
 # The "SageMaker HyperPod Cluster Event" example of AWS's "SageMaker HyperPod cluster events

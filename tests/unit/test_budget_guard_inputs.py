@@ -8,7 +8,7 @@ import pytest
 from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig, TriggerConfig
 from hpops_core.budget_guard.prices import DEFAULT_HOURLY_PRICES_USD, InvalidPriceTable, hourly_prices
 from hpops_core.budget_guard.trigger import observed_from_describe, parse_budget_input
-from hpops_core.errors import ConfigurationError, MalformedEventError, UnknownClusterError
+from hpops_core.common.errors import ConfigurationError, MalformedEventError, UnknownClusterError
 
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:cluster/abcdef012345"
 ENV = {

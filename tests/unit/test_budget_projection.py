@@ -421,7 +421,7 @@ def test_bad_posix_users_are_refused(user):
 
 @pytest.mark.parametrize("user", ["j.doe", "Alice", "9lives", "_svc", "bob-2"])
 def test_user_names_real_systems_have_get_a_budget(user):
-    # The one POSIX user rule (hpops_core.validation), the same the login nodes' limits use.
+    # The one POSIX user rule (hpops_core.common.validation), the same the login nodes' limits use.
     assert desired_user_budget("lab", user, D(1), TOPIC, ACCOUNT)["Budget"]["BudgetName"] == f"hpops-lab-u-{user}"
 
 

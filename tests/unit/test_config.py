@@ -1,7 +1,7 @@
 import pytest
 
-from hpops_core.config import SyncConfig
-from hpops_core.errors import ConfigurationError
+from hpops_core.login_sync.config import SyncConfig
+from hpops_core.common.errors import ConfigurationError
 
 ENV = {
     "CLUSTER_NAME": "ml-research",

@@ -4,8 +4,8 @@ import copy
 
 import pytest
 
-from hpops_core.errors import MalformedEventError, UnknownClusterError
-from hpops_core.events import parse_sync_input, require_managed_cluster
+from hpops_core.common.errors import MalformedEventError, UnknownClusterError
+from hpops_core.login_sync.trigger import parse_sync_input, require_managed_cluster
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from hpops_core.errors import MalformedEventError
-from hpops_core.events import SyncRequest, parse_sync_input
+from hpops_core.common.errors import MalformedEventError
+from hpops_core.login_sync.trigger import SyncRequest, parse_sync_input
 
 
 def test_the_documented_node_health_example_reconciles_its_cluster(saved_event):

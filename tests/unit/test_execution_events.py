@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from hpops_core.errors import MalformedEventError
-from hpops_core.execution_events import lease_to_release
+from hpops_core.common.errors import MalformedEventError
+from hpops_core.login_sync.execution_events import lease_to_release
 
 SAMPLE = json.loads((Path(__file__).parents[2] / "events" / "sync-execution-timed-out.json").read_text())
 MACHINE = SAMPLE["detail"]["stateMachineArn"]

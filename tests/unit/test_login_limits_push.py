@@ -13,8 +13,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from hpops_core.aws import clients
-from hpops_core.errors import ConfigurationError
+from hpops_core.common import clients
+from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.login_limits import desired_document, parse_limits
 from hpops_core.session_limits import login_limits

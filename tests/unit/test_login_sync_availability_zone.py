@@ -14,8 +14,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from hpops_core.aws import clients
-from hpops_core.target_plan import availability_zone_for
+from hpops_core.common import clients
+from hpops_core.login_sync.target_plan import availability_zone_for
 
 REGION = "us-east-1"
 APP = Path(__file__).resolve().parents[2] / "functions" / "login_node_sync" / "app.py"

@@ -10,8 +10,9 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from hpops_core.aws import clients, login_nodes
-from hpops_core.target_plan import LoginNode
+from hpops_core.cluster import login_group as login_nodes
+from hpops_core.common import clients
+from hpops_core.login_sync.target_plan import LoginNode
 
 CLUSTER, GROUP = "ml-research", "login"
 

@@ -6,9 +6,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from hpops_core.aws import clients
+from hpops_core.common import clients
 from hpops_core.node_channel import contract, desired_state
-from hpops_core.node_channel.acknowledgement import NO_AGENT_HINT, judge_acknowledgement
+from hpops_core.host_identity.acknowledgement import NO_AGENT_HINT, judge_acknowledgement
 from hpops_core.node_channel.reports import MalformedNodeReport, check_report_origin, parse_report_event
 
 FP = "SHA256:" + "A" * 43

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hpops_core.errors import ConfigurationError, MalformedEventError, UnknownClusterError
+from hpops_core.common.errors import ConfigurationError, MalformedEventError, UnknownClusterError
 from hpops_core.session_limits.config import SessionLimitsConfig, SessionTriggerConfig
 from hpops_core.session_limits.trigger import SessionLimitsRequest, parse_session_input
 from hpops_twin.template_model import TemplateModel

@@ -1,6 +1,6 @@
 """The pure decision: no AWS, every reason checked."""
 
-from hpops_core.target_plan import LoginNode, Target, plan_targets, still_to_apply
+from hpops_core.login_sync.target_plan import LoginNode, Target, plan_targets, still_to_apply
 
 PORT = 22
 

@@ -1,4 +1,4 @@
-"""One rule per name and id (hpops_core/validation.py), and every place that applies one agrees with it:
+"""One rule per name and id (hpops_core/common/validation.py), and every place that applies one agrees with it:
 the template's AllowedPatterns, the session limits, the budget guard and the login nodes' limits."""
 
 import json
@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from hpops_core import validation
+from hpops_core.common import validation
 from hpops_core.budget_guard.config import EnsureBudgetsConfig
-from hpops_core.errors import ConfigurationError
+from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.login_limits import BadInput, parse_limits
 from hpops_core.session_limits.config import LoginLimitsConfig, SessionLimitsConfig

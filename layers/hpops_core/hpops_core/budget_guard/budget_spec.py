@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, Literal
 
-from hpops_core import validation
+from hpops_core.common import validation
 from hpops_core.budget_guard import BudgetGuardError
 from hpops_core.budget_guard.projection import InvalidBudgetLimit
 
@@ -61,7 +61,7 @@ FORECAST_THRESHOLDS: tuple[int, ...] = (100,)
 METRIC = "UnblendedCost"
 
 # fullmatch, not match + "$": "$" also matches before a trailing newline. Cluster and user
-# names follow hpops_core/validation.py (the template's BudgetUsers pattern is the same rule).
+# names follow hpops_core/common/validation.py (the template's BudgetUsers pattern is the same rule).
 _ACCOUNT_ID = re.compile(r"\d{12}")
 _TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}")
 _TAG_KEY = re.compile(r"[\w.:/=+\-@ ]{1,128}")
@@ -75,11 +75,11 @@ _CENT = Decimal("0.01")
 
 
 class InvalidClusterName(BudgetGuardError, ValueError):
-    """Not a HyperPod cluster name (hpops_core.validation: ``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``)."""
+    """Not a HyperPod cluster name (hpops_core.common.validation: ``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``)."""
 
 
 class InvalidPosixUser(BudgetGuardError, ValueError):
-    """Not a POSIX user name (hpops_core.validation's rule: ``j.doe`` and ``Alice`` are, ``a b`` is not)."""
+    """Not a POSIX user name (hpops_core.common.validation's rule: ``j.doe`` and ``Alice`` are, ``a b`` is not)."""
 
 
 class InvalidTopicArn(BudgetGuardError, ValueError):

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
-from hpops_core import validation
+from hpops_core.common import validation
 from hpops_core.budget_guard.budget_spec import DEFAULT_USER_TAG, _check_tag_key, _check_user
 from hpops_core.budget_guard.prices import InvalidPriceTable, hourly_prices
-from hpops_core.config import env_str
-from hpops_core.errors import ConfigurationError
+from hpops_core.common.config import env_str
+from hpops_core.common.errors import ConfigurationError
 
 _AMOUNT = re.compile(r"\d{1,12}(\.\d{1,2})?")
 _ACCOUNT = re.compile(r"\d{12}")

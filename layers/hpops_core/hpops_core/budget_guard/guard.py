@@ -27,7 +27,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from hpops_core.aws.clients import transient_errors_named
+from hpops_core.common.clients import transient_errors_named
 from hpops_core.budget_guard.alert_state import fired_keys, mark_fired
 from hpops_core.budget_guard.aws_budgets import delete_budget, ensure_budget, month_to_date_cost
 from hpops_core.budget_guard.budget_spec import (
@@ -50,7 +50,7 @@ from hpops_core.budget_guard.projection import (
     scale_out_groups,
 )
 from hpops_core.budget_guard.trigger import describe_groups, observed_from_describe
-from hpops_core.errors import HpopsError, TransientAwsError
+from hpops_core.common.errors import HpopsError, TransientAwsError
 
 __all__ = [
     "ALERT_DETAIL_TYPE",

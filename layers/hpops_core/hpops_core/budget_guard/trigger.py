@@ -2,7 +2,7 @@
 
 Accepted inputs:
   * the HyperPod ``SageMaker HyperPod Cluster State Change`` event (the Parser model in
-    hpops_core.events, reused): its ``detail`` is the cluster's state (status, instance
+    hpops_core.cluster.events, reused): its ``detail`` is the cluster's state (status, instance
     groups with TargetCount and InstanceType), and its ``time`` is "now";
   * the scheduled sweep ``{"cluster": "...", "mode": "sweep"}``: "now" is the execution's
     start time, and the cluster's state is read with DescribeCluster later.
@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from hpops_core.errors import MalformedEventError, UnknownClusterError
-from hpops_core.events import STATE_CHANGE, ClusterNameStr, ClusterStateChangeEvent, parse_event, validation_summary
+from hpops_core.common.errors import MalformedEventError, UnknownClusterError
+from hpops_core.cluster.events import STATE_CHANGE, ClusterNameStr, ClusterStateChangeEvent, parse_event, validation_summary
 
 __all__ = ["BudgetRequest", "observed_from_describe", "parse_budget_input"]
 

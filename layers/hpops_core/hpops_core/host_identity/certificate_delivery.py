@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from botocore.exceptions import ClientError
 
-from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
 from hpops_core.host_identity.keys import HostCA, HostCertificateBundle, InvalidHostKeyBundle
 from hpops_core.node_channel import contract

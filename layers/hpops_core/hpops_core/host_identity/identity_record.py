@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from hpops_core.common.state_table import HOST_IDENTITY_ATTRIBUTE, host_identity_of, lease_item_key
+
 
 class HostIdentityNotConfigured(Exception):
     """No canonical host identity was published yet: run `hpops host-keys generate` or `adopt`."""
@@ -32,11 +34,6 @@ def expected_ca_fingerprint(expected: Mapping[str, Any] | None) -> str:
     return str(expected["caFingerprint"])
 
 
-def from_lease_item(item: Mapping[str, Any]) -> dict | None:
-    raw = item.get("hostIdentity", {}).get("S")
-    return json.loads(raw) if raw else None
-
-
 def publish_expected(ddb, table: str, cluster: str, fingerprints: Mapping[str, str], version: str) -> None:
     """Keys mode, written by the operator's `hpops host-keys` right after the secret changes."""
     _publish(ddb, table, cluster, {"mode": "keys", "fingerprints": dict(sorted(fingerprints.items())), "version": version})
@@ -52,13 +49,13 @@ def publish_certificate_authority(ddb, table: str, cluster: str, ca_public_line:
 def _publish(ddb, table: str, cluster: str, record: dict) -> None:
     ddb.update_item(
         TableName=table,
-        Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}},
-        UpdateExpression="SET hostIdentity = :identity",
+        Key=lease_item_key(cluster),
+        UpdateExpression=f"SET {HOST_IDENTITY_ATTRIBUTE} = :identity",
         ExpressionAttributeValues={":identity": {"S": json.dumps(record, sort_keys=True)}},
     )
 
 
 def read_expected(ddb, table: str, cluster: str) -> dict | None:
     """For `hpops host-keys show`."""
-    item = ddb.get_item(TableName=table, Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}}).get("Item")
-    return from_lease_item(item) if item else None
+    item = ddb.get_item(TableName=table, Key=lease_item_key(cluster)).get("Item")
+    return host_identity_of(item) if item else None

@@ -4,5 +4,5 @@ The stack never pushes to a node (SSM Run Command cannot target HyperPod nodes).
 desired state in Parameter Store and Secrets Manager; the agent polls, converges and reports what
 it applied as an EventBridge event on the stack's node-report bus. `contract` holds the names and
 document shapes both sides use; it is standard-library only, so the agent bundle ships it as is,
-together with `login_limits` and the name rules they import (hpops_core/validation.py).
+together with `login_limits` and the name rules they import (hpops_core.common.validation).
 """

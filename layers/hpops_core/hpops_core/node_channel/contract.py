@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import hashlib
 
-# Relative, so it resolves to hpops_core.validation in the layer and in the lifecycle bundle alike.
-from .. import validation
+# Relative, so it resolves to hpops_core.common.validation in the layer and in the lifecycle bundle alike.
+from hpops_core.common import validation
 
 HOST_IDENTITY_FORMAT = "hpops.node.host-identity.v1"
 LOGIN_LIMITS_FORMAT = "hpops.node.login-limits.v1"

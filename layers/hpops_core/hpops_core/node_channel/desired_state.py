@@ -14,7 +14,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.node_channel import contract
 
 MAX_STANDARD_PARAMETER_BYTES = 4096

@@ -12,10 +12,10 @@ import json
 
 from hpops_core.node_channel import contract
 
-# Relative, so it resolves to hpops_core.validation in the layer and in the lifecycle bundle alike.
-from .. import validation
+# Relative, so it resolves to hpops_core.common.validation in the layer and in the lifecycle bundle alike.
+from hpops_core.common import validation
 
-# The one POSIX user rule (hpops_core/validation.py), the same for every user hpops names.
+# The one POSIX user rule (hpops_core/common/validation.py), the same for every user hpops names.
 USER_RE = validation.POSIX_USER_RE
 USER_RULE = validation.POSIX_USER_RULE
 MAX_LIMIT = 10000

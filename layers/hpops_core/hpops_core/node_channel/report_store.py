@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from hpops_core.aws.clients import client, transient_errors_named
+from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.node_channel.reports import SK_PREFIX, NodeReport, report_from_item, report_item
 
 

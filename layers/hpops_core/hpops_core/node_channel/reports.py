@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from hpops_core import validation
-from hpops_core.errors import HpopsError, MalformedEventError
+from hpops_core.common import validation
+from hpops_core.common.errors import HpopsError, MalformedEventError
 from hpops_core.node_channel import contract
 
 SK_PREFIX = "node-report#"

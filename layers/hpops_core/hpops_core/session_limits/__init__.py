@@ -19,6 +19,6 @@ The deployed part (functions/session_limits/app.py, statemachines/session_limits
 * ``ledger``         - ended session ids in the SyncStateTable (idempotency across runs).
 
 The pure modules import no boto3 at module import time (``session_api`` and ``directories`` only
-botocore's ``Config``/exceptions; ``ledger`` goes through ``hpops_core.aws.clients``), so they load
+botocore's ``Config``/exceptions; ``ledger`` goes through ``hpops_core.common.clients``), so they load
 without AWS credentials or a region.
 """

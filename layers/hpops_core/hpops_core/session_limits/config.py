@@ -1,7 +1,7 @@
 """Session-limit configuration: frozen dataclasses read from the environment at call time.
 
 template.yaml sets these variables from the stack parameters (section "session limits").
-Anything missing or malformed raises :class:`~hpops_core.errors.ConfigurationError` naming the
+Anything missing or malformed raises :class:`~hpops_core.common.errors.ConfigurationError` naming the
 variable, so a bad deployment fails loudly (named Step Functions error, alarm) instead of
 enforcing a limit nobody meant.
 
@@ -9,7 +9,7 @@ enforcing a limit nobody meant.
     MAX_SESSIONS_PER_USER                         default limit, >= 1
     SESSION_LIMIT_OVERRIDES                       JSON object {"posix-user": limit >= 0} (never root)
     SESSION_EXEMPT_USERS                          comma-separated POSIX users with no limit
-                                                  (user names: hpops_core/validation.py, refused naming the entry)
+                                                  (user names: hpops_core/common/validation.py, refused naming the entry)
     SESSION_EXEMPT_PRINCIPALS                     comma-separated globs over the owner ARN
     SESSION_OWNER_MAPPINGS                        JSON array of {"pattern": "<ARN glob>", "user": "<posix>"}
                                                   (or ["<ARN glob>", "<posix>"]), first match wins; they stand
@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpops_core import validation
-from hpops_core.config import env_int, env_str
-from hpops_core.errors import ConfigurationError
+from hpops_core.common import validation
+from hpops_core.common.config import env_int, env_str
+from hpops_core.common.errors import ConfigurationError
 
 from .identity import IdentityConfig, InvalidIdentityConfig
 from .policy import InvalidPolicy, LimitPolicy

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
-from hpops_core import validation
+from hpops_core.common import validation
 
 from .documents import session_kind
 from .identity import (

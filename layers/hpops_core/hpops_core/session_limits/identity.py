@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from hpops_core import validation
+from hpops_core.common import validation
 
 from .models import SessionLimitError
 
@@ -48,7 +48,7 @@ RUN_AS_OFF_USER = "ssm-user"  # the account Session Manager creates and uses whe
 UnmappedPolicy = Literal["count-as-principal", "ignore"]
 IdentitySource = Literal["run-as-off", "mapping", "tag", "default-user", "principal-name", "unmapped"]
 
-# The one POSIX user rule (hpops_core/validation.py): a run-as user counted here can always be
+# The one POSIX user rule (hpops_core/common/validation.py): a run-as user counted here can always be
 # limited on the login nodes too.
 POSIX_USER_RE = validation.POSIX_USER_RE
 # Principal-name fallback keys only group sessions; they are not real accounts, so SSO-style

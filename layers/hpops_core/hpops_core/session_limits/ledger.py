@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from hpops_core.aws.clients import client, transient_errors_named
-from hpops_core.errors import TransientAwsError
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.errors import TransientAwsError
 
 ENDED = "ended"
 DRY_RUN_REPORTED = "dry-run-reported"

@@ -22,9 +22,9 @@ from datetime import datetime, timedelta, timezone
 
 from botocore.exceptions import ClientError
 
-from hpops_core.aws.clients import client, transient_errors_named
-from hpops_core.aws.login_nodes import list_login_group
-from hpops_core.errors import ConfigurationError
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.cluster.login_group import list_login_group
+from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
 from hpops_core.node_channel.login_limits import canonical_json, desired_document

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hpops_core import validation
+from hpops_core.common import validation
 
 
 class SessionLimitError(Exception):
@@ -25,7 +25,7 @@ class MalformedSessionEvent(SessionLimitError, ValueError):
     """The event is not a successful, well-formed CloudTrail ``StartSession`` record."""
 
 
-# --- patterns (the rules themselves live in hpops_core/validation.py) ----------------------------
+# --- patterns (the rules themselves live in hpops_core/common/validation.py) ----------------------------
 
 # botocore: 1-96 characters, no pattern; ids start with the caller's session name, which may carry
 # `+=,.@_-`. Only whitespace and control characters are refused (they would forge log lines).

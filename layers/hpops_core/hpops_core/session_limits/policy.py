@@ -15,7 +15,7 @@ from fnmatch import fnmatchcase
 from types import MappingProxyType
 from typing import Literal
 
-from hpops_core import validation
+from hpops_core.common import validation
 
 from .models import SessionLimitError
 

@@ -6,8 +6,8 @@ Accepted inputs (the state machine wraps them as ``{"input": ...}`` first):
 * a sweep: ``{"cluster": "<name>", "mode": "sweep", "dryRun": <bool, optional>}`` (the schedule's
   Input, or an operator's start-execution).
 
-Everything else raises :class:`~hpops_core.errors.MalformedEventError`; a cluster this stack does
-not guard raises :class:`~hpops_core.errors.UnknownClusterError`. Both change nothing. A
+Everything else raises :class:`~hpops_core.common.errors.MalformedEventError`; a cluster this stack does
+not guard raises :class:`~hpops_core.common.errors.UnknownClusterError`. Both change nothing. A
 StartSession on another instance group of *this* cluster is not an error: the rule's target
 prefix ``..._login-`` also matches group ``login-2``, so such a request comes back ``ignored``,
 as does a session that is no shell (port forwarding, SSH tunnel, non-interactive command).
@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from hpops_core import validation
-from hpops_core.errors import MalformedEventError, UnknownClusterError
+from hpops_core.common import validation
+from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 
 from .config import SessionTriggerConfig
 from .documents import session_kind

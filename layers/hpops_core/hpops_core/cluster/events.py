@@ -1,4 +1,4 @@
-"""What enters the system: a Parser model for every input shape, normalised to one SyncRequest.
+"""HyperPod's EventBridge events: a Parser model for each detail-type, and a one-line summary of each.
 
 Inputs (see events/*.json for samples):
   * the three HyperPod detail-types EventBridge delivers (source aws.sagemaker);
@@ -20,17 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from aws_lambda_powertools import Logger
 from aws_lambda_powertools.utilities.parser import parse
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints, ValidationError
 
-from hpops_core import validation
-from hpops_core.errors import MalformedEventError, UnknownClusterError
+from hpops_core.common import validation
+from hpops_core.common.errors import MalformedEventError
 
-logger = Logger(child=True)
 
-# The cluster decides what is reconciled, so it is checked strictly (hpops_core/validation.py):
+# The cluster decides what is reconciled, so it is checked strictly (hpops_core/common/validation.py):
 # shell metacharacters, ANSI escapes or 10 kB strings never reach a log line, an API call or a
 # target group. Everything else in an event is a hint for the trigger text (see _Hints).
 ClusterNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))]
@@ -85,7 +83,7 @@ class ClusterStateChangeEvent(EventBridgeModel):
 
 
 class HyperPodEvent(EventBridgeModel):
-    """Any of the three HyperPod detail-types; the detail is read by :func:`_request_from_event`."""
+    """Any of the three HyperPod detail-types; the detail is read by :func:`summarise_event`."""
 
     source: Literal["aws.sagemaker"]
     detail_type: Literal[
@@ -107,38 +105,15 @@ class _ClusterEventDetail(_Lenient):
     EventDetails: dict[str, Any]
 
 
-class SyncInput(BaseModel):
-    """Scheduled sweep (Input set on the schedule in template.yaml) or a manual repair."""
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    cluster: ClusterNameStr
-    mode: Literal["sweep", "repair"]
-    # Strict: the string "false" must not quietly mean False (or a typo mean a real repair).
-    dry_run: StrictBool = Field(default=False, alias="dryRun")
-    # Set by schedules that start a repair (the daily host certificate check), shown in the plan.
-    trigger: str | None = Field(default=None, pattern=r"^[A-Za-z0-9 ._-]{1,80}$")
-
-
 @dataclass(frozen=True)
-class SyncRequest:
-    """The one thing every input becomes: reconcile `cluster`, in `mode`, for this `trigger`."""
+class EventSummary:
+    """What a HyperPod event says for our purposes: which cluster, and a readable trigger line."""
 
     cluster: str
-    mode: Literal["event", "sweep", "repair"]
-    dry_run: bool
     trigger: str
-    event_id: str | None = None
-    # Event hints that looked odd and were replaced in `trigger` (names only, never values).
+    event_id: str | None
+    # Hints that looked odd and were replaced in `trigger` (names only, never values).
     odd_hints: tuple[str, ...] = field(default=(), compare=False)
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "cluster": self.cluster,
-            "mode": self.mode,
-            "dryRun": self.dry_run,
-            "trigger": self.trigger,
-            "eventId": self.event_id,
-        }
 
 
 def validation_summary(error: ValidationError) -> str:
@@ -156,32 +131,6 @@ def parse_event(event: dict, model: type[EventBridgeModel]) -> EventBridgeModel:
         raise MalformedEventError(f"invalid {label}: {validation_summary(error)}") from None
     except Exception as error:  # Powertools wraps some failures in its own exception types
         raise MalformedEventError(f"invalid {label}: {type(error).__name__}") from None
-
-
-def parse_sync_input(event: Any) -> SyncRequest:
-    """Turn any accepted input into a SyncRequest or raise MalformedEventError."""
-    if not isinstance(event, dict):
-        raise MalformedEventError(f"expected a JSON object, got {type(event).__name__}")
-    if "detail-type" in event:
-        if event["detail-type"] not in HYPERPOD_DETAIL_TYPES:
-            raise MalformedEventError("unsupported detail-type")
-        request = _request_from_event(parse_event(event, HyperPodEvent))
-        if request.odd_hints:
-            logger.warning(
-                "event hints unrecognised and replaced in the trigger text; the cluster is reconciled anyway",
-                extra={"oddHints": list(request.odd_hints), "eventId": request.event_id, "cluster": request.cluster},
-            )
-        return request
-    try:
-        manual = SyncInput.model_validate(event)
-    except ValidationError as error:
-        raise MalformedEventError(f"invalid sweep/repair input: {validation_summary(error)}") from None
-    return SyncRequest(
-        cluster=manual.cluster,
-        mode=manual.mode,
-        dry_run=manual.dry_run,
-        trigger=manual.trigger or ("scheduled sweep" if manual.mode == "sweep" else "manual repair"),
-    )
 
 
 # A hint shown as is: a short word or phrase (HealthStatus "Unschedulable", RepairAction "Replace").
@@ -264,7 +213,8 @@ def _cluster_event_trigger(details: dict[str, Any], hints: _Hints) -> str:
     return f"cluster event {level} on {subject}"
 
 
-def _request_from_event(event: EventBridgeModel) -> SyncRequest:
+def summarise_event(event: EventBridgeModel) -> EventSummary:
+    """A parsed HyperPod event -> its cluster and a one-line trigger text built from its hints."""
     detail = event.detail
     hints = _Hints()
     if event.detail_type == CLUSTER_EVENT:
@@ -280,13 +230,4 @@ def _request_from_event(event: EventBridgeModel) -> SyncRequest:
             trigger = _state_change_trigger(detail, hints)
         else:
             trigger = _node_health_trigger(detail, hints)
-    return SyncRequest(
-        cluster=cluster.ClusterName, mode="event", dry_run=False, trigger=trigger, event_id=event.id,
-        odd_hints=tuple(hints.odd),
-    )
-
-
-def require_managed_cluster(request: SyncRequest, managed_cluster: str) -> SyncRequest:
-    if request.cluster != managed_cluster:
-        raise UnknownClusterError(f"cluster {request.cluster!r} is not managed by this stack")
-    return request
+    return EventSummary(cluster=cluster.ClusterName, trigger=trigger, event_id=event.id, odd_hints=tuple(hints.odd))

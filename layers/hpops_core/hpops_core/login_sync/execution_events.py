@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from hpops_core.events import parse_event
+from hpops_core.cluster.events import parse_event
 
 ENDED_WITHOUT_RELEASE = frozenset({"TIMED_OUT", "ABORTED", "FAILED"})
 

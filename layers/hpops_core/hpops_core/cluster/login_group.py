@@ -13,8 +13,18 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from hpops_core.aws.clients import client, transient_errors_named
-from hpops_core.target_plan import LoginNode
+from hpops_core.common.clients import client, transient_errors_named
+
+
+@dataclass(frozen=True)
+class LoginNode:
+    instance_id: str
+    status: str
+    ip: str | None
+
+    @property
+    def serving(self) -> bool:
+        return self.status == "Running" and bool(self.ip)
 
 
 @dataclass(frozen=True)

@@ -8,5 +8,5 @@
   ssm_sessions.py     Session Manager (StartSession/DescribeSessions/TerminateSession, which moto
                       lacks) and users who open sessions; session_demo.py / session_bench.py use it
   demo.py / bench.py  `make demo` and `make bench`
-  cli.py              the `hpops` command
+  commands.py         the twin behind `hpops demo`, `twin send`, `bench` and `--twin` (the CLI is cli/hpops)
 """

@@ -45,7 +45,7 @@ from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
-from hpops_core.aws import clients as hpops_clients
+from hpops_core.common import clients as hpops_clients
 from hpops_core.host_identity import certificates, verifier
 from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, generate_ca
 from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority

@@ -18,12 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from typing import Any
 
 import boto3
+
+from hpops.output import describe_result, print_targets
+
+
+def _twin(command: str, args: argparse.Namespace) -> int:
+    """Run a twin command; the twin is part of the development install only."""
+    try:
+        from hpops_twin import commands
+    except ImportError as error:
+        print(f"hpops {command}: the local twin is not installed ({error.name} missing). It comes with the "
+              "development install: `make demo` in a clone of the repository, or pip install -e ./twin")
+        return 2
+    return getattr(commands, command)(args)
 
 
 def _stack(stack_name: str, region: str | None) -> tuple[dict[str, str], dict[str, str], Any]:
@@ -34,102 +46,9 @@ def _stack(stack_name: str, region: str | None) -> tuple[dict[str, str], dict[st
     return outputs, parameters, session
 
 
-def _print_targets(targets: list[dict], truth: list[str] | None) -> None:
-    print(f"{'target':<18} {'port':>5}  state")
-    for t in sorted(targets, key=lambda t: t["ip"]):
-        print(f"{t['ip']:<18} {t['port']:>5}  {t['state']}")
-    if truth is not None:
-        registered = sorted(t["ip"] for t in targets if t["state"] != "draining")
-        print(f"Running login nodes: {', '.join(truth) or '(none)'}")
-        print("in sync" if registered == truth else "OUT OF SYNC: start `hpops repair`")
-
-
-def _describe_result(result: dict) -> None:
-    print(f"execution {result['name']}: {result['status']}")
-    if result.get("error"):
-        print(f"  error: {result['error']}: {result.get('cause', '')}")
-    plan = (result.get("output") or {}).get("plan")
-    if plan:
-        print(f"  plan: {plan['summary']}")
-        for reason in plan["reasons"]:
-            print(f"    {reason}")
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from hpops_twin.demo import run_demo
-
-    return run_demo(args.json)
-
-
-def _cluster_hints(event: dict, world: Any) -> list[str]:
-    """Why an event may have matched no rule: it names another cluster, cluster id or login group."""
-    detail = event.get("detail") if isinstance(event.get("detail"), dict) else {}
-    named = detail.get("EventDetails") if isinstance(detail.get("EventDetails"), dict) else detail
-    hints = []
-    if named.get("ClusterName") and named["ClusterName"] != world.cluster_name:
-        hints.append(f"it names cluster {named['ClusterName']}, the twin's is {world.cluster_name} (--cluster)")
-    target = str((detail.get("requestParameters") or {}).get("target") or "")
-    session = re.fullmatch(r"sagemaker-cluster:([^_]+)_(.+)-(i-[^-]+)", target)
-    if session and (session[1], session[2]) != (world.cluster_id, world.login_group):
-        hints.append(f"its target is cluster id {session[1]}, group {session[2]}; the twin's are "
-                     f"{world.cluster_id}, {world.login_group} (--cluster-id, --login-group)")
-    return hints
-
-
-def cmd_twin_send(args: argparse.Namespace) -> int:
-    from hpops_twin.world import StuckExecutionError, TwinWorld
-
-    events = []
-    for path in args.events:
-        with open(path, encoding="utf-8") as handle:
-            loaded = json.load(handle)
-        events.extend(loaded if isinstance(loaded, list) else [loaded])
-    try:
-        twin = TwinWorld(cluster_name=args.cluster, cluster_id=args.cluster_id, login_group=args.login_group,
-                         worker_group="workers" if args.login_group == "gpu" else "gpu")
-    except ValueError as error:
-        print(f"twin send: {error}")
-        return 2
-    with twin as world:
-        running = sorted(n.ip for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running")
-        print(f"twin cluster {world.cluster_name} (id {world.cluster_id}), login group {world.login_group}: "
-              f"Running login nodes {', '.join(running)}")
-        failed = 0
-        for event in events:  # one at a time, so each plan reads the previous one's result
-            label = f"event {event.get('id', '?')} ({event.get('detail-type', 'input')})"
-            if "detail-type" in event:
-                outcome = world.put_events([event])
-                refused = outcome.entries[0]
-                if "ErrorCode" in refused:
-                    print(f"{label}: refused, not delivered: {refused['ErrorCode']}: {refused['ErrorMessage']}")
-                    failed += 1
-                    continue
-                started = outcome.started
-            else:
-                started = [world.start_raw(event)]
-            if not started:
-                print(f"{label}: matched no rule" + "".join(f"; {hint}" for hint in _cluster_hints(event, world)))
-            try:
-                results = world.wait(started)
-            except StuckExecutionError as error:
-                print(f"{label}: {error}")
-                failed += 1
-                continue
-            for result in results:
-                failed += result.status != "SUCCEEDED"
-                _describe_result(vars(result))
-        _print_targets(world.targets(), world.login_truth())
-        return 1 if failed else 0
-
-
 def cmd_status(args: argparse.Namespace) -> int:
     if args.twin:
-        from hpops_twin.world import TwinWorld
-
-        with TwinWorld() as world:
-            world.wait([world.run_schedule()])
-            _print_targets(world.targets(), world.login_truth())
-        return 0
+        return _twin("status", args)
     outputs, parameters, session = _stack(args.stack_name, args.region)
     elbv2, sfn, sagemaker = session.client("elbv2"), session.client("stepfunctions"), session.client("sagemaker")
     health = elbv2.describe_target_health(TargetGroupArn=outputs["TargetGroupArn"])["TargetHealthDescriptions"]
@@ -139,7 +58,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     running = [s for p in pages for s in p["ClusterNodeSummaries"]
                if s["InstanceGroupName"] == group and s["InstanceStatus"]["Status"] == "Running"]
     truth = sorted(sagemaker.describe_cluster_node(ClusterName=parameters["ClusterName"], NodeId=s["InstanceId"])["NodeDetails"]["PrivatePrimaryIp"] for s in running)
-    _print_targets(targets, truth)
+    print_targets(targets, truth)
     print("\nrecent executions:")
     for execution in sfn.list_executions(stateMachineArn=outputs["LoginNodeSyncStateMachineArn"], maxResults=10)["executions"]:
         print(f"  {execution['startDate']:%Y-%m-%d %H:%M:%S}  {execution['status']:<10} {execution['name']}")
@@ -148,13 +67,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_repair(args: argparse.Namespace) -> int:
     if args.twin:
-        from hpops_twin.world import TwinWorld
-
-        with TwinWorld() as world:
-            result = world.wait([world.start_repair(dry_run=args.dry_run)])[0]
-            _describe_result(vars(result))
-            _print_targets(world.targets(), world.login_truth())
-            return 0 if result.status == "SUCCEEDED" else 1
+        return _twin("repair", args)
     outputs, parameters, session = _stack(args.stack_name, args.region)
     sfn = session.client("stepfunctions")
     payload = {"cluster": parameters["ClusterName"], "mode": "repair", "dryRun": args.dry_run}
@@ -166,7 +79,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             print("still running; follow it in the Step Functions console")
             return 2
         time.sleep(2)
-    _describe_result({
+    describe_result({
         "name": described["name"], "status": described["status"], "error": described.get("error"),
         "cause": described.get("cause"), "output": json.loads(described.get("output") or "null"),
     })
@@ -260,19 +173,13 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from hpops_twin.bench import run_bench
-
-    return run_bench(args.json)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="play the whole story in the local twin")
     demo.add_argument("--json", metavar="FILE", help="write the steps and their outcome here")
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=lambda a: _twin("demo", a))
 
     twin = commands.add_parser("twin", help="the local twin")
     twin_commands = twin.add_subparsers(dest="twin_command", required=True)
@@ -281,14 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--cluster", default="ml-research", help="twin cluster name (the saved events use ml-research)")
     send.add_argument("--cluster-id", help="twin cluster id, the last segment of its ARN (default: derived from the name)")
     send.add_argument("--login-group", default="login", help="the twin cluster's login instance group (default login)")
-    send.set_defaults(func=cmd_twin_send)
+    send.set_defaults(func=lambda a: _twin("send", a))
 
     for name, func, text in (("status", cmd_status, "target group vs Running login nodes"),
                              ("repair", cmd_repair, "start a manual repair execution")):
         sub = commands.add_parser(name, help=text)
         where = sub.add_mutually_exclusive_group(required=True)
         where.add_argument("--stack-name", help="the deployed stack")
-        where.add_argument("--twin", action="store_true", help="use a fresh local twin")
+        where.add_argument("--twin", action="store_true", help="use a fresh local twin (development install)")
         sub.add_argument("--region")
         if name == "repair":
             sub.add_argument("--dry-run", action="store_true", help="report the plan, change nothing")
@@ -314,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=lambda a: _twin("bench", a))
     return parser
 
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpops_core.cluster.login_group import LoginNode
+
 # DescribeTargetHealth lists registered targets and those still draining after a deregistration.
 # A draining target is on its way out: if its IP is wanted again it must be re-registered.
 LEAVING_STATES = frozenset({"draining"})
@@ -19,17 +21,6 @@ LEAVING_STATES = frozenset({"draining"})
 # with what a deregistration then tells the operator. "NotFound": SageMaker no longer knows the cluster.
 CLUSTER_GONE_REASONS = {"Deleting": "cluster {cluster} is being deleted", "NotFound": "cluster {cluster} no longer exists"}
 CLUSTER_GONE_STATES = frozenset(CLUSTER_GONE_REASONS)
-
-
-@dataclass(frozen=True)
-class LoginNode:
-    instance_id: str
-    status: str
-    ip: str | None
-
-    @property
-    def serving(self) -> bool:
-        return self.status == "Running" and bool(self.ip)
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ def rejection_errors() -> frozenset[str]:
     UnknownClusterError and their subclasses, and NodeReportRejected."""
     import hpops_core.node_channel.reports as reports  # noqa: F401  (defines subclasses)
     import hpops_core.session_limits.trigger  # noqa: F401
-    from hpops_core.errors import MalformedEventError, UnknownClusterError
+    from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 
     names, todo = set(), [MalformedEventError, UnknownClusterError, reports.NodeReportRejected]
     while todo:
@@ -96,7 +96,7 @@ def named_errors() -> frozenset[str]:
     least be one of these, so the state machine and the alarms can tell what happened)."""
     import hpops_core.budget_guard as budget_guard
     import hpops_core.session_limits.models as session_models
-    from hpops_core.errors import HpopsError
+    from hpops_core.common.errors import HpopsError
 
     names, todo = set(), [HpopsError, budget_guard.BudgetGuardError, session_models.SessionLimitError]
     while todo:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from botocore.exceptions import ClientError
 
-from hpops_core.aws.clients import client, transient_errors_named
-from hpops_core.host_identity.identity_record import from_lease_item
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.state_table import host_identity_of, lease_item_key
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,6 @@ class LeaseGrant:
 class LeaseRelease:
     rerun: bool
     reason: str
-
-
-def _key(cluster: str) -> dict:
-    return {"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}}
 
 
 def _conditional_failed(error: ClientError) -> bool:
@@ -54,7 +50,7 @@ def acquire(table: str, cluster: str, holder: str, now: int, lease_seconds: int)
             with transient_errors_named("dynamodb:UpdateItem"):
                 item = ddb.update_item(
                     TableName=table,
-                    Key=_key(cluster),
+                    Key=lease_item_key(cluster),
                     UpdateExpression="SET holder = :me, expiresAt = :exp, pending = :no",
                     ConditionExpression="attribute_not_exists(holder) OR expiresAt < :now",
                     ExpressionAttributeValues={
@@ -65,7 +61,7 @@ def acquire(table: str, cluster: str, holder: str, now: int, lease_seconds: int)
                     },
                     ReturnValues="ALL_NEW",
                 )["Attributes"]
-            return LeaseGrant(True, "lease acquired", _cache_from_item(item), from_lease_item(item))
+            return LeaseGrant(True, "lease acquired", _cache_from_item(item), host_identity_of(item))
         except ClientError as error:
             if not _conditional_failed(error):
                 raise
@@ -73,7 +69,7 @@ def acquire(table: str, cluster: str, holder: str, now: int, lease_seconds: int)
             with transient_errors_named("dynamodb:UpdateItem"):
                 ddb.update_item(
                     TableName=table,
-                    Key=_key(cluster),
+                    Key=lease_item_key(cluster),
                     UpdateExpression="SET pending = :yes",
                     ConditionExpression="attribute_exists(holder) AND expiresAt >= :now",
                     ExpressionAttributeValues={":yes": {"BOOL": True}, ":now": {"N": str(now)}},
@@ -100,7 +96,7 @@ def release(table: str, cluster: str, holder: str, ip_cache: Mapping[str, str], 
         with transient_errors_named("dynamodb:UpdateItem"):
             ddb.update_item(
                 TableName=table,
-                Key=_key(cluster),
+                Key=lease_item_key(cluster),
                 UpdateExpression="SET ipCache = :cache REMOVE holder, expiresAt",
                 ConditionExpression="holder = :me" + ("" if force else " AND pending = :no"),
                 ExpressionAttributeValues={":me": {"S": holder}, ":cache": _cache_value(ip_cache)}
@@ -114,7 +110,7 @@ def release(table: str, cluster: str, holder: str, ip_cache: Mapping[str, str], 
         with transient_errors_named("dynamodb:UpdateItem"):
             ddb.update_item(
                 TableName=table,
-                Key=_key(cluster),
+                Key=lease_item_key(cluster),
                 UpdateExpression="SET ipCache = :cache, pending = :no",
                 ConditionExpression="holder = :me",
                 ExpressionAttributeValues={":me": {"S": holder}, ":cache": _cache_value(ip_cache), ":no": {"BOOL": False}},
@@ -132,7 +128,7 @@ def abandon(table: str, cluster: str, holder: str) -> LeaseRelease:
         with transient_errors_named("dynamodb:UpdateItem"):
             client("dynamodb").update_item(
                 TableName=table,
-                Key=_key(cluster),
+                Key=lease_item_key(cluster),
                 UpdateExpression="REMOVE holder, expiresAt",
                 ConditionExpression="holder = :me",
                 ExpressionAttributeValues={":me": {"S": holder}},

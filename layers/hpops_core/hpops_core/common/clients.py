@@ -15,7 +15,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import ClientError, ConnectionError as BotocoreConnectionError
 
-from hpops_core.errors import TransientAwsError
+from hpops_core.common.errors import TransientAwsError
 
 RETRY_CONFIG = Config(
     retries={"mode": "standard", "max_attempts": 6},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpops_core.aws.clients import client, transient_errors_named
-from hpops_core.target_plan import Target, availability_zone_for
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.login_sync.target_plan import Target, availability_zone_for
 
 
 def describe_targets(target_group_arn: str) -> list[Target]:

@@ -1,0 +1,5 @@
+import sys
+
+from hpops.main import main
+
+sys.exit(main())
