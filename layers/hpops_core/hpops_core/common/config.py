@@ -1,4 +1,6 @@
-"""Configuration: one frozen dataclass, read from the environment at call time (never at import)."""
+"""The one configuration loader: each function has a frozen dataclass whose from_env() reads the
+environment at call time (never at import) with these helpers; a missing or malformed variable is
+named in a ConfigurationError, its value never echoed."""
 
 from __future__ import annotations
 
@@ -37,3 +39,18 @@ def env_choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> s
     if value not in choices:
         raise ConfigurationError(f"environment variable {name} must be one of {', '.join(choices)}")
     return value
+
+
+def env_bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    """The one boolean parser: the template passes "true"/"false" (any case); unset means `default`."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("true", "false"):
+        raise ConfigurationError(f"environment variable {name} must be true or false")
+    return raw == "true"
+
+
+def environment(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """`env` if given (tests), else the process environment, read now: never cached at import."""
+    return os.environ if env is None else env
