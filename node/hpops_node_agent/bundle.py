@@ -31,8 +31,9 @@ NODE_PYTHON_VERSION = "3.10"
 
 # The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
 SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py")
-# Standard-library modules of hpops_core.common that the channel modules import (the name and id rules).
-SHIPPED_COMMON_MODULES = ("__init__.py", "validation.py")
+# Standard-library modules of hpops_core.common that the channel modules import (the name and id rules,
+# and the error root their exceptions derive from).
+SHIPPED_COMMON_MODULES = ("__init__.py", "errors.py", "validation.py")
 
 
 def _node_channel_dir() -> Path:

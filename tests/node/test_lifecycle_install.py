@@ -30,7 +30,7 @@ AGENT_MODULES = sorted(Path(bundle_module.__file__).parent.glob("*.py")) + [
     Path(bundle_module._node_channel_dir()) / name for name in bundle_module.SHIPPED_CHANNEL_MODULES] + [
     Path(bundle_module._core_dir()) / "common" / name for name in bundle_module.SHIPPED_COMMON_MODULES]
 # What the shipped modules may import from hpops_core: exactly what the bundle ships.
-SHIPPED_CORE = {"hpops_core.node_channel", "hpops_core.common", "hpops_core.common.validation"}
+SHIPPED_CORE = {"hpops_core.node_channel", "hpops_core.common", "hpops_core.common.validation", "hpops_core.common.errors"}
 ALLOWED_IMPORTS = {"hpops_core", "boto3", "botocore"}
 
 

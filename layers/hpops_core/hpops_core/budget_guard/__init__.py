@@ -12,5 +12,8 @@ cheap and boto3-free so the pure modules can be used anywhere.
 """
 
 
-class BudgetGuardError(Exception):
+from hpops_core.common.errors import HpopsError
+
+
+class BudgetGuardError(HpopsError):
     """Base class for every error raised by hpops_core.budget_guard."""

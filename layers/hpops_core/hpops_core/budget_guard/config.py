@@ -7,7 +7,6 @@ raises ConfigurationError naming the variable, so the failed execution says what
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,14 +15,12 @@ from decimal import Decimal, InvalidOperation
 from hpops_core.common import validation
 from hpops_core.budget_guard.budget_spec import DEFAULT_USER_TAG, _check_tag_key, _check_user
 from hpops_core.budget_guard.prices import InvalidPriceTable, hourly_prices
-from hpops_core.common.config import env_str
+from hpops_core.common.config import env_bool, env_str, environment
 from hpops_core.common.errors import ConfigurationError
 
 _AMOUNT = re.compile(r"\d{1,12}(\.\d{1,2})?")
 _ACCOUNT = re.compile(r"\d{12}")
 
-
-_require = env_str
 
 
 def _optional_amount(env: Mapping[str, str], name: str) -> Decimal | None:
@@ -52,7 +49,7 @@ def _users(env: Mapping[str, str], name: str) -> tuple[str, ...]:
 
 
 def _thresholds(env: Mapping[str, str], name: str) -> tuple[Decimal, ...]:
-    raw = _require(env, name)
+    raw = env_str(env, name)
     values: set[Decimal] = set()
     for part in raw.split(","):
         try:
@@ -65,22 +62,11 @@ def _thresholds(env: Mapping[str, str], name: str) -> tuple[Decimal, ...]:
     return tuple(sorted(values))
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "false").strip().lower()
-    if raw not in ("true", "false"):
-        raise ConfigurationError(f"environment variable {name} must be true or false")
-    return raw == "true"
-
-
 def _account(env: Mapping[str, str]) -> str:
-    account_id = _require(env, "ACCOUNT_ID")
+    account_id = env_str(env, "ACCOUNT_ID")
     if not _ACCOUNT.fullmatch(account_id):
         raise ConfigurationError("environment variable ACCOUNT_ID must be a 12-digit account id")
     return account_id
-
-
-def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
-    return os.environ if env is None else env
 
 
 @dataclass(frozen=True)
@@ -91,7 +77,7 @@ class TriggerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> TriggerConfig:
-        return cls(cluster_name=_require(_env(env), "CLUSTER_NAME", validation.CLUSTER_NAME_RE))
+        return cls(cluster_name=env_str(environment(env), "CLUSTER_NAME", validation.CLUSTER_NAME_RE))
 
 
 @dataclass(frozen=True)
@@ -110,22 +96,22 @@ class EnsureBudgetsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EnsureBudgetsConfig:
-        env = _env(env)
+        env = environment(env)
         user_tag_key = env.get("BUDGET_USER_TAG_KEY", "").strip() or DEFAULT_USER_TAG
         try:
             _check_tag_key(user_tag_key)
         except ValueError:
             raise ConfigurationError("environment variable BUDGET_USER_TAG_KEY is not a usable tag key") from None
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
-            cluster_arn=_require(env, "CLUSTER_ARN", validation.CLUSTER_ARN_RE),
+            cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            cluster_arn=env_str(env, "CLUSTER_ARN", validation.CLUSTER_ARN_RE),
             account_id=_account(env),
-            alert_topic_arn=_require(env, "ALERT_TOPIC_ARN"),
+            alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
             default_limit=_optional_amount(env, "MONTHLY_BUDGET_USD"),
             users=_users(env, "BUDGET_USERS"),
             user_limit=_optional_amount(env, "USER_MONTHLY_BUDGET_USD"),
             user_tag_key=user_tag_key,
-            delete_with_cluster=_flag(env, "DELETE_BUDGETS_WITH_CLUSTER"),
+            delete_with_cluster=env_bool(env, "DELETE_BUDGETS_WITH_CLUSTER"),
         )
 
 
@@ -140,14 +126,14 @@ class ProjectionConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProjectionConfig:
-        env = _env(env)
+        env = environment(env)
         try:
             prices = hourly_prices(env.get("HOURLY_PRICES_JSON", ""))
         except InvalidPriceTable as error:
             raise ConfigurationError(f"environment variable HOURLY_PRICES_JSON: {error}") from None
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME"),
-            state_table=_require(env, "STATE_TABLE_NAME"),
+            cluster_name=env_str(env, "CLUSTER_NAME"),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
             thresholds=_thresholds(env, "PROJECTION_THRESHOLDS_PERCENT"),
             hourly_prices=prices,
         )
@@ -164,10 +150,10 @@ class AlertConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AlertConfig:
-        env = _env(env)
+        env = environment(env)
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME"),
-            cluster_arn=_require(env, "CLUSTER_ARN"),
-            alert_topic_arn=_require(env, "ALERT_TOPIC_ARN"),
+            cluster_name=env_str(env, "CLUSTER_NAME"),
+            cluster_arn=env_str(env, "CLUSTER_ARN"),
+            alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
             event_bus=env.get("ALERT_EVENT_BUS", "").strip() or "default",
         )

@@ -1,6 +1,8 @@
-"""Named errors.
+"""The one error root, HpopsError, and the errors every feature shares.
 
-A Lambda that raises one of these fails its Step Functions task with the class name as the
+Everything hpops raises on purpose derives from HpopsError; each feature adds named subclasses
+(BudgetGuardError, HostIdentityError, SessionLimitError, ...), and tests/unit/test_architecture.py
+checks that every error name the state machines Retry or Catch is one of them. A Lambda that raises one of these fails its Step Functions task with the class name as the
 error name (`MalformedEventError`, ...), so the state machine can Retry or Catch it by name and
 the failed execution says exactly what went wrong. Messages never include secrets.
 """

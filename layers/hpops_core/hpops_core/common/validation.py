@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hpops_core.common.errors import HpopsError
+
 POSIX_USER_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
 # Wider than Debian's default NAME_REGEX because real systems have more (useradd --badname,
 # LDAP/SSSD users such as `j.doe`, upper case), but names are written into a limits.d file and
@@ -70,7 +72,7 @@ SESSION_ID_RE = _compiled(SESSION_ID_PATTERN)
 MAX_SHOWN = 40
 
 
-class InvalidValue(ValueError):
+class InvalidValue(HpopsError, ValueError):
     """A value broke one of these rules; the message names the entry, never a long or unprintable value."""
 
 

@@ -13,10 +13,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from hpops_core.common.errors import HpopsError
 from hpops_core.common.state_table import HOST_IDENTITY_ATTRIBUTE, host_identity_of, lease_item_key
 
 
-class HostIdentityNotConfigured(Exception):
+class HostIdentityNotConfigured(HpopsError):
     """No canonical host identity was published yet: run `hpops host-keys generate` or `adopt`."""
 
 

@@ -29,6 +29,8 @@ from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
+from hpops_core.common.errors import HpopsError
+
 BUNDLE_FORMAT = "hpops.host-keys.v1"
 CA_FORMAT = "hpops.host-ca.v1"
 CERTIFICATE_BUNDLE_FORMAT = "hpops.host-certificates.v1"
@@ -47,7 +49,7 @@ _OPENSSH_PRIVATE_HEADER = b"-----BEGIN OPENSSH PRIVATE KEY-----"
 _PRIVATE_FORMAT = serialization.PrivateFormat.OpenSSH
 
 
-class HostIdentityError(Exception):
+class HostIdentityError(HpopsError):
     """Base class for every host-identity failure."""
 
 

@@ -14,6 +14,7 @@ from hpops_core.node_channel import contract
 
 # Relative, so it resolves to hpops_core.common.validation in the layer and in the lifecycle bundle alike.
 from hpops_core.common import validation
+from hpops_core.common.errors import HpopsError
 
 # The one POSIX user rule (hpops_core/common/validation.py), the same for every user hpops names.
 USER_RE = validation.POSIX_USER_RE
@@ -22,7 +23,7 @@ MAX_LIMIT = 10000
 EXEMPT_LIMIT = 65535  # "no limit" for an exempt user: far beyond anything a person opens
 
 
-class BadInput(ValueError):
+class BadInput(HpopsError, ValueError):
     """The limits are not exactly what a node accepts. `field`: "default", "overrides" or "exempt"."""
 
     def __init__(self, message: str, field: str = "") -> None:

@@ -1,0 +1,201 @@
+"""The layout a reader can walk: features that never import each other, thin handlers, one error
+root that the state machines' Retry/Catch names match, product code apart from development code."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import pkgutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import hpops_core
+from hpops_core.common.errors import HpopsError
+from hpops_twin.template_model import REPO_ROOT, TemplateModel
+
+CORE = REPO_ROOT / "layers" / "hpops_core" / "hpops_core"
+FEATURES = {"login_sync", "host_identity", "session_limits", "budget_guard"}
+# What features share, and what each shared package may itself use.
+SHARED = {"common": {"common"}, "cluster": {"common", "cluster"}, "node_channel": {"common", "cluster", "node_channel"}}
+# functions/<folder> -> the package its handlers are thin over
+FUNCTION_FOLDERS = {"login_node_sync": "login_sync", "host_identity": "host_identity",
+                    "session_limits": "session_limits", "budget_guard": "budget_guard", "node_reports": "node_channel"}
+PRODUCT_ROOTS = ("layers", "functions", "cli", "node")
+DEVELOPMENT_ONLY = {"moto", "pytest", "hpops_twin", "tests", "fake_session_directory", "real_tools", "yaml"}
+HANDLER_MAX_LINES = 40
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every absolute module a file imports, at the top or inside a function (lazy imports count)."""
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def core_packages_used(path: Path) -> set[str]:
+    return {name.split(".")[1] for name in imported_modules(path)
+            if name.startswith("hpops_core.") and name.count(".") >= 1}
+
+
+def py_files(*roots: Path) -> list[Path]:
+    return sorted(p for root in roots for p in root.rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(FEATURES | set(SHARED)))
+def test_no_feature_imports_another_feature(package):
+    allowed = {package} | set(SHARED) if package in FEATURES else SHARED[package]
+    offenders = {f"{p.relative_to(REPO_ROOT)} -> hpops_core.{used}"
+                 for p in py_files(CORE / package) for used in core_packages_used(p) - allowed}
+    assert not offenders
+
+
+@pytest.mark.parametrize("folder", sorted(FUNCTION_FOLDERS))
+def test_handlers_use_only_their_feature_and_what_is_shared(folder):
+    allowed = {FUNCTION_FOLDERS[folder]} | set(SHARED)
+    offenders = {f"{p.relative_to(REPO_ROOT)} -> hpops_core.{used}"
+                 for p in py_files(REPO_ROOT / "functions" / folder) for used in core_packages_used(p) - allowed}
+    assert not offenders
+
+
+def test_every_core_package_is_a_feature_or_shared():
+    packages = {p.name for p in CORE.iterdir() if (p / "__init__.py").exists()}
+    assert packages == FEATURES | set(SHARED)
+    assert not [p.name for p in CORE.glob("*.py") if p.name != "__init__.py"], "loose modules belong in a package"
+
+
+def test_product_code_never_imports_development_code():
+    offenders = set()
+    for path in py_files(*(REPO_ROOT / root for root in PRODUCT_ROOTS)):
+        for name in imported_modules(path):
+            if name.split(".")[0] in DEVELOPMENT_ONLY:
+                offenders.add(f"{path.relative_to(REPO_ROOT)} -> {name}")
+    # The one exception by design: `hpops demo|bench|twin|--twin` dispatches to the twin when the
+    # development install has it, and says how to get it otherwise.
+    offenders -= {"cli/hpops/main.py -> hpops_twin", "cli/hpops/main.py -> hpops_twin.commands"}
+    assert not offenders
+
+
+def test_tests_folder_holds_tests_and_their_doubles_only():
+    allowed_helpers = {"conftest.py", "fake_session_directory.py", "real_tools.py", "__init__.py"}
+    strays = [p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "tests").rglob("*.py")
+              if not p.name.startswith("test_") and p.name not in allowed_helpers]
+    assert not strays
+
+
+def _handler_functions():
+    for spec in TemplateModel().functions().values():
+        module, function = spec.handler.rsplit(".", 1)
+        yield spec.logical_id, spec.code_uri / f"{module}.py", function
+
+
+@pytest.mark.parametrize("logical_id,path,function", list(_handler_functions()), ids=lambda v: str(v).rsplit("/")[-1])
+def test_handlers_are_thin(logical_id, path, function):
+    tree = ast.parse(path.read_text())
+    [node] = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    length = node.end_lineno - first + 1
+    assert length <= HANDLER_MAX_LINES, f"{logical_id}: {path.name}:{function} is {length} lines"
+
+
+def test_no_sleep_in_lambda_code():
+    # Waiting belongs in the state machine (an ASL Wait loop with its bound in the ASL), never in a
+    # Lambda that is billed while it sleeps and can time out mid-wait.
+    offenders = []
+    for path in py_files(REPO_ROOT / "layers", REPO_ROOT / "functions"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                if name == "sleep":
+                    offenders.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno}")
+    assert not offenders
+
+
+def _core_exception_classes() -> dict[str, type]:
+    classes = {}
+    for info in pkgutil.walk_packages(hpops_core.__path__, "hpops_core."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == info.name:
+                classes[name] = value
+    return classes
+
+
+def _function_exception_classes() -> dict[str, list[str]]:
+    """Exception classes defined in handler modules: name -> base names (read from the source)."""
+    found = {}
+    for path in py_files(REPO_ROOT / "functions"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                found[node.name] = bases
+    return found
+
+
+def test_one_error_root():
+    core = _core_exception_classes()
+    assert len(core) > 20
+    strays = sorted(name for name, cls in core.items() if not issubclass(cls, HpopsError))
+    assert not strays, f"exceptions outside the HpopsError root: {strays}"
+    for name, bases in _function_exception_classes().items():
+        assert any(base in core for base in bases), f"functions/: {name}({', '.join(bases)}) is outside the root"
+
+
+def test_every_error_name_a_state_machine_handles_is_one_we_raise():
+    ours = set(_core_exception_classes()) | set(_function_exception_classes())
+    aws_prefixes = ("States.", "Lambda.", "Sandbox.")
+    for spec in TemplateModel().state_machines().values():
+        text = spec.definition_path.read_text()
+        names = set()
+
+        def collect(value):
+            if isinstance(value, dict):
+                for key, inner in value.items():
+                    if key == "ErrorEquals":
+                        names.update(inner)
+                    collect(inner)
+            elif isinstance(value, list):
+                for inner in value:
+                    collect(inner)
+
+        collect(json.loads(text))
+        unknown = sorted(n for n in names if not n.startswith(aws_prefixes) and n not in ours)
+        assert not unknown, f"{spec.definition_path.name} handles errors nothing raises: {unknown}"
+
+
+def test_the_operator_install_carries_no_development_code(tmp_path):
+    """`pip install .` is the operator's CLI: hpops, the Lambda code it shares, the node agent and its
+    lifecycle files; no twin, no tests, no moto."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path), str(REPO_ROOT)], check=True, capture_output=True, timeout=300)
+    [wheel] = tmp_path.glob("hpops-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    packages = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert packages == {"hpops", "hpops_core", "hpops_node_agent"}
+    assert "hpops_node_agent/lifecycle/install.sh" in names
+    assert "hpops_node_agent/lifecycle/hpops-node-agent.service" in names
+    requirements = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    runtime = [r for r in requirements if "extra ==" not in r]
+    assert not [r for r in runtime if r.lower().startswith(("moto", "pytest", "pyyaml", "aws-sam-cli"))]
+    assert not [r for r in requirements if r.lower().startswith("moto")]
+
+
+def test_twin_commands_say_how_to_get_the_twin_when_it_is_not_installed(capsys, monkeypatch):
+    from hpops import main as cli
+
+    monkeypatch.setitem(sys.modules, "hpops_twin", None)  # as in an operator's `pip install .`
+    assert cli.main(["demo"]) == 2
+    assert "pip install -e ./twin" in capsys.readouterr().out
