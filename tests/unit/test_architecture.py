@@ -29,6 +29,7 @@ FUNCTION_FOLDERS = {"login_node_sync": "login_sync", "host_identity": "host_iden
 PRODUCT_ROOTS = ("layers", "functions", "cli", "node")
 DEVELOPMENT_ONLY = {"moto", "pytest", "hpops_twin", "tests", "fake_session_directory", "real_tools", "yaml"}
 HANDLER_MAX_LINES = 40
+SOURCE_SUFFIXES = (".py", ".json", ".yaml", ".sh", ".md", ".toml", ".service")
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -199,3 +200,24 @@ def test_twin_commands_say_how_to_get_the_twin_when_it_is_not_installed(capsys, 
     monkeypatch.setitem(sys.modules, "hpops_twin", None)  # as in an operator's `pip install .`
     assert cli.main(["demo"]) == 2
     assert "pip install -e ./twin" in capsys.readouterr().out
+
+
+def test_every_repository_path_the_readme_names_exists():
+    text = (REPO_ROOT / "README.md").read_text()
+    tree = text[text.index("## Where things are"):]
+    tree = tree[tree.index("```") + 3:]
+    tree = tree[:tree.index("```")]
+    named = {line.split()[0] for line in tree.splitlines() if line.strip()}
+    named |= set(__import__("re").findall(r"`([A-Za-z0-9_.-]+/[A-Za-z0-9_./-]*)`", text))
+    files = [p.relative_to(REPO_ROOT).as_posix() for p in REPO_ROOT.rglob("*")
+             if ".venv" not in p.parts and ".git" not in p.parts]
+    top_level = {p.name for p in REPO_ROOT.iterdir()} | {"hpops_core", "hpops_twin", "hpops_node_agent", "hpops"}
+    missing = []
+    for name in sorted(named):
+        looks_like_ours = name.split("/")[0] in top_level or name.endswith(SOURCE_SUFFIXES)
+        if "<" in name or not looks_like_ours:
+            continue
+        bare = name.rstrip("/")
+        if not (REPO_ROOT / bare).exists() and not any(f == bare or f.endswith("/" + bare) for f in files):
+            missing.append(name)
+    assert not missing, f"README names paths that do not exist: {missing}"
