@@ -10,8 +10,9 @@ AllowedPatterns (tests/unit/test_validation_rules.py checks they agree) all use 
   cluster id       the last segment of a cluster ARN (what SSM targets name)
   instance id      strict: botocore's ClusterNodeId, for API calls and SSM targets;
                    event: what AWS documents in events (its own example `i-12345678abcdefghi` is not hex)
-  SSM session id   botocore: 1-96 characters, no pattern (names may carry `+=,.@_-`); we refuse only
-                   whitespace and control characters, since the id goes into logs and API calls
+  SSM session id   an IAM user, role-session or federated name plus a hex suffix: [A-Za-z0-9+=,.@_-]{1,96}
+                   (botocore allows any 1-96 characters; a real id never has more than these)
+  Step Functions   state machine and execution ARNs (the lease holder is an execution ARN)
 
 Each rule comes as a pattern (for pydantic and for composing, e.g. SSM targets), an `is_*`
 predicate, and a `check_*` that returns the value or raises InvalidValue with a message naming
@@ -48,6 +49,9 @@ EVENT_INSTANCE_ID_PATTERN = r"i-[A-Za-z0-9]{8,32}"
 # or federated name ([\w+=,.@-], IAM's own rule for those names) followed by '-' and hex. Anything
 # else (shell characters, bidi overrides that spoof an alert's text) is not a session SSM started.
 SESSION_ID_PATTERN = r"[A-Za-z0-9+=,.@_-]{1,96}"
+# Step Functions names: 1-80 of letters, digits, '-' and '_' (what our machines and executions use).
+STATE_MACHINE_ARN_PATTERN = r"arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:stateMachine:[A-Za-z0-9_-]{1,80}"
+EXECUTION_ARN_PATTERN = r"arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:execution:[A-Za-z0-9_-]{1,80}:[A-Za-z0-9_-]{1,80}"
 
 
 def anchored(pattern: str) -> str:

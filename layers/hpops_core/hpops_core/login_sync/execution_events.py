@@ -15,15 +15,12 @@ from aws_lambda_powertools.utilities.parser.models import EventBridgeModel
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from hpops_core.cluster.events import parse_event
+from hpops_core.common import validation
 
 ENDED_WITHOUT_RELEASE = frozenset({"TIMED_OUT", "ABORTED", "FAILED"})
 
-ExecutionArnStr = Annotated[
-    str, StringConstraints(pattern=r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:execution:[A-Za-z0-9_-]{1,80}:[A-Za-z0-9_-]{1,80}$")
-]
-StateMachineArnStr = Annotated[
-    str, StringConstraints(pattern=r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:stateMachine:[A-Za-z0-9_-]{1,80}$")
-]
+ExecutionArnStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.EXECUTION_ARN_PATTERN))]
+StateMachineArnStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.STATE_MACHINE_ARN_PATTERN))]
 
 
 class ExecutionStatusDetail(BaseModel):
