@@ -101,6 +101,7 @@ class HyperPodSimulator:
     # ------------------------------------------------------------------ lifecycle
     def create_cluster(self, name: str, groups: dict[str, tuple[str, int]]) -> list[dict]:
         """groups: {group name: (instance type, count)}. Returns the InService state-change event."""
+        self._answer_not_found_like_sagemaker()
         self._sagemaker.create_cluster(
             ClusterName=name,
             InstanceGroups=[

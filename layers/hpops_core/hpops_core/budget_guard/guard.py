@@ -27,6 +27,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from hpops_core.cluster.login_group import not_found
 from hpops_core.common.clients import transient_errors_named
 from hpops_core.budget_guard.alert_state import fired_keys, mark_fired
 from hpops_core.budget_guard.aws_budgets import delete_budget, ensure_budget, month_to_date_cost
@@ -99,7 +100,7 @@ def observe_cluster(sagemaker: Any, cluster_name: str) -> dict[str, Any]:
         with transient_errors_named("sagemaker:DescribeCluster"):
             described = sagemaker.describe_cluster(ClusterName=cluster_name)
     except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
+        if not_found(error):
             return {"ClusterStatus": "NotFound", "InstanceGroups": []}
         raise
     return observed_from_describe(described)

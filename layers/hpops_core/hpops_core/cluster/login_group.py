@@ -40,10 +40,8 @@ NEVER_SEEN = "not found, and never seen by this stack (check ClusterName and the
 
 def not_found(error: ClientError) -> bool:
     """SageMaker's answer for a cluster (or node) that does not exist, e.g. after the cluster was deleted."""
-    code = error.response.get("Error", {}).get("Code", "")
-    message = error.response.get("Error", {}).get("Message", "")
-    # moto answers ValidationException "Could not find cluster/node ..." where AWS says ResourceNotFound.
-    return code == "ResourceNotFound" or message.startswith(("Could not find cluster", "Could not find node"))
+    # The error botocore's model gives DescribeCluster, ListClusterNodes and DescribeClusterNode.
+    return error.response.get("Error", {}).get("Code", "") == "ResourceNotFound"
 
 
 def list_login_group(cluster: str, group: str) -> list[dict]:
