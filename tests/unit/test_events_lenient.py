@@ -67,7 +67,7 @@ LENIENT = {
                                               lambda e: (e["detail"]["EventDetails"].pop("InstanceId"),
                                                          e["detail"]["EventDetails"].update(InstanceGroupName="lo gin")),
                                               "cluster event Info on instance group (unrecognised)", ("instance group",)),
-    "unknown cluster status": ("hyperpod-cluster-state-change.json", _set(["detail", "ClusterStatus"], "Hibernating"),
+    "cluster status not a word": ("hyperpod-cluster-state-change.json", _set(["detail", "ClusterStatus"], "In$ervice"),
                                "cluster state status (unrecognised) (login 3/4, gpu 8/8)", ("status",)),
     "odd group in a state change": ("hyperpod-cluster-state-change.json",
                                     _set(["detail", "InstanceGroups", 0, "InstanceGroupName"], "login;reboot"),
@@ -125,3 +125,11 @@ def test_the_cluster_and_the_envelope_are_still_checked_strictly(saved_event, na
     with pytest.raises(MalformedEventError) as refused:
         parse_sync_input(event)
     assert "rm -rf" not in str(refused.value)
+
+
+def test_a_cluster_status_aws_adds_later_is_shown_as_is(saved_event):
+    # The budget guard accepts any word as a status; the trigger text agrees with it.
+    event = saved_event("hyperpod-cluster-state-change.json")
+    event["detail"]["ClusterStatus"] = "Hibernating"
+    request = parse_sync_input(event)
+    assert request.trigger.startswith("cluster state Hibernating (") and request.odd_hints == ()

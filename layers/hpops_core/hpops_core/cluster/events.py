@@ -36,10 +36,10 @@ GroupNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(vali
 ClusterArnStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_ARN_PATTERN))]
 ShortTextStr = Annotated[str, StringConstraints(max_length=1024)]
 
-CLUSTER_STATUSES = ("Creating", "InService", "Updating", "RollingBack", "Deleting", "Failed", "SystemUpdating")
 # AWS adds cluster statuses over time (SystemUpdating came later); a status the code does not know
 # is treated as a live cluster, never as a reason to refuse the event. It must still be a word.
-ClusterStatusStr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z]{1,40}$")]
+CLUSTER_STATUS_PATTERN = r"[A-Za-z]{1,40}"
+ClusterStatusStr = Annotated[str, StringConstraints(pattern=f"^{CLUSTER_STATUS_PATTERN}$")]
 EVENT_LEVELS = ("Info", "Warn", "Error")
 RESOURCE_TYPES = ("Cluster", "InstanceGroup", "Instance")
 
@@ -142,6 +142,10 @@ def _is_word(value: Any) -> bool:
     return isinstance(value, str) and _WORD_RE.match(value) is not None
 
 
+def _is_status(value: Any) -> bool:
+    return isinstance(value, str) and re.fullmatch(CLUSTER_STATUS_PATTERN, value) is not None
+
+
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -172,7 +176,7 @@ def _cluster_of(fields: dict[str, Any], where: str) -> EventCluster:
 
 
 def _state_change_trigger(detail: dict[str, Any], hints: _Hints) -> str:
-    status = hints.show(detail.get("ClusterStatus"), lambda v: v in CLUSTER_STATUSES, "status", "unknown")
+    status = hints.show(detail.get("ClusterStatus"), _is_status, "status", "unknown")
     groups = detail.get("InstanceGroups")
     shown: list[str] = []
     if isinstance(groups, list):
