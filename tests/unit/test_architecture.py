@@ -149,12 +149,16 @@ def test_one_error_root():
     assert len(core) > 20
     strays = sorted(name for name, cls in core.items() if not issubclass(cls, HpopsError))
     assert not strays, f"exceptions outside the HpopsError root: {strays}"
+    builtin = {name for name, value in vars(__builtins__ if isinstance(__builtins__, dict) else __builtins__.__dict__).items()
+               if inspect.isclass(value) and issubclass(value, BaseException)}
     for name, bases in _function_exception_classes().items():
-        assert any(base in core for base in bases), f"functions/: {name}({', '.join(bases)}) is outside the root"
+        assert not set(bases) & builtin, f"functions/: {name}({', '.join(bases)}) is outside the root"
+        assert all(issubclass(core[b], HpopsError) for b in bases if b in core)
 
 
 def test_every_error_name_a_state_machine_handles_is_one_we_raise():
-    ours = set(_core_exception_classes()) | set(_function_exception_classes())
+    core = _core_exception_classes()
+    ours = set(core) | {name for name, bases in _function_exception_classes().items() if set(bases) & set(core)}
     aws_prefixes = ("States.", "Lambda.", "Sandbox.")
     for spec in TemplateModel().state_machines().values():
         text = spec.definition_path.read_text()

@@ -39,7 +39,6 @@ import json
 import logging
 import sys
 import time
-import uuid
 import warnings
 from collections import Counter
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from moto.events.models import EventPattern
 
 from hpops_twin.budget_twin import at
 from hpops_twin.faults import ChaosTransport, WireCall, is_mutating, target_ids
-from hpops_twin.world import ACCOUNT_ID, RouteRecord, TwinWorld
+from hpops_twin.world import ACCOUNT_ID, TwinWorld
 
 LNS = "LoginNodeSyncStateMachine"
 SESSIONS = "SessionLimitsStateMachine"
@@ -601,40 +600,18 @@ def reconciled_after(world: TwinWorld, deliveries: list[tuple[str, dt.datetime]]
     return lost
 
 
-class Router:
-    """EventBridge for part 3: the rules of template.yaml (moto's matcher, as world.publish uses),
-    compiled once, and one Step Functions client.
-
-    So that a burst really arrives within a second, Lambda invocations wait while a batch is
-    delivered (the dispatcher's lock): otherwise the executions already started compete with the
-    delivery for this process's CPU and 20 events take about two seconds to start. All of the
-    batch is then in flight at once, the hardest case for the lease."""
-
-    def __init__(self, world: TwinWorld):
-        self.world = world
-        self.rules = [(name, EventPattern.load(json.dumps(rule["pattern"])), rule["state_machine"])
-                      for name, rule in world.rules.items() if rule["kind"] == "EventBridgeRule"]
-        self.sfn = world.aws.client("stepfunctions")
-
-    def deliver(self, events: list[dict], log: list[tuple[str, dt.datetime]]) -> list[str]:
-        """Start one execution per (event, matching rule); log when each event reached LoginNodeSync."""
-        self.world.hosts.ensure_agents()  # HyperPod ran on_create on every node it provisioned
-        started = []
-        with self.world.dispatcher.environment_lock:
-            self._deliver(events, log, started)
-        return started
-
-    def _deliver(self, events: list[dict], log: list[tuple[str, dt.datetime]], started: list[str]) -> None:
-        for event in events:
-            when = dt.datetime.now(dt.timezone.utc)
-            for name, pattern, machine in self.rules:
-                if pattern.matches_event(event):
-                    arn = self.sfn.start_execution(stateMachineArn=machine, name=str(uuid.uuid4()),
-                                                   input=json.dumps(event))["executionArn"]
-                    self.world.routes.append(RouteRecord(rule=name, event_id=event.get("id"), execution_arn=arn))
-                    started.append(arn)
-                    if machine_of(arn) == LNS:
-                        log.append((f"{event['detail-type']} {event['id'][:8]}", when))
+def deliver(world: TwinWorld, events: list[dict], log: list[tuple[str, dt.datetime]]) -> list[str]:
+    """Deliver a batch at once through the twin's EventBridge (world.deliver_batch); log when each
+    event reached LoginNodeSync. All of the batch is in flight at once, the hardest case for the lease."""
+    world.hosts.ensure_agents()  # HyperPod ran on_create on every node it provisioned
+    when = dt.datetime.now(dt.timezone.utc)
+    started = []
+    for event, arns in world.deliver_batch(events):
+        started += arns
+        if any(machine_of(arn) == LNS for arn in arns):
+            log.append((f"{event['detail-type']} {event['id'][:8]}", when))
+        when = dt.datetime.now(dt.timezone.utc)
+    return started
 
 
 def failures(world: TwinWorld, arns: list[str]) -> list[tuple[str, str | None]]:
@@ -818,14 +795,14 @@ def scenario_duplicate_in_turn(world: TwinWorld, chaos: ChaosTransport) -> dict:
     world.wait([world.run_schedule()])
     since, log = chaos.mark(), []
     victim = _login(world)[0]
-    started, router = [], Router(world)
+    started = []
     replaced = world.sim.replace_node(world.cluster_name, victim.instance_id)
     for batch in (replaced, replaced):
-        started += router.deliver(batch, log)
+        started += deliver(world, batch, log)
         world.wait(started)
     provisioned = world.sim.finish_provisioning(world.cluster_name)
     for batch in (provisioned, provisioned):
-        started += router.deliver(batch, log)
+        started += deliver(world, batch, log)
         world.wait(started)
     return {"since": since, "log": log, "started": started, "old_ip": victim.ip}
 
@@ -834,7 +811,7 @@ def scenario_duplicate_at_once(world: TwinWorld, chaos: ChaosTransport) -> dict:
     world.wait([world.run_schedule()])
     since, log = chaos.mark(), []
     victim, replaced, provisioned = _replace_one(world)
-    started = Router(world).deliver(replaced + replaced + provisioned + provisioned, log)
+    started = deliver(world, replaced + replaced + provisioned + provisioned, log)
     world.wait(started)
     return {"since": since, "log": log, "started": started, "old_ip": victim.ip}
 
@@ -849,10 +826,9 @@ def scenario_reordered(world: TwinWorld, chaos: ChaosTransport) -> dict:
     since, log = chaos.mark(), []
     replaced = world.sim.replace_node(world.cluster_name, victim.instance_id)
     provisioned = world.sim.finish_provisioning(world.cluster_name)
-    router = Router(world)
-    started = router.deliver(provisioned, log)
+    started = deliver(world, provisioned, log)
     world.wait(started)
-    late = router.deliver([stale] + replaced, log)
+    late = deliver(world, [stale] + replaced, log)
     world.wait(late)
     return {"since": since, "log": log, "started": started + late, "old_ip": victim.ip}
 
@@ -871,7 +847,7 @@ def scenario_burst(world: TwinWorld, chaos: ChaosTransport) -> dict:
         node = running[len(events) % len(running)]
         events.append(sim.cluster_event(cluster, world.login_group, node.instance_id, "Info",
                                         f"EC2 Instance {node.instance_id} passed its health check"))
-    started = Router(world).deliver(events[:20], log)
+    started = deliver(world, events[:20], log)
     world.wait(started, timeout=300)
     spread = (log[-1][1] - log[0][1]).total_seconds()
     return {"since": since, "log": log, "started": started, "old_ip": victim.ip, "delivered": len(log),
@@ -890,7 +866,7 @@ def _scenario_timeout(error_name: str) -> Callable[[TwinWorld, ChaosTransport], 
         provisioned = world.sim.finish_provisioning(world.cluster_name)
         with chaos.lambda_times_out("ApplyTargetChangesFunction", "elastic-load-balancing-v2", "DeregisterTargets",
                                     error_name) as fired:
-            started = Router(world).deliver(provisioned[:1], log)
+            started = deliver(world, provisioned[:1], log)
             results = world.wait(started)
         details: dict[str, Any] = {
             "timed_out": bool(fired),
