@@ -80,7 +80,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
             return 2
         time.sleep(2)
     describe_result({
-        "name": described["name"], "status": described["status"], "error": described.get("error"),
+        # `name` is optional in DescribeExecution's output model; the ARN always ends in it.
+        "name": described.get("name") or arn.rsplit(":", 1)[-1],
+        "status": described["status"], "error": described.get("error"),
         "cause": described.get("cause"), "output": json.loads(described.get("output") or "null"),
     })
     return 0 if described["status"] == "SUCCEEDED" else 1
@@ -90,7 +92,7 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
     """Generate, adopt or rotate the canonical host keys (an explicit operator action)."""
     from pathlib import Path
 
-    from hpops_core.host_identity.keys import adopt_bundle, generate_bundle
+    from hpops_core.host_identity.keys import HostIdentityError, adopt_bundle, generate_bundle
     from hpops_core.host_identity.operator import install_canonical_bundle
 
     outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -100,7 +102,15 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         from hpops_core.host_identity.identity_record import read_expected
 
         expected = read_expected(session.client("dynamodb"), outputs["SyncStateTableName"], parameters["ClusterName"]) or {}
-        for key_type, value in expected.get("fingerprints", {}).items():
+        if expected.get("mode") == "certificate":
+            print("this cluster's host identity is a certificate authority; run: hpops host-keys ca-show --stack-name",
+                  args.stack_name)
+            return 1
+        if not expected.get("fingerprints"):
+            print("no canonical host keys published; run: hpops host-keys generate (or adopt) --stack-name",
+                  args.stack_name)
+            return 1
+        for key_type, value in expected["fingerprints"].items():
             print(f"{key_type:<22} {value}")
         return 0
     if args.action == "adopt":
@@ -108,7 +118,11 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
             print("adopt needs --from-dir: a copy of a login node's /etc/ssh/ssh_host_*_key files")
             return 2
         files = {p.name: p.read_bytes() for p in Path(args.from_dir).glob("ssh_host_*_key")}
-        bundle = adopt_bundle(files)
+        try:
+            bundle = adopt_bundle(files)
+        except HostIdentityError as error:  # its messages name files and key types, never key material
+            print(f"hpops host-keys adopt: {error} (in {args.from_dir})")
+            return 1
     else:  # generate, rotate
         bundle = generate_bundle()
     fingerprints = install_canonical_bundle(
@@ -116,7 +130,7 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
     )
     print("canonical host keys installed; users should trust:")
-    for line in bundle.known_hosts_lines("<load-balancer-dns-name>"):
+    for line in bundle.known_hosts_lines(outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")):
         print("  " + line)
     for key_type, value in fingerprints.items():
         print(f"{key_type:<22} {value}")

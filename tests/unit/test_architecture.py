@@ -4,6 +4,7 @@ root that the state machines' Retry/Catch names match, product code apart from d
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 import json
@@ -149,8 +150,7 @@ def test_one_error_root():
     assert len(core) > 20
     strays = sorted(name for name, cls in core.items() if not issubclass(cls, HpopsError))
     assert not strays, f"exceptions outside the HpopsError root: {strays}"
-    builtin = {name for name, value in vars(__builtins__ if isinstance(__builtins__, dict) else __builtins__.__dict__).items()
-               if inspect.isclass(value) and issubclass(value, BaseException)}
+    builtin = {name for name, value in vars(builtins).items() if inspect.isclass(value) and issubclass(value, BaseException)}
     for name, bases in _function_exception_classes().items():
         assert not set(bases) & builtin, f"functions/: {name}({', '.join(bases)}) is outside the root"
         assert all(issubclass(core[b], HpopsError) for b in bases if b in core)
