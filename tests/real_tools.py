@@ -27,3 +27,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def require_root_and_programs(programs: tuple[str, ...], what: str, install: str) -> None:
+    """Like require, for tests that start system daemons (Slurm, MariaDB, munge): root and the programs."""
+    missing = [program for program in programs if not os.access(program, os.X_OK)]
+    if os.geteuid() != 0:
+        missing.append("root (the daemons and useradd)")
+    if missing:
+        reason = f"{what} need {', '.join(missing)} ({install})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)

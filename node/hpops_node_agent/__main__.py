@@ -1,11 +1,20 @@
 """python3 -m hpops_node_agent [--config PATH] [--once] [--print-role]
+python3 -m hpops_node_agent usage --once [--print [--since ISO-TIME]] [--config PATH]
 
 Kept to syntax old Pythons can parse, so that on an unsupported interpreter the user gets one
 clear line (and exit 78, EX_CONFIG) instead of a traceback.
 
-Exit codes: 0 ok (also compute/controller nodes, and --once with host identity unchanged,
-changed or waiting); 1 --once and the host identity failed; 78 configuration problem (Python,
-boto3, config file, node identity).
+Login nodes run the host-identity/login-limits loop; the controller node runs the Slurm usage
+loop (unless usageSeconds is 0); compute nodes have nothing to do.
+
+`usage --once --print` prints the Slurm usage reports (a JSON list, one per hourly window from the
+one holding --since, default now, to the current one) and touches neither AWS nor the agent's
+state; `usage --once` collects the due windows and sends them, as one turn of the controller loop.
+
+Exit codes: 0 ok (also compute nodes, and --once with host identity unchanged, changed or
+waiting; usage with every report's status "ok"); 1 --once and the host identity failed, or a
+usage report's status is not "ok"; 78 configuration problem (Python, boto3, config file, node
+identity).
 """
 
 import sys
@@ -25,13 +34,51 @@ def parse_args(argv):
 
     parser = argparse.ArgumentParser(
         prog="hpops-node-agent",
-        description="Keep this HyperPod node's SSH host identity and login limits as the hpops stack wants them.",
+        description="Keep this HyperPod node's SSH host identity and login limits as the hpops stack wants them "
+                    "(login nodes); report per-user Slurm usage from accounting (the controller node).",
     )
+    parser.add_argument("command", nargs="?", choices=("usage",),
+                        help="usage: Slurm usage from accounting (with --once)")
     parser.add_argument("--config", default="/etc/hpops/node-agent.json", help="agent config file (JSON)")
     parser.add_argument("--once", action="store_true", help="run one poll/apply/report cycle and exit")
     parser.add_argument("--print-role", action="store_true",
                         help="print this node's role (login, controller, compute) and exit; needs no boto3")
-    return parser.parse_args(argv)
+    parser.add_argument("--print", dest="print_reports", action="store_true",
+                        help="usage: print the reports as JSON instead of sending them; needs no boto3")
+    parser.add_argument("--since", help="usage --print: first window is the one holding this UTC time "
+                                        "(e.g. 2026-01-31T09:00:00); default: the current window")
+    args = parser.parse_args(argv)
+    if args.command == "usage" and not args.once:
+        parser.error("usage needs --once (the controller's agent collects usage in its loop)")
+    if args.command != "usage" and (args.print_reports or args.since):
+        parser.error("--print and --since go with usage")
+    if args.since and not args.print_reports:
+        parser.error("--since goes with --print")
+    if args.since:
+        import datetime
+
+        try:
+            datetime.datetime.strptime(args.since.rstrip("Z"), "%Y-%m-%dT%H:%M:%S")
+        except ValueError:
+            parser.error("--since must look like 2026-01-31T09:00:00 (UTC)")
+    return args
+
+
+def print_usage(config, since):
+    import datetime
+    import json
+
+    from . import usage
+
+    now = datetime.datetime.now(datetime.timezone.utc).timestamp()
+    start = now
+    if since:  # checked by parse_args
+        moment = datetime.datetime.strptime(since.rstrip("Z"), usage.TIME_FORMAT)
+        start = moment.replace(tzinfo=datetime.timezone.utc).timestamp()
+    collector = usage.UsageCollector(config.cluster, usage.reporting_instance_id(config), sacct_cmd=config.sacct_cmd)
+    reports = collector.collect_range(start, now)
+    sys.stdout.write(json.dumps(reports, indent=2, sort_keys=True) + "\n")
+    return 0 if all(report["status"] == "ok" for report in reports) else 1
 
 
 def boto3_problem():
@@ -63,6 +110,8 @@ def main(argv=None):
         config = load_config(args.config)
     except ConfigError as error:
         return fail(str(error))
+    if args.command == "usage" and args.print_reports:
+        return print_usage(config, args.since)
     try:
         if args.print_role:
             print(resolve(config, need_instance_id=False).role)
@@ -72,22 +121,27 @@ def main(argv=None):
     except IdentityError as error:
         return fail(str(error))
 
+    collects_usage = args.command == "usage" or (role == "controller" and config.usage_seconds)
     problem = boto3_problem()
-    if problem and role == "login":
+    if problem and (role == "login" or collects_usage):
         return fail(problem)
 
     import threading
 
     from .agent import NodeAgent, log
 
-    if role != "login":
+    if role != "login" and not collects_usage:
         log("idle", role=role, reason="compute node: nothing to do" if role == "compute"
-            else "controller: no duties yet")
+            else "controller: Slurm usage collection is off (usageSeconds 0)")
         return 0
 
     import boto3
 
     agent = NodeAgent(config, boto3.session.Session(), identity=identity)
+    if args.once and collects_usage:
+        outcome = agent.usage_tick()
+        sent_all = outcome.windows_sent == len(outcome.reports)
+        return 0 if sent_all and all(report["status"] == "ok" for report in outcome.reports) else 1
     if args.once:
         outcome = agent.tick()
         if outcome.error or outcome.host_identity_result == "failed":

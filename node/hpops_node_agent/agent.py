@@ -14,6 +14,10 @@ One tick:
   5. State (installed certificate version, last report digest, failure backoff) persisted as
      JSON, mode 0600.
 
+On the controller node (where slurmctld runs) the loop is another one: every usageSeconds it
+collects per-user Slurm usage from accounting (usage.py) and sends it, one entry per window part,
+with the same events:PutEvents path (detail-type contract.USAGE_DETAIL_TYPE).
+
 Nothing here ever logs or reports key material: reports carry versions, fingerprints, public
 keys and host_keys' one-line, secret-free reasons.
 """
@@ -40,7 +44,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract
 
-from . import __version__, host_keys, login_limits
+from . import __version__, host_keys, login_limits, usage
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, resolve
 
@@ -50,6 +54,8 @@ STATE_FILE = "state.json"
 REASON_MAX = 300
 VERSION_RE = re.compile(r"^[A-Za-z0-9:._-]{1,128}$")
 AWS_ERRORS = (BotoCoreError, ClientError)
+PUT_EVENTS_MAX_ENTRIES = 10
+PUT_EVENTS_MAX_BYTES = 256 * 1024  # per request, all entries together
 CLIENT_CONFIG = botocore.config.Config(
     retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=10
 )
@@ -89,6 +95,15 @@ class TickOutcome:
     @property
     def host_identity_result(self) -> Optional[str]:
         return (self.host_identity or {}).get("result")
+
+
+@dataclass
+class UsageOutcome:
+    """What one usage run did: the reports collected (unsplit) and how many windows were sent."""
+
+    reports: list = field(default_factory=list)
+    windows_sent: int = 0
+    api_calls: Dict[str, int] = field(default_factory=dict)
 
 
 def section(mode: str, version: Optional[str], result: str, reason: str, **extra: Any) -> Dict[str, Any]:
@@ -157,6 +172,7 @@ class NodeAgent:
         self._pending_start = True
         self._public_keys_cache: Optional[tuple] = None
         self._last_logged: Dict[str, Any] = {}
+        self._usage: Optional[usage.UsageCollector] = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -218,7 +234,10 @@ class NodeAgent:
             log("idle", role=role, reason="compute node: nothing to do")
             return
         if role == "controller":
-            log("idle", role=role, reason="controller: no duties yet")
+            if not self.config.usage_seconds:
+                log("idle", role=role, reason="controller: Slurm usage collection is off (usageSeconds 0)")
+                return
+            self.run_usage(stop)
             return
         log("started", role=role, agentVersion=__version__, pollSeconds=self.config.poll_seconds,
             instanceId=self.identity().instance_id, ip=self.identity().ip)
@@ -228,6 +247,16 @@ class NodeAgent:
             except Exception as error:  # a bug must not end the loop; systemd would only restart it
                 log("tick-crashed", reason=short("{}: {}".format(type(error).__name__, error)))
             stop.wait(self.next_interval())
+        log("stopped", reason="stop requested")
+
+    def run_usage(self, stop: threading.Event) -> None:
+        log("started", role="controller", agentVersion=__version__, usageSeconds=self.config.usage_seconds)
+        while not stop.is_set():
+            try:
+                self.usage_tick()
+            except Exception as error:  # a bug must not end the loop; systemd would only restart it
+                log("usage-crashed", reason=short("{}: {}".format(type(error).__name__, error)))
+            stop.wait(self.config.usage_seconds)
         log("stopped", reason="stop requested")
 
     def next_interval(self) -> float:
@@ -510,4 +539,61 @@ class NodeAgent:
             return False
         log("report-sent", trigger=report["trigger"], hostIdentity=report["hostIdentity"]["result"],
             version=report["hostIdentity"]["version"], loginLimits=report["loginLimits"]["result"])
+        return True
+
+    # ------------------------------------------------------------------ Slurm usage (controller)
+
+    def usage_collector(self) -> usage.UsageCollector:
+        if self._usage is None:
+            self._usage = usage.UsageCollector(
+                self.config.cluster, None,
+                state_path=os.path.join(self.config.under_root(self.config.state_dir), usage.STATE_FILE),
+                sacct_cmd=self.config.sacct_cmd, agent_version=__version__, clock=self.clock, log=log)
+        if self._usage.instance_id is None:  # asked again until known (IMDS may not answer at boot)
+            self._usage.instance_id = usage.reporting_instance_id(self.config, log=log)
+        return self._usage
+
+    def usage_tick(self) -> UsageOutcome:
+        """Collect the due windows and send each; a window not sent is collected again next time."""
+        self._calls = collections.Counter()
+        outcome = UsageOutcome()
+
+        def ship(parts: list) -> bool:
+            sent = self._send_usage(parts)
+            outcome.windows_sent += int(sent)
+            return sent
+
+        outcome.reports = self.usage_collector().run_once(ship)
+        for report in outcome.reports:
+            log("usage-collected", windowStart=report["windowStart"], final=report["final"],
+                status=report["status"], reason=report["reason"], records=len(report["records"]),
+                skipped=report["skipped"], sacctSeconds=report["sacctSeconds"])
+        outcome.api_calls = dict(self._calls)
+        return outcome
+
+    def _send_usage(self, parts: list) -> bool:
+        """All parts of one window, in as few PutEvents calls as EventBridge's limits allow."""
+        batches: list = []
+        batch_bytes = 0
+        for part in parts:
+            entry = {"Source": contract.REPORT_SOURCE, "DetailType": contract.USAGE_DETAIL_TYPE,
+                     "Detail": usage.encoded(part), "EventBusName": self.config.report_bus}
+            size = sum(len(entry[key].encode("utf-8")) for key in ("Source", "DetailType", "Detail"))
+            if not batches or len(batches[-1]) == PUT_EVENTS_MAX_ENTRIES or batch_bytes + size > PUT_EVENTS_MAX_BYTES:
+                batches.append([])
+                batch_bytes = 0
+            batches[-1].append(entry)
+            batch_bytes += size
+        window = parts[0]["windowStart"]
+        for batch in batches:
+            try:
+                response = self._call("events", "PutEvents", "put_events", Entries=batch)
+            except AWS_ERRORS as error:
+                log("usage-not-sent", windowStart=window, reason=aws_reason("events:PutEvents", error))
+                return False
+            if response.get("FailedEntryCount"):
+                failed = [entry for entry in response.get("Entries") or [] if entry.get("ErrorCode")] or [{}]
+                log("usage-not-sent", windowStart=window,
+                    reason=short("events:PutEvents: {}".format(failed[0].get("ErrorCode", "entry failed"))))
+                return False
         return True

@@ -40,9 +40,14 @@ OPTIONAL = {
     "instanceId": ("instance_id", str, None),
     "ip": ("ip", str, None),
     "role": ("role", str, None),
+    # Controller node: how often Slurm usage is collected and shipped (0: never); sacct's path
+    # ("": PATH, then /opt/slurm/bin where HyperPod installs Slurm).
+    "usageSeconds": ("usage_seconds", (int, float), contract.DEFAULT_USAGE_SECONDS),
+    "sacctCmd": ("sacct_cmd", str, ""),
 }
 MIN_POLL_SECONDS = 1
 MAX_POLL_SECONDS = 3600
+MIN_USAGE_SECONDS = 60
 
 
 class ConfigError(ValueError):
@@ -66,6 +71,8 @@ class AgentConfig:
     instance_id: Optional[str] = None
     ip: Optional[str] = None
     role: Optional[str] = None
+    usage_seconds: float = contract.DEFAULT_USAGE_SECONDS
+    sacct_cmd: str = ""
 
     @classmethod
     def from_dict(cls, document: object) -> "AgentConfig":
@@ -100,6 +107,12 @@ class AgentConfig:
                 raise ConfigError("config key '{}' must be between {} and 86400 seconds".format(key, MIN_POLL_SECONDS))
         if values["poll_seconds"] > MAX_POLL_SECONDS:
             raise ConfigError("config key 'pollSeconds' must be at most {}".format(MAX_POLL_SECONDS))
+        usage_seconds = values["usage_seconds"]
+        if usage_seconds != 0 and not MIN_USAGE_SECONDS <= usage_seconds <= 24 * 3600:
+            raise ConfigError("config key 'usageSeconds' must be 0 (off) or between {} and 86400 seconds".format(
+                MIN_USAGE_SECONDS))
+        if values["sacct_cmd"] and not os.path.isabs(values["sacct_cmd"]):
+            raise ConfigError("config key 'sacctCmd' must be an absolute path")
         if values["role"] is not None and values["role"] not in contract.ROLES:
             raise ConfigError("config key 'role' must be one of {}".format(", ".join(contract.ROLES)))
         if values["instance_id"] is not None:

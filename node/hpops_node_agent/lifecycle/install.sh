@@ -5,9 +5,11 @@
 #
 # (this folder, hpops/, sits next to on_create.sh in the lifecycle S3 prefix). On every node it
 # copies the agent to /opt/hpops-node-agent and writes /etc/hpops/node-agent.json; it then asks the
-# agent for the node's role. Compute and controller nodes stop there. Login nodes run one agent
-# cycle (--once, so the node joins with the cluster's host keys already in place) and get the
-# hpops-node-agent systemd service, which keeps polling.
+# agent for the node's role. Compute nodes stop there. Login nodes run one agent cycle (--once, so
+# the node joins with the cluster's host keys already in place) and get the hpops-node-agent
+# systemd service, which keeps polling. The controller node gets the service too (it collects
+# per-user Slurm usage from accounting) unless agent.json sets usageSeconds to 0; no first cycle,
+# since Slurm may not be up yet while the lifecycle scripts run.
 #
 # Options (for tests): --root DIR (or HPOPS_ROOT) installs under DIR; --no-systemd skips systemctl.
 # HPOPS_PYTHON picks the interpreter (default /usr/bin/python3, else python3 on PATH).
@@ -82,17 +84,24 @@ agent() {
 
 role="$(agent --print-role)"
 say "node role: $role"
-if [ "$role" != "login" ]; then
+if [ "$role" = "controller" ] && ! "$python" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("usageSeconds", 1) else 1)' "$config"; then
+    say "controller node: Slurm usage collection is off (usageSeconds 0); nothing more to install"
+    exit 0
+fi
+if [ "$role" != "login" ] && [ "$role" != "controller" ]; then
     say "$role node: nothing more to install"
     exit 0
 fi
 
+# The unit names both directories in ReadWritePaths, which systemd needs to exist on every role.
 mkdir -p -m 0700 "$prefix/var/lib/hpops-node-agent" "$prefix/var/backups/hpops-host-keys"
-# A failed first cycle must not fail the node's provisioning: the service retries and reports.
-if agent --once; then
-    say "first cycle done"
-else
-    say "warning: first cycle did not converge (exit $?); the service will keep trying"
+if [ "$role" = "login" ]; then
+    # A failed first cycle must not fail the node's provisioning: the service retries and reports.
+    if agent --once; then
+        say "first cycle done"
+    else
+        say "warning: first cycle did not converge (exit $?); the service will keep trying"
+    fi
 fi
 
 unit_dir="$prefix/etc/systemd/system"

@@ -26,11 +26,44 @@ Report (sent by the agent with events:PutEvents to the stack's bus):
    "loginLimits": {"version": str|null, "result": str, "reason": str}}
 
 Everything in a report is public: versions, fingerprints, public keys, short reasons.
+
+Slurm usage report (sent by the agent on the node where slurmctld runs, the controller group's
+node, to the same bus; the stack turns it into per-user cost, since nothing on HyperPod is billed
+per Slurm user):
+
+  Source REPORT_SOURCE, DetailType USAGE_DETAIL_TYPE, Detail:
+  {"format": USAGE_FORMAT, "cluster": str, "instanceId": str|null (the reporting node),
+   "agentVersion": str,
+   "windowStart": ISO-8601 UTC, "windowEnd": ISO-8601 UTC (windowStart + USAGE_WINDOW_SECONDS;
+                  windows are whole, aligned UTC hours),
+   "final": bool (false while the window is open or within USAGE_SETTLE_SECONDS after it ended:
+          the totals may still grow; true for the window's last report),
+   "status": one of USAGE_STATUSES, "reason": str ("" when status is "ok"),
+   "records": [{"key": usage_record_key(...), "user": POSIX user, "partition": str,
+                "nodeSeconds": int, "cpuSeconds": int, "gpuSeconds": int, "jobs": int}],
+   "skipped": int (sacct lines left out: invalid user or partition, malformed line,
+              unparsable numbers or times; the odd values themselves are never reported),
+   "skippedReasons": {reason: count},
+   "collectedAt": ISO-8601 UTC, "sacctSeconds": float (how long sacct took),
+   "part": int, "parts": int (a window too big for one event is split by records; every part
+                               carries the same header)}
+
+  Seconds are allocation seconds inside the window: a job's Start..End (End = collectedAt while
+  it runs) clipped to the window, times its allocated nodes, CPUs or GPUs (AllocNodes and AllocTRES
+  cpu= / gres/gpu=; GPUs appear only when the cluster's AccountingStorageTRES tracks gres/gpu).
+
+  Idempotent by construction: a record's key is (cluster, windowStart, user, partition), and a
+  window is re-read and re-sent until it is final, so a consumer upserts records by key; a
+  re-sent window replaces, never adds. The complete set of a window is the union of the parts
+  with the latest collectedAt. A report whose status is not "ok" has no records and says nothing
+  about usage (no zeros): "accounting not enabled" (no slurmdbd accounting on this cluster),
+  "slurm not found" (no sacct on the node), "sacct failed" (reason says why, e.g. slurmdbd down).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 
 # Relative, so it resolves to hpops_core.common.validation in the layer and in the lifecycle bundle alike.
 from hpops_core.common import validation
@@ -41,6 +74,25 @@ REPORT_FORMAT = "hpops.node.report.v1"
 REPORT_SOURCE = "hpops.node"
 REPORT_DETAIL_TYPE = "HyperPod Login Node Report"
 MAX_REPORT_BYTES = 16 * 1024  # far below EventBridge's 256 KB entry limit; reports are small by design
+
+USAGE_FORMAT = "hpops.node.usage.v1"
+USAGE_DETAIL_TYPE = "HyperPod Slurm Usage Report"
+USAGE_WINDOW_SECONDS = 3600
+# Job-end records reach slurmdbd a moment after the job ends (longer when slurmdbd was busy):
+# a window is re-read for this long after it ends before its report is final.
+USAGE_SETTLE_SECONDS = 600
+DEFAULT_USAGE_SECONDS = 900
+USAGE_OK = "ok"
+USAGE_NOT_ENABLED = "accounting not enabled"
+USAGE_SLURM_NOT_FOUND = "slurm not found"
+USAGE_SACCT_FAILED = "sacct failed"
+USAGE_STATUSES = (USAGE_OK, USAGE_NOT_ENABLED, USAGE_SLURM_NOT_FOUND, USAGE_SACCT_FAILED)
+# Slurm allows more in a partition name; these are what HyperPod's partitions (instance group
+# names) use, and what is safe in a record key, a log line and a metric dimension.
+USAGE_PARTITION_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
+USAGE_WINDOW_START_RE = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
+# EventBridge refuses entries (and PutEvents requests) over 256 KB; usage reports are split below this.
+MAX_USAGE_REPORT_BYTES = 200 * 1024
 
 MODES = ("keys", "certificate", "off")
 RESULTS = ("changed", "unchanged", "failed", "waiting")
@@ -88,3 +140,19 @@ def check_instance_id(instance_id: object, what: str = "instance id") -> str:
 
 def certificate_parameter(cluster: str, instance_id: str) -> str:
     return parameter_prefix(cluster) + "host-certificates/" + check_instance_id(instance_id)
+
+
+def is_usage_partition(value: object) -> bool:
+    return isinstance(value, str) and USAGE_PARTITION_RE.match(value) is not None
+
+
+def usage_record_key(cluster: str, window_start: str, user: str, partition: str) -> str:
+    """The identity of one usage record: re-reading or re-sending a window replaces, never adds.
+
+    '/' appears in none of the parts (cluster, user and partition rules; an ISO time)."""
+    validation.check_posix_user(user, "usage user")
+    if not is_usage_partition(partition):
+        raise ValueError("usage partition is not a partition name")
+    if not USAGE_WINDOW_START_RE.match(window_start):
+        raise ValueError("usage window start is not an ISO-8601 UTC time")
+    return "/".join((_cluster(cluster), window_start, user, partition))

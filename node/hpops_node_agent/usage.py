@@ -1,0 +1,470 @@
+"""Per-user, per-partition Slurm usage from accounting (sacct), in fixed hourly windows.
+
+Nothing on a HyperPod cluster is billed per Slurm user, so per-user cost starts here: allocated
+node-, CPU- and GPU-seconds per (user, partition) per window, which the stack multiplies by rates.
+Runs where slurmctld runs (the controller group's node); the report shape is documented in
+hpops_core.node_channel.contract.
+
+Windows are whole UTC hours. Each run re-reads the still-open current window and every ended
+window not yet final (see contract.USAGE_SETTLE_SECONDS), oldest first, one sacct call per window;
+a small state file remembers up to where windows are final and shipped. Every record carries an
+idempotency key (cluster, window start, user, partition), so re-reading or re-sending a window
+replaces its records rather than adding to them.
+
+The parsing, clipping, aggregation and report functions are pure (time is an argument); the
+system side (finding and running sacct/scontrol, the instance id, the state file) is at the
+bottom, in ``UsageCollector`` and the functions it calls. Standard library only, Python 3.8.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import time
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
+
+from hpops_core.common import validation
+from hpops_core.node_channel import contract
+
+SACCT_FIELDS = ("User", "JobID", "Partition", "AllocNodes", "AllocTRES", "ElapsedRaw", "Start", "End", "State")
+# HyperPod installs Slurm under /opt/slurm, which is not on a systemd service's PATH.
+SACCT_FALLBACKS = ("/opt/slurm/bin/sacct", "/usr/local/bin/sacct", "/usr/bin/sacct")
+SACCT_TIMEOUT_SECONDS = 120
+# A run ships at most this many ended windows (one sacct call each) and looks back at most this far;
+# a longer outage loses the oldest windows (logged), never floods slurmdbd.
+MAX_ENDED_WINDOWS_PER_RUN = 24
+MAX_BACKLOG_WINDOWS = 7 * 24
+STATE_FILE = "usage-state.json"
+REASON_MAX = 300
+# What sacct prints when slurm.conf has AccountingStorageType=accounting_storage/none.
+ACCOUNTING_DISABLED_MARKERS = ("accounting storage is disabled",)
+UNSET_TIMES = ("", "Unknown", "None")
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # sacct with SLURM_TIME_FORMAT=standard
+MAX_DIGITS = 12
+
+SKIP_MALFORMED = "malformed line"
+SKIP_USER = "invalid user"
+SKIP_PARTITION = "invalid partition"
+SKIP_NUMBER = "unparsable number"
+SKIP_TIME = "unparsable time"
+
+
+class SkippedLine(ValueError):
+    """An sacct line the report leaves out; the message is one of the SKIP_* reasons, never the value."""
+
+
+class JobAllocation(NamedTuple):
+    user: str
+    partition: str
+    nodes: int
+    cpus: int
+    gpus: int
+    start: int
+    end: Optional[int]  # None: still allocated (End "Unknown")
+    elapsed: Optional[int]
+
+
+class SacctResult(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+# ---------------------------------------------------------------------------- windows and times
+
+
+def iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc).strftime(TIME_FORMAT) + "Z"
+
+
+def window_start_of(epoch: float, window_seconds: int = contract.USAGE_WINDOW_SECONDS) -> int:
+    return int(epoch) // window_seconds * window_seconds
+
+
+def due_windows(now: float, final_through: Optional[int], window_seconds: int = contract.USAGE_WINDOW_SECONDS,
+                max_ended: int = MAX_ENDED_WINDOWS_PER_RUN,
+                max_backlog: int = MAX_BACKLOG_WINDOWS) -> Tuple[List[int], int]:
+    """(window starts to read this run, oldest first, ending with the current window; windows dropped).
+
+    ``final_through`` is the end of the last window shipped as final (None on a fresh node: start
+    with the previous window). Ended windows not yet final (settle delay) are read every run.
+    """
+    current = window_start_of(now, window_seconds)
+    first = current - window_seconds if final_through is None else window_start_of(final_through, window_seconds)
+    oldest_kept = current - max_backlog * window_seconds
+    dropped = max(0, (oldest_kept - first) // window_seconds)
+    first = max(first, oldest_kept)
+    ended = list(range(first, current, window_seconds))[:max_ended]
+    return ended + [current], dropped
+
+
+def is_final(window_start: int, now: float, window_seconds: int = contract.USAGE_WINDOW_SECONDS,
+             settle_seconds: int = contract.USAGE_SETTLE_SECONDS) -> bool:
+    return now >= window_start + window_seconds + settle_seconds
+
+
+def parse_time(text: str) -> Optional[int]:
+    """Epoch seconds of an sacct time (UTC: sacct runs with TZ=UTC); None for Unknown/None/empty."""
+    if text in UNSET_TIMES:
+        return None
+    try:
+        moment = datetime.datetime.strptime(text, TIME_FORMAT)
+    except ValueError:
+        raise SkippedLine(SKIP_TIME) from None
+    return int(moment.replace(tzinfo=datetime.timezone.utc).timestamp())
+
+
+# ---------------------------------------------------------------------------- one sacct line
+
+
+def count(text: str) -> int:
+    # ASCII digits only ("٣".isdigit() is True), and no more than any real count or duration has.
+    if not text.isdigit() or not text.isascii() or len(text) > MAX_DIGITS:
+        raise SkippedLine(SKIP_NUMBER)
+    return int(text)
+
+
+def parse_tres(text: str) -> Dict[str, int]:
+    """cpu, node and gpu counts from AllocTRES ("billing=2,cpu=2,gres/gpu=4,mem=8G,node=1").
+
+    Untyped gres/gpu=N is the total; typed entries (gres/gpu:a100=N) are summed only without it.
+    Other TRES (mem, billing, licenses) are not counted here and not checked."""
+    found = {"cpu": 0, "node": 0}
+    gpus, typed_gpus = None, 0
+    for item in filter(None, text.split(",")):
+        name, separator, value = item.partition("=")
+        if not separator:
+            raise SkippedLine(SKIP_NUMBER)
+        if name in ("cpu", "node"):
+            found[name] = count(value)
+        elif name == "gres/gpu":
+            gpus = count(value)
+        elif name.startswith("gres/gpu:"):
+            typed_gpus += count(value)
+    found["gpu"] = typed_gpus if gpus is None else gpus
+    return found
+
+
+def parse_line(line: str) -> Optional[JobAllocation]:
+    """One ``sacct --parsable2`` line (SACCT_FIELDS); None for a job that never started.
+
+    Raises SkippedLine (reason only) for anything the report must not carry."""
+    fields = line.split("|")
+    if len(fields) != len(SACCT_FIELDS):
+        raise SkippedLine(SKIP_MALFORMED)
+    user, _job_id, partition, nodes, tres, elapsed, start_text, end_text, state = fields
+    start = parse_time(start_text)
+    end = parse_time(end_text)
+    if start is None or state.split(" ")[0] == "PENDING":
+        return None
+    if not validation.is_posix_user(user):
+        raise SkippedLine(SKIP_USER)
+    if not contract.is_usage_partition(partition):
+        raise SkippedLine(SKIP_PARTITION)
+    allocated = parse_tres(tres)
+    return JobAllocation(user=user, partition=partition, nodes=count(nodes), cpus=allocated["cpu"],
+                         gpus=allocated["gpu"], start=start, end=end,
+                         elapsed=count(elapsed) if elapsed else None)
+
+
+def seconds_in_window(job: JobAllocation, window_start: int, window_end: int, now: float) -> int:
+    """The job's allocated seconds inside [window_start, min(window_end, now)).
+
+    A job still allocated counts up to now. ElapsedRaw caps the result: it excludes time the job
+    spent suspended, which Start..End does not."""
+    end = int(now) if job.end is None else job.end
+    seconds = min(end, window_end, int(now)) - max(job.start, window_start)
+    if seconds <= 0:
+        return 0
+    if job.elapsed is not None:
+        seconds = min(seconds, job.elapsed)
+    return seconds
+
+
+def aggregate(lines: Iterable[str], window_start: int, window_end: int,
+              now: float) -> Tuple[Dict[Tuple[str, str], Dict[str, int]], Dict[str, int]]:
+    """({(user, partition): {"nodeSeconds", "cpuSeconds", "gpuSeconds", "jobs"}}, {skip reason: count})."""
+    totals: Dict[Tuple[str, str], Dict[str, int]] = {}
+    skipped: Dict[str, int] = collections.Counter()
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            job = parse_line(line.rstrip("\r\n"))
+        except SkippedLine as skip:
+            skipped[str(skip)] += 1
+            continue
+        if job is None:
+            continue
+        seconds = seconds_in_window(job, window_start, window_end, now)
+        if seconds == 0:
+            continue
+        entry = totals.setdefault((job.user, job.partition),
+                                  {"nodeSeconds": 0, "cpuSeconds": 0, "gpuSeconds": 0, "jobs": 0})
+        entry["nodeSeconds"] += job.nodes * seconds
+        entry["cpuSeconds"] += job.cpus * seconds
+        entry["gpuSeconds"] += job.gpus * seconds
+        entry["jobs"] += 1
+    return totals, dict(skipped)
+
+
+# ---------------------------------------------------------------------------- reports
+
+
+def failure(stderr: str, accounting_type: Optional[str] = None) -> Tuple[str, str]:
+    """(status, reason) for an sacct that exited non-zero.
+
+    ``accounting_type`` is AccountingStorageType from ``scontrol show config`` when it could be read."""
+    text = " ".join(stderr.split())
+    if any(marker in text.lower() for marker in ACCOUNTING_DISABLED_MARKERS) or \
+            accounting_type == "accounting_storage/none":
+        return contract.USAGE_NOT_ENABLED, "Slurm accounting storage is disabled (AccountingStorageType)"
+    errors = [line.strip() for line in stderr.splitlines() if line.strip()]
+    # sacct's last line says what went wrong ("Problem talking to the database: Connection refused").
+    reason = errors[-1] if errors else "sacct failed without a message"
+    return contract.USAGE_SACCT_FAILED, "".join(ch if ch.isprintable() else "?" for ch in reason)[:REASON_MAX]
+
+
+def accounting_type_of(scontrol_config: str) -> Optional[str]:
+    """AccountingStorageType from ``scontrol show config`` output."""
+    for line in scontrol_config.splitlines():
+        name, separator, value = line.partition("=")
+        if separator and name.strip() == "AccountingStorageType":
+            return value.strip()
+    return None
+
+
+def build_report(cluster: str, instance_id: Optional[str], window_start: int, now: float, status: str,
+                 reason: str = "", totals: Optional[Dict[Tuple[str, str], Dict[str, int]]] = None,
+                 skipped: Optional[Dict[str, int]] = None, sacct_seconds: float = 0.0, agent_version: str = "",
+                 window_seconds: int = contract.USAGE_WINDOW_SECONDS) -> Dict[str, Any]:
+    start = iso(window_start)
+    records = []
+    for (user, partition), values in sorted((totals or {}).items()):
+        record = {"key": contract.usage_record_key(cluster, start, user, partition), "user": user,
+                  "partition": partition}
+        record.update(values)
+        records.append(record)
+    skipped = dict(sorted((skipped or {}).items()))
+    return {
+        "format": contract.USAGE_FORMAT,
+        "cluster": cluster,
+        "instanceId": instance_id,
+        "agentVersion": agent_version,
+        "windowStart": start,
+        "windowEnd": iso(window_start + window_seconds),
+        "final": is_final(window_start, now, window_seconds),
+        "status": status,
+        "reason": reason,
+        "records": records,
+        "skipped": sum(skipped.values()),
+        "skippedReasons": skipped,
+        "collectedAt": iso(now),
+        "sacctSeconds": round(sacct_seconds, 3),
+        "part": 1,
+        "parts": 1,
+    }
+
+
+def encoded(report: Dict[str, Any]) -> str:
+    return json.dumps(report, sort_keys=True, separators=(",", ":"))
+
+
+def split_report(report: Dict[str, Any], max_bytes: int = contract.MAX_USAGE_REPORT_BYTES) -> List[Dict[str, Any]]:
+    """The report as parts of at most max_bytes each (encoded), split by records, same header on each."""
+    header = dict(report, records=[])
+    budget = max_bytes - len(encoded(header).encode("utf-8")) - 16  # room for part numbers
+    chunks: List[List[Dict[str, Any]]] = [[]]
+    used = 0
+    for record in report["records"]:
+        size = len(encoded(record).encode("utf-8")) + 1
+        if chunks[-1] and used + size > budget:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(record)
+        used += size
+    return [dict(header, records=chunk, part=index, parts=len(chunks)) for index, chunk in enumerate(chunks, 1)]
+
+
+# ---------------------------------------------------------------------------- the system side
+
+
+def find_sacct(configured: str = "") -> Optional[str]:
+    """The sacct to run: the configured path, else PATH, else where HyperPod and Debian put it."""
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    found = shutil.which("sacct")
+    if found:
+        return found
+    for candidate in SACCT_FALLBACKS:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def sacct_command(sacct: str, window_start: int, until: int) -> List[str]:
+    # -X: one line per allocation, not per step. --duplicates: a requeued job's earlier runs held
+    # their nodes too. Without -s, sacct returns every job eligible or running in the window.
+    return [sacct, "--allusers", "-X", "--duplicates", "--parsable2", "--noheader",
+            "--format=" + ",".join(SACCT_FIELDS), "-S", iso(window_start)[:-1], "-E", iso(until)[:-1]]
+
+
+def slurm_env() -> Dict[str, str]:
+    # Times in and out of sacct in UTC, in one known format, whatever the node's locale says.
+    env = dict(os.environ, TZ="UTC", SLURM_TIME_FORMAT="standard", LC_ALL="C")
+    env.pop("SACCT_FORMAT", None)
+    return env
+
+
+def run_sacct(command: List[str], timeout: float = SACCT_TIMEOUT_SECONDS,
+              run: Callable[..., Any] = subprocess.run, clock: Callable[[], float] = time.monotonic) -> SacctResult:
+    began = clock()
+    try:
+        result = run(command, capture_output=True, timeout=timeout, env=slurm_env())
+    except subprocess.TimeoutExpired:
+        return SacctResult(124, "", "sacct timed out after {} s".format(int(timeout)), clock() - began)
+    except OSError as error:
+        return SacctResult(127, "", "cannot run sacct: {}".format(error.strerror), clock() - began)
+    return SacctResult(result.returncode, result.stdout.decode("utf-8", "replace"),
+                       result.stderr.decode("utf-8", "replace"), clock() - began)
+
+
+def scontrol_accounting_type(sacct: str, run: Callable[..., Any] = subprocess.run) -> Optional[str]:
+    """AccountingStorageType as slurmctld reports it (scontrol next to sacct); None if unknown."""
+    scontrol = os.path.join(os.path.dirname(sacct), "scontrol")
+    try:
+        result = run([scontrol, "show", "config"], capture_output=True, timeout=30, env=slurm_env())
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if result.returncode != 0:
+        return None
+    return accounting_type_of(result.stdout.decode("utf-8", "replace"))
+
+
+def reporting_instance_id(config: Any, log: Callable[..., None] = lambda event, **fields: None,
+                          imds: Optional[Callable[[], str]] = None) -> Optional[str]:
+    """This node's instance id for the reports: the agent config, HyperPod's resource_config.json,
+    then IMDS; None (logged) when none answers, which leaves the report's instanceId null."""
+    from .identity import IdentityError, find_instance, imds_instance_id, own_ip, read_json
+
+    if config.instance_id:
+        return config.instance_id
+    try:
+        _, instance = find_instance(read_json(config.resource_config, "resource_config.json"), own_ip(config))
+        instance_id = (instance or {}).get("InstanceId") or (imds or imds_instance_id)()
+        return contract.check_instance_id(instance_id)
+    except (IdentityError, ValueError) as error:
+        log("usage-instance-id-unknown", reason=str(error)[:REASON_MAX])
+        return None
+
+
+class UsageCollector:
+    """Collects windows with sacct and remembers, in a small state file, which windows are final and shipped."""
+
+    def __init__(self, cluster: str, instance_id: Optional[str], state_path: Optional[str] = None,
+                 sacct_cmd: str = "", agent_version: str = "", clock: Callable[[], float] = time.time,
+                 run: Callable[..., Any] = subprocess.run, log: Callable[..., None] = lambda event, **fields: None):
+        self.cluster = cluster
+        self.instance_id = instance_id
+        self.state_path = state_path
+        self.sacct_cmd = sacct_cmd
+        self.agent_version = agent_version
+        self.clock = clock
+        self.run = run
+        self.log = log
+
+    def collect(self, window_start: int, now: float, sacct: Optional[str]) -> Dict[str, Any]:
+        """One window's report (unsplit), as of now."""
+        def report(status: str, reason: str = "", **values: Any) -> Dict[str, Any]:
+            return build_report(self.cluster, self.instance_id, window_start, now, status, reason,
+                                agent_version=self.agent_version, **values)
+
+        if sacct is None:
+            where = "the configured sacctCmd" if self.sacct_cmd else "PATH, " + ", ".join(SACCT_FALLBACKS)
+            return report(contract.USAGE_SLURM_NOT_FOUND, "no executable sacct ({})".format(where))
+        # The open window is read up to now (at least a second: sacct refuses an empty range).
+        until = max(min(window_start + contract.USAGE_WINDOW_SECONDS, int(now)), window_start + 1)
+        result = run_sacct(sacct_command(sacct, window_start, until), run=self.run)
+        if result.returncode != 0:
+            accounting_type = None
+            if not any(marker in result.stderr.lower() for marker in ACCOUNTING_DISABLED_MARKERS):
+                accounting_type = scontrol_accounting_type(sacct, self.run)
+            status, reason = failure(result.stderr, accounting_type)
+            return report(status, reason, sacct_seconds=result.seconds)
+        totals, skipped = aggregate(result.stdout.splitlines(), window_start,
+                                    window_start + contract.USAGE_WINDOW_SECONDS, now)
+        return report(contract.USAGE_OK, totals=totals, skipped=skipped, sacct_seconds=result.seconds)
+
+    def collect_range(self, since: float, now: Optional[float] = None) -> List[Dict[str, Any]]:
+        """Reports for every window from the one holding ``since`` to the current one; no state, no shipping."""
+        now = self.clock() if now is None else now
+        sacct = find_sacct(self.sacct_cmd)
+        starts = range(window_start_of(since), window_start_of(now) + 1, contract.USAGE_WINDOW_SECONDS)
+        return [self.collect(start, now, sacct) for start in starts]
+
+    # ------------------------------------------------------------------ state
+
+    def _final_through(self) -> Optional[int]:
+        if not self.state_path:
+            return None
+        try:
+            with open(self.state_path, "r", encoding="utf-8") as handle:
+                value = json.load(handle).get("finalThrough")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, AttributeError) as error:
+            self.log("usage-state-unreadable", path=self.state_path, reason=type(error).__name__)
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def _save_final_through(self, epoch: int) -> None:
+        if not self.state_path:
+            return
+        directory = os.path.dirname(self.state_path)
+        temporary = self.state_path + ".tmp"
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump({"finalThrough": epoch, "finalThroughTime": iso(epoch)}, handle, sort_keys=True)
+            os.chmod(temporary, 0o600)
+            os.replace(temporary, self.state_path)
+        except OSError as error:
+            self.log("usage-state-not-saved", path=self.state_path, reason=error.strerror or str(error))
+
+    # ------------------------------------------------------------------ one run
+
+    def run_once(self, ship: Callable[[List[Dict[str, Any]]], bool]) -> List[Dict[str, Any]]:
+        """Collect every due window and ship each (as parts); returns the reports collected.
+
+        A window becomes final-and-shipped (state advances past it) only after ``ship`` accepted it.
+        When sacct cannot answer, one status report (for the current window) is shipped and the
+        state stays where it is, so the windows are read once accounting answers again."""
+        now = self.clock()
+        sacct = find_sacct(self.sacct_cmd)
+        starts, dropped = due_windows(now, self._final_through())
+        if dropped:
+            self.log("usage-windows-dropped", windows=dropped, reason="backlog older than {} h".format(
+                MAX_BACKLOG_WINDOWS * contract.USAGE_WINDOW_SECONDS // 3600))
+            self._save_final_through(starts[0])
+        reports = []
+        for start in starts:
+            report = self.collect(start, now, sacct)
+            if report["status"] != contract.USAGE_OK:
+                # A statement about the cluster, not about that window: sent once, for the current window.
+                report = build_report(self.cluster, self.instance_id, starts[-1], now, report["status"],
+                                      report["reason"], sacct_seconds=report["sacctSeconds"],
+                                      agent_version=self.agent_version)
+                reports.append(report)
+                ship(split_report(report))
+                break
+            reports.append(report)
+            if not ship(split_report(report)):
+                break
+            if report["final"]:
+                self._save_final_through(start + contract.USAGE_WINDOW_SECONDS)
+        return reports

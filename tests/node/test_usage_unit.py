@@ -1,0 +1,511 @@
+"""Slurm usage from accounting: parsing, clipping to windows, idempotency, statuses, shipping.
+
+sacct is stood in by a small script (the collector runs it as a real subprocess); the numbers
+against a real Slurm are in tests/slurm/test_usage_real_slurm.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+from moto import mock_aws
+from moto.server import ThreadedMotoServer
+from real_tools import free_port
+
+from hpops_core.node_channel import contract
+from hpops_node_agent import bundle as bundle_module
+from hpops_node_agent import usage
+from hpops_node_agent.agent import NodeAgent
+from hpops_node_agent.config import AgentConfig, ConfigError
+
+CLUSTER = "usage-cluster"
+REGION = "us-west-2"
+BUS = "hpops-node-reports"
+INSTANCE_ID = "i-0123456789abcdef0"
+HOUR = 3600
+
+
+def at(text: str) -> int:
+    return int(datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc).timestamp())
+
+
+W0 = at("2026-11-23T06:00:00")  # the window most tests look at
+NOW = at("2026-11-23T06:55:00")  # inside W0: W0 is the open window
+
+LINES = [
+    # 2 nodes x 30 min, 16 GPUs
+    "alice|101|gpu|2|billing=192,cpu=192,gres/gpu=16,mem=2000G,node=2|1800|2026-11-23T06:10:00|2026-11-23T06:40:00|COMPLETED",
+    # spans the previous window and this one: 30 min before, 60 min in W0
+    "bob|102|cpu|1|billing=4,cpu=4,mem=8G,node=1|5400|2026-11-23T05:30:00|2026-11-23T07:00:00|COMPLETED",
+    # still running: counts up to now; GPUs only as typed entries
+    "alice|103|gpu|1|cpu=96,gres/gpu:h100=8,node=1|300|2026-11-23T06:50:00|Unknown|RUNNING",
+    # a requeued job's earlier run (--duplicates): it held its node too
+    "j.doe|104|cpu|1|cpu=2,node=1|120|2026-11-23T06:00:00|2026-11-23T06:02:00|REQUEUED",
+    "j.doe|104|cpu|1|cpu=2,node=1|60|2026-11-23T06:05:00|2026-11-23T06:06:00|COMPLETED",
+    # never started: nothing to count, nothing skipped
+    "carol|105|gpu|0||0|Unknown|Unknown|PENDING",
+    "carol|106|gpu|0||0|None|2026-11-23T06:20:00|CANCELLED by 1001",
+    # hostile or odd: skipped with a reason, never in the report
+    "bad;user|107|gpu|1|cpu=1,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED",
+    "-rf|108|gpu|1|cpu=1,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED",
+    "dave|109|gpu|two|cpu=1,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED",
+    "dave|110|gpu|1|cpu=1e9,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED",
+    "dave|111|gpu|1|cpu=1,node=1|60|yesterday|2026-11-23T06:01:00|COMPLETED",
+    "dave|113|gpu|1|cpu=1,node=1|99999999999999999999|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED",
+    "dave|112|gpu;x|1|cpu=1,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED",
+    "sacct: error: this is not a job line",
+    "",
+]
+
+
+def totals_at(window_start: int, now: int, lines=LINES):
+    return usage.aggregate(lines, window_start, window_start + HOUR, now)
+
+
+# --------------------------------------------------------------------------- parsing and clipping
+
+
+def test_per_user_per_partition_totals_clip_jobs_to_the_window():
+    totals, skipped = totals_at(W0, NOW)
+    assert totals == {
+        ("alice", "gpu"): {"nodeSeconds": 2 * 1800 + 300, "cpuSeconds": 192 * 1800 + 96 * 300,
+                           "gpuSeconds": 16 * 1800 + 8 * 300, "jobs": 2},
+        # the open window ends at now (06:55): 55 of the job's 60 minutes in W0 so far
+        ("bob", "cpu"): {"nodeSeconds": 3300, "cpuSeconds": 4 * 3300, "gpuSeconds": 0, "jobs": 1},
+        ("j.doe", "cpu"): {"nodeSeconds": 180, "cpuSeconds": 360, "gpuSeconds": 0, "jobs": 2},
+    }
+    assert skipped == {usage.SKIP_USER: 2, usage.SKIP_NUMBER: 3, usage.SKIP_TIME: 1, usage.SKIP_PARTITION: 1,
+                       usage.SKIP_MALFORMED: 1}
+
+
+def test_a_job_spanning_two_windows_is_split_between_them():
+    later = at("2026-11-23T07:20:00")
+    # what sacct says at 07:20: the running job's ElapsedRaw has grown with it
+    lines = [line.replace("|300|", "|1800|") for line in LINES]
+    before, _ = totals_at(W0 - HOUR, later, lines)
+    during, _ = totals_at(W0, later, lines)
+    assert before[("bob", "cpu")]["nodeSeconds"] == 1800 and during[("bob", "cpu")]["nodeSeconds"] == 3600
+    assert before[("bob", "cpu")]["nodeSeconds"] + during[("bob", "cpu")]["nodeSeconds"] == 5400
+    # the running job keeps counting, up to the end of a window that has ended
+    assert during[("alice", "gpu")]["nodeSeconds"] == 2 * 1800 + 600
+    after, _ = totals_at(W0 + HOUR, later, lines)
+    assert after[("alice", "gpu")] == {"nodeSeconds": 1200, "cpuSeconds": 96 * 1200, "gpuSeconds": 8 * 1200,
+                                       "jobs": 1}
+
+
+def test_unknown_end_counts_to_now_and_elapsed_caps_suspended_time():
+    running = usage.parse_line("alice|1|gpu|1|cpu=8,node=1|100|2026-11-23T06:00:00|Unknown|RUNNING")
+    assert running.end is None
+    assert usage.seconds_in_window(running._replace(elapsed=None), W0, W0 + HOUR, W0 + 600) == 600
+    # Start..End says 600 s, but the job was suspended for all but 100 of them
+    assert usage.seconds_in_window(running, W0, W0 + HOUR, W0 + 600) == 100
+    assert usage.seconds_in_window(running, W0 + HOUR, W0 + 2 * HOUR, W0 + 600) == 0
+
+
+def test_gpu_tres_untyped_total_wins_over_typed_entries():
+    assert usage.parse_tres("cpu=8,gres/gpu=4,gres/gpu:a100=4,node=1") == {"cpu": 8, "node": 1, "gpu": 4}
+    assert usage.parse_tres("cpu=8,gres/gpu:a100=2,gres/gpu:h100=3") == {"cpu": 8, "node": 0, "gpu": 5}
+    assert usage.parse_tres("") == {"cpu": 0, "node": 0, "gpu": 0}
+    with pytest.raises(usage.SkippedLine, match=usage.SKIP_NUMBER):
+        usage.parse_tres("cpu")
+    with pytest.raises(usage.SkippedLine, match=usage.SKIP_NUMBER):
+        usage.parse_tres("cpu=٣")  # a digit, but not an ASCII one
+
+
+# --------------------------------------------------------------------------- reports and keys
+
+
+def report_at(now: int, lines=LINES, window_start: int = W0) -> dict:
+    totals, skipped = totals_at(window_start, now, lines)
+    return usage.build_report(CLUSTER, INSTANCE_ID, window_start, now, contract.USAGE_OK, totals=totals,
+                              skipped=skipped, sacct_seconds=0.25, agent_version="t")
+
+
+def test_report_shape_and_idempotency_keys():
+    report = report_at(NOW)
+    assert report["format"] == contract.USAGE_FORMAT
+    assert (report["windowStart"], report["windowEnd"]) == ("2026-11-23T06:00:00Z", "2026-11-23T07:00:00Z")
+    assert report["final"] is False and report["collectedAt"] == "2026-11-23T06:55:00Z"
+    assert report["skipped"] == 8 and report["sacctSeconds"] == 0.25 and (report["part"], report["parts"]) == (1, 1)
+    assert [record["key"] for record in report["records"]] == [
+        "usage-cluster/2026-11-23T06:00:00Z/alice/gpu", "usage-cluster/2026-11-23T06:00:00Z/bob/cpu",
+        "usage-cluster/2026-11-23T06:00:00Z/j.doe/cpu"]
+    text = json.dumps(report)
+    for odd in ("bad;user", "-rf", "two", "1e9", "yesterday", "gpu;x", "not a job line", "99999"):
+        assert odd not in text
+
+    # Re-reading the same window: the same keys, the same totals (replaces, never adds).
+    assert report_at(NOW) == report
+    # Later the totals grow under the same keys; once the settle delay has passed, the window is final.
+    later = report_at(W0 + HOUR + contract.USAGE_SETTLE_SECONDS)
+    assert [r["key"] for r in later["records"]] == [r["key"] for r in report["records"]]
+    assert later["records"][1]["nodeSeconds"] == 3600 and later["final"] is True
+    assert report_at(W0 + HOUR + contract.USAGE_SETTLE_SECONDS - 1)["final"] is False
+
+
+def test_record_keys_refuse_what_could_break_them():
+    with pytest.raises(ValueError):
+        contract.usage_record_key(CLUSTER, "2026-11-23T06:00:00Z", "a/b", "gpu")
+    with pytest.raises(ValueError):
+        contract.usage_record_key(CLUSTER, "2026-11-23T06:00:00Z", "alice", "gpu/x")
+    with pytest.raises(ValueError):
+        contract.usage_record_key(CLUSTER, "2026-11-23 06:00", "alice", "gpu")
+
+
+def test_big_windows_are_split_into_parts_under_the_limit():
+    lines = ["user{0}|{0}|part{1}|1|cpu=1,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED".format(
+        index, index % 7) for index in range(3000)]
+    report = report_at(NOW, lines)
+    assert len(report["records"]) == 3000
+    parts = usage.split_report(report, max_bytes=64 * 1024)
+    assert len(parts) > 1
+    assert all(len(usage.encoded(part).encode()) <= 64 * 1024 for part in parts)
+    assert [(part["part"], part["parts"]) for part in parts] == [(i, len(parts)) for i in range(1, len(parts) + 1)]
+    assert [record for part in parts for record in part["records"]] == report["records"]
+    assert usage.split_report(report_at(NOW)) == [report_at(NOW)]
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def test_due_windows_fresh_steady_and_backlog():
+    # fresh node: the previous window and the current one
+    assert usage.due_windows(NOW, None) == ([W0 - HOUR, W0], 0)
+    # steady state: everything up to W0 final; only the open window
+    assert usage.due_windows(NOW, W0) == ([W0], 0)
+    # W0 ended 5 min ago: not final yet, read again with the new current window
+    assert usage.due_windows(W0 + HOUR + 300, W0) == ([W0, W0 + HOUR], 0)
+    # a long outage: at most MAX_ENDED per run, never older than the backlog limit
+    starts, dropped = usage.due_windows(NOW, W0 - 500 * HOUR)
+    assert dropped == 500 - usage.MAX_BACKLOG_WINDOWS
+    assert starts[0] == W0 - usage.MAX_BACKLOG_WINDOWS * HOUR
+    assert len(starts) == usage.MAX_ENDED_WINDOWS_PER_RUN + 1 and starts[-1] == W0
+
+
+def test_sacct_command_is_utc_window_all_users_allocations_only():
+    command = usage.sacct_command("/opt/slurm/bin/sacct", W0, NOW)
+    assert command[:4] == ["/opt/slurm/bin/sacct", "--allusers", "-X", "--duplicates"]
+    assert command[-4:] == ["-S", "2026-11-23T06:00:00", "-E", "2026-11-23T06:55:00"]
+    assert "--format=User,JobID,Partition,AllocNodes,AllocTRES,ElapsedRaw,Start,End,State" in command
+
+
+# --------------------------------------------------------------------------- statuses, with a stand-in sacct
+
+
+def fake_sacct(directory: Path, stdout: str = "", stderr: str = "", code: int = 0, scontrol: str | None = None) -> Path:
+    """An sacct that prints canned output and records its arguments and TZ (and an scontrol next to it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "out.txt").write_text(stdout)
+    (directory / "err.txt").write_text(stderr)
+    script = directory / "sacct"
+    script.write_text("#!/bin/sh\n"
+                      'printf "%s\\n" "$TZ $*" >> "$(dirname "$0")/calls.txt"\n'
+                      'cat "$(dirname "$0")/out.txt"; cat "$(dirname "$0")/err.txt" >&2\n'
+                      "exit {}\n".format(code))
+    script.chmod(0o755)
+    if scontrol is not None:
+        (directory / "scontrol").write_text("#!/bin/sh\ncat <<'EOF'\n{}\nEOF\n".format(scontrol))
+        (directory / "scontrol").chmod(0o755)
+    return script
+
+
+def collector(tmp_path: Path, sacct: Path | str, now: float = NOW) -> usage.UsageCollector:
+    return usage.UsageCollector(CLUSTER, INSTANCE_ID, state_path=str(tmp_path / "state" / usage.STATE_FILE),
+                                sacct_cmd=str(sacct), clock=lambda: now)
+
+
+def test_collect_runs_sacct_in_utc_and_reports_the_window(tmp_path):
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    report = collector(tmp_path, sacct).collect(W0, NOW, str(sacct))
+    assert report["status"] == contract.USAGE_OK and report["reason"] == ""
+    assert report == dict(report_at(NOW), sacctSeconds=report["sacctSeconds"], agentVersion="")
+    call = (tmp_path / "bin" / "calls.txt").read_text().split()
+    assert call[0] == "UTC" and call[-4:] == ["-S", "2026-11-23T06:00:00", "-E", "2026-11-23T06:55:00"]
+
+
+@pytest.mark.parametrize("stderr, scontrol, status", [
+    ("Slurm accounting storage is disabled\n", None, contract.USAGE_NOT_ENABLED),
+    ("sacct: error: something else\n", "AccountingStorageType   = accounting_storage/none\n",
+     contract.USAGE_NOT_ENABLED),
+    ("sacct: error: Sending PersistInit msg: Connection refused\n"
+     "sacct: error: Problem talking to the database: Connection refused\n",
+     "AccountingStorageType   = accounting_storage/slurmdbd\n", contract.USAGE_SACCT_FAILED),
+])
+def test_accounting_not_enabled_is_a_status_not_zeros(tmp_path, stderr, scontrol, status):
+    sacct = fake_sacct(tmp_path / "bin", stderr=stderr, code=1, scontrol=scontrol)
+    report = collector(tmp_path, sacct).collect(W0, NOW, str(sacct))
+    assert report["status"] == status and report["records"] == [] and report["skipped"] == 0
+    if status == contract.USAGE_SACCT_FAILED:
+        assert report["reason"] == "sacct: error: Problem talking to the database: Connection refused"
+        assert usage.failure("sacct: error: \x1b[31mred\n")[1] == "sacct: error: ?[31mred"
+    else:
+        assert "disabled" in report["reason"]
+
+
+def test_no_sacct_is_slurm_not_found(tmp_path, monkeypatch):
+    report = collector(tmp_path, tmp_path / "nowhere" / "sacct").collect(W0, NOW, None)
+    assert report["status"] == contract.USAGE_SLURM_NOT_FOUND and "configured sacctCmd" in report["reason"]
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(usage, "SACCT_FALLBACKS", (str(tmp_path / "nowhere"),))
+    assert usage.find_sacct("") is None
+    assert usage.find_sacct(str(tmp_path / "nowhere")) is None
+
+
+# --------------------------------------------------------------------------- state: incremental and idempotent
+
+
+def test_run_once_ships_due_windows_and_remembers_only_final_shipped_ones(tmp_path):
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    shipped = []
+
+    def ship(parts):
+        shipped.append(parts)
+        return True
+
+    first = collector(tmp_path, sacct, NOW).run_once(ship)
+    assert [r["windowStart"] for r in first] == ["2026-11-23T05:00:00Z", "2026-11-23T06:00:00Z"]
+    assert [r["final"] for r in first] == [True, False]
+    state = json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())
+    assert state["finalThrough"] == W0  # the previous window is final; W0 is still open
+    assert oct((tmp_path / "state" / usage.STATE_FILE).stat().st_mode & 0o777) == "0o600"
+
+    # The next run (5 min after W0 ended) re-reads W0 and reads the new window; same keys for W0.
+    second = collector(tmp_path, sacct, W0 + HOUR + 300).run_once(ship)
+    assert [r["windowStart"] for r in second] == ["2026-11-23T06:00:00Z", "2026-11-23T07:00:00Z"]
+    assert [r["key"] for r in second[0]["records"]] == [r["key"] for r in first[1]["records"]]
+    assert json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())["finalThrough"] == W0
+
+    # After the settle delay W0 is final; a failed send keeps it due.
+    settled = W0 + HOUR + contract.USAGE_SETTLE_SECONDS
+    assert [r["final"] for r in collector(tmp_path, sacct, settled).run_once(lambda parts: False)] == [True]
+    assert json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())["finalThrough"] == W0
+    collector(tmp_path, sacct, settled).run_once(ship)
+    assert json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())["finalThrough"] == W0 + HOUR
+
+
+def test_run_once_without_accounting_sends_one_status_and_keeps_its_place(tmp_path):
+    sacct = fake_sacct(tmp_path / "bin", stderr="Slurm accounting storage is disabled\n", code=1)
+    shipped = []
+    reports = collector(tmp_path, sacct).run_once(lambda parts: shipped.append(parts) or True)
+    assert len(reports) == 1 and len(shipped) == 1
+    assert reports[0]["status"] == contract.USAGE_NOT_ENABLED and reports[0]["windowStart"] == "2026-11-23T06:00:00Z"
+    assert not (tmp_path / "state" / usage.STATE_FILE).exists()
+    assert len((tmp_path / "bin" / "calls.txt").read_text().splitlines()) == 1  # one sacct call, not one per window
+
+
+# --------------------------------------------------------------------------- the agent and the CLI
+
+
+def test_config_usage_keys():
+    base = {"cluster": CLUSTER, "region": REGION, "reportBus": BUS}
+    config = AgentConfig.from_dict(base)
+    assert config.usage_seconds == contract.DEFAULT_USAGE_SECONDS and config.sacct_cmd == ""
+    assert AgentConfig.from_dict(dict(base, usageSeconds=0)).usage_seconds == 0
+    for bad in ({"usageSeconds": 5}, {"usageSeconds": "900"}, {"sacctCmd": "sacct"}):
+        with pytest.raises(ConfigError):
+            AgentConfig.from_dict(dict(base, **bad))
+
+
+@pytest.fixture
+def events_queue(monkeypatch):
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        session = boto3.session.Session(region_name=REGION)
+        events, sqs = session.client("events"), session.client("sqs")
+        events.create_event_bus(Name=BUS)
+        queue_url = sqs.create_queue(QueueName="usage")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        events.put_rule(Name="usage", EventBusName=BUS, EventPattern=json.dumps(
+            {"source": [contract.REPORT_SOURCE], "detail-type": [contract.USAGE_DETAIL_TYPE]}))
+        events.put_targets(Rule="usage", EventBusName=BUS, Targets=[{"Id": "q", "Arn": arn}])
+
+        def received():
+            found = []
+            while True:
+                messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+                if not messages:
+                    return found
+                for message in messages:
+                    found.append(json.loads(message["Body"]))
+                    sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=message["ReceiptHandle"])
+
+        yield session, received
+
+
+def test_controller_agent_sends_usage_with_the_report_path(tmp_path, events_queue):
+    session, received = events_queue
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    config = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
+                                    "ip": "10.1.0.2", "instanceId": INSTANCE_ID, "root": str(tmp_path / "root"),
+                                    "sacctCmd": str(sacct)})
+    agent = NodeAgent(config, session, clock=lambda: NOW)
+    assert agent.tick().api_calls == {}  # the login-node tick stays a no-op on the controller
+    outcome = agent.usage_tick()
+    assert outcome.windows_sent == 2 and outcome.api_calls == {"events:PutEvents": 2}
+    events = received()
+    assert {event["detail-type"] for event in events} == {contract.USAGE_DETAIL_TYPE}
+    details = sorted((event["detail"] for event in events), key=lambda detail: detail["windowStart"])
+    assert details[1] == dict(report_at(NOW), instanceId=INSTANCE_ID, agentVersion=details[1]["agentVersion"],
+                              sacctSeconds=details[1]["sacctSeconds"])
+    state = tmp_path / "root" / "var" / "lib" / "hpops-node-agent" / usage.STATE_FILE
+    assert json.loads(state.read_text())["finalThrough"] == W0
+
+    # A window too big for one entry goes as parts, in several PutEvents calls (a request's limit is 256 KB).
+    lines = ["user{0}|{0}|part{1}|1|cpu=1,node=1|60|2026-11-23T06:00:00|2026-11-23T06:01:00|COMPLETED".format(
+        index, index % 7) for index in range(3000)]
+    parts = usage.split_report(report_at(NOW, lines))
+    assert len(parts) > 1
+    agent._calls.clear()
+    assert agent._send_usage(parts) is True and 1 < agent._calls["events:PutEvents"] <= len(parts)
+    sent = sorted((event["detail"] for event in received()), key=lambda detail: detail["part"])
+    assert [(detail["part"], detail["parts"]) for detail in sent] == [(i, len(parts)) for i in range(1, len(parts) + 1)]
+    assert sum(len(detail["records"]) for detail in sent) == 3000
+
+
+def test_controller_loop_collects_every_usage_interval_until_stopped(tmp_path, monkeypatch):
+    config = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
+                                    "ip": "10.1.0.2", "instanceId": INSTANCE_ID, "root": str(tmp_path),
+                                    "usageSeconds": 60})
+    agent = NodeAgent(config, session=None)
+    stop = threading.Event()
+    ticks = []
+    waits = []
+
+    def usage_tick():
+        ticks.append(1)
+        if len(ticks) == 2:
+            raise RuntimeError("a bug")  # logged; the loop goes on
+        if len(ticks) == 3:
+            stop.set()
+
+    monkeypatch.setattr(agent, "usage_tick", usage_tick)
+    monkeypatch.setattr(stop, "wait", lambda seconds: waits.append(seconds))
+    agent.run(stop)
+    assert len(ticks) == 3 and waits == [60, 60, 60]
+    assert agent.tick().api_calls == {}  # nothing of the login node's loop
+
+
+def test_controller_instance_id_comes_from_resource_config(tmp_path):
+    resource = tmp_path / "resource_config.json"
+    resource.write_text(json.dumps({"InstanceGroups": [{"Name": "controller-machine", "Instances": [
+        {"CustomerIpAddress": "10.1.0.2", "InstanceId": "i-0000000000000000c"}]}]}))
+    config = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
+                                    "ip": "10.1.0.2", "resourceConfig": str(resource)})
+    assert usage.reporting_instance_id(config, imds=lambda: pytest.fail("IMDS asked")) == "i-0000000000000000c"
+    logged = []
+    missing = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
+                                     "ip": "10.1.0.2", "resourceConfig": str(tmp_path / "absent.json")})
+    assert usage.reporting_instance_id(missing, log=lambda event, **fields: logged.append(event)) is None
+    assert logged == ["usage-instance-id-unknown"]
+
+
+def run_cli(tmp_path: Path, *arguments: str, env_extra: dict | None = None,
+            **config_extra) -> subprocess.CompletedProcess:
+    config = {"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller", "ip": "10.1.0.2",
+              "instanceId": INSTANCE_ID}
+    config.update(config_extra)
+    (tmp_path / "agent.json").write_text(json.dumps(config))
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
+    env.update(env_extra or {}, PYTHONPATH=str(Path(bundle_module.__file__).parent.parent))
+    command = [sys.executable, "-m", "hpops_node_agent", *arguments, "--config", str(tmp_path / "agent.json")]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_cli_prints_reports_without_aws(tmp_path):
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    result = run_cli(tmp_path, "usage", "--once", "--print", "--since", "2026-11-23T05:10:00", sacctCmd=str(sacct))
+    assert result.returncode == 0, result.stderr
+    reports = json.loads(result.stdout)
+    assert reports[0]["windowStart"] == "2026-11-23T05:00:00Z" and len(reports) >= 2
+    assert all(report["status"] == contract.USAGE_OK and report["instanceId"] == INSTANCE_ID for report in reports)
+    assert not (tmp_path / "var").exists()  # --print keeps no state
+
+    missing = run_cli(tmp_path, "usage", "--once", "--print", sacctCmd=str(tmp_path / "nowhere"))
+    assert missing.returncode == 1
+    [report] = json.loads(missing.stdout)
+    assert report["status"] == contract.USAGE_SLURM_NOT_FOUND
+
+    assert run_cli(tmp_path, "usage").returncode == 2  # the loop collects; one-shot needs --once
+    assert run_cli(tmp_path, "--print").returncode == 2
+    bad_since = run_cli(tmp_path, "usage", "--once", "--print", "--since", "yesterday")
+    assert bad_since.returncode == 2 and "--since must look like" in bad_since.stderr
+
+
+def test_cli_once_sends_the_due_windows_through_eventbridge(tmp_path):
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing",
+                                        aws_secret_access_key="testing")
+        events, sqs = session.client("events", endpoint_url=endpoint), session.client("sqs", endpoint_url=endpoint)
+        events.create_event_bus(Name=BUS)
+        queue_url = sqs.create_queue(QueueName="usage")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        events.put_rule(Name="usage", EventBusName=BUS,
+                        EventPattern=json.dumps({"detail-type": [contract.USAGE_DETAIL_TYPE]}))
+        events.put_targets(Rule="usage", EventBusName=BUS, Targets=[{"Id": "q", "Arn": arn}])
+        sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+        result = run_cli(tmp_path, "usage", "--once", sacctCmd=str(sacct), root=str(tmp_path / "root"),
+                         env_extra={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                                    "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": endpoint})
+        messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
+    finally:
+        # moto's server keeps its account in this process: leave none behind for the next test.
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST"))
+        server.stop()
+        server._server.server_close()
+    assert result.returncode == 0, result.stdout + result.stderr
+    windows = sorted(json.loads(message["Body"])["detail"]["windowStart"] for message in messages)
+    assert len(windows) == 2  # the previous window (fresh node) and the current one
+    logged = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["event"] for line in logged] == ["usage-collected", "usage-collected"]
+    # the previous window is final (state saved) unless it ended less than the settle delay ago
+    assert (tmp_path / "root" / "var" / "lib" / "hpops-node-agent" / usage.STATE_FILE).exists() is logged[0]["final"]
+
+
+# --------------------------------------------------------------------------- install.sh on the controller
+
+
+def controller_bundle(tmp_path: Path, **agent_overrides) -> Path:
+    lifecycle = tmp_path / "lifecycle"
+    lifecycle.mkdir()
+    (lifecycle / "provisioning_parameters.json").write_text(json.dumps({
+        "controller_group": "controller-machine", "login_group": "login", "worker_groups": []}))
+    resource = tmp_path / "resource_config.json"
+    resource.write_text(json.dumps({"InstanceGroups": [
+        {"Name": "controller-machine", "Instances": [{"CustomerIpAddress": "10.1.0.2", "InstanceId": INSTANCE_ID}]}]}))
+    bundle = bundle_module.build_bundle(lifecycle, CLUSTER, REGION, BUS, vendor=False)
+    config = json.loads((bundle / "agent.json").read_text())
+    config.update({"resourceConfig": str(resource), "ip": "10.1.0.2"}, **agent_overrides)
+    (bundle / "agent.json").write_text(json.dumps(config))
+    return bundle
+
+
+@pytest.mark.parametrize("usage_seconds, unit", [(None, True), (0, False)])
+def test_install_gives_the_controller_the_service_unless_usage_is_off(tmp_path, usage_seconds, unit):
+    bundle = controller_bundle(tmp_path, **({} if usage_seconds is None else {"usageSeconds": usage_seconds}))
+    root = tmp_path / "root"
+    root.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
+    env["HPOPS_PYTHON"] = sys.executable
+    result = subprocess.run(["bash", str(bundle / "install.sh"), "--root", str(root), "--no-systemd"],
+                            capture_output=True, text=True, timeout=120, env=env, cwd=bundle.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "node role: controller" in result.stdout and "first cycle" not in result.stdout
+    assert (root / "etc" / "systemd" / "system" / "hpops-node-agent.service").exists() is unit
+    assert (root / "var" / "lib" / "hpops-node-agent").is_dir() is unit
+    assert (root / "opt" / "hpops-node-agent" / "hpops_node_agent" / "usage.py").exists()
