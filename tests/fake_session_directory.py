@@ -162,3 +162,39 @@ class InMemorySessionDirectory:
         if self.preferences is None:
             raise RunAsPreferencesUnavailable("GetDocument SSM-SessionManagerRunShell failed: AccessDeniedException")
         return self.preferences
+
+    def owner_scoped(self, owner: str, *, filter_works: bool = True) -> OwnerScopedFake:
+        """DescribeSessions with the ``Owner`` filter, like OwnerScopedDirectory. ``filter_works=False``
+        plays a filter that wants another value than the caller ARN: it matches nothing."""
+        return OwnerScopedFake(self, owner, filter_works)
+
+
+class OwnerScopedFake:
+    """One principal's sessions of an :class:`InMemorySessionDirectory`; shares its call counter."""
+
+    def __init__(self, inner: InMemorySessionDirectory, owner: str, filter_works: bool) -> None:
+        self.inner = inner
+        self.owner = owner
+        self.filter_works = filter_works
+
+    @property
+    def calls(self) -> Counter[str]:
+        return self.inner.calls
+
+    def active_sessions(self, target_prefix: str) -> Iterator[dict[str, Any]]:
+        with self.inner._lock:
+            mine = [s.as_api_record() for s in self.inner._sessions.values()
+                    if s.status in _ACTIVE_STATE_STATUSES and s.owner == self.owner and self.filter_works]
+        pages = [mine[i : i + self.inner.page_size] for i in range(0, len(mine), self.inner.page_size)] or [[]]
+        for page in pages:
+            self.inner.calls["DescribeSessions"] += 1
+            yield from (r for r in page if r["Target"].startswith(target_prefix))
+
+    def terminate(self, session_id: str) -> None:
+        self.inner.terminate(session_id)
+
+    def principal_tags(self, iam_arn: str) -> dict[str, str]:
+        return self.inner.principal_tags(iam_arn)
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        return self.inner.run_as_preferences()

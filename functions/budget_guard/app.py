@@ -8,27 +8,27 @@ statemachines/budget_guard.asl.json.
 Warnings (NoBudgetLimit, MissingHourlyPrice, ...) are returned in the output, logged at
 WARNING level and counted (BudgetWarnings); they never fail the execution. Errors do, with
 their class name as the Step Functions error name.
+
+BudgetParseTrigger, the one step that validates events with pydantic, is parse_budget_trigger.py,
+so that the steps here never load pydantic on a cold start.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.common.observability import handler_tools
 from hpops_core.common.clients import client
 from hpops_core.budget_guard import guard
 from hpops_core.budget_guard.alert_state import alert_table
 from hpops_core.budget_guard.aws_budgets import budgets_client, ce_client
-from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig, TriggerConfig
-from hpops_core.budget_guard.trigger import parse_budget_input
+from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig
 from hpops_core.common.errors import MalformedEventError
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+logger, tracer, metrics = handler_tools(calls_aws=True)
 
 
 def _report_warnings(warnings: list[dict[str, str]]) -> None:
@@ -42,20 +42,6 @@ def _state(event: Any, key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise MalformedEventError(f"budget guard step input needs an object '{key}'")
     return value
-
-
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def parse_budget_trigger(event: dict, context: LambdaContext) -> dict:
-    """{"input": <execution input>, "startTime"} -> {"cluster", "mode", "now", "trigger", "eventId", "observed"}.
-
-    "now" is the event's time, or the execution's start time for a sweep: time is an input."""
-    config = TriggerConfig.from_env()
-    raw = event.get("input") if isinstance(event, dict) else event
-    request = parse_budget_input(raw, event.get("startTime") if isinstance(event, dict) else None, config.cluster_name)
-    logger.info("budget check requested", extra={"request": request.to_state()})
-    return request.to_state()
 
 
 @logger.inject_lambda_context

@@ -11,110 +11,33 @@ let it take traffic.
 
 Only the signer reads a private key (the CA); the verifier compares against the published public
 record, and host private keys never leave the node (certificate mode) or Secrets Manager (keys).
+
+The verifier (VerifyNodeIdentity) is verify.py: it reads the network with paramiko and calls no AWS
+API, so it loads no boto3 and the functions here never load paramiko. The signer imports
+certificates.py (cryptography) on its first call; the other three never load it (except in
+certificate mode, where HostIdentityConfig needs certificates.py's CertificatePolicy).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.common.observability import handler_tools
 from hpops_core.common.clients import client
 from hpops_core.cluster.login_group import describe_private_ip
-from hpops_core.common.config import env_choice, env_int, env_str
+from hpops_core.host_identity.config import HostIdentityConfig, node_of
 from hpops_core.common.errors import MalformedEventError
-from hpops_core.host_identity import certificate_delivery, certificates, verifier
-from hpops_core.host_identity.certificates import CertificatePolicy
+from hpops_core.host_identity import certificate_delivery
 from hpops_core.host_identity.gate import gate_registrations
-from hpops_core.host_identity.identity_record import (
-    HostIdentityNotConfigured,
-    expected_ca_fingerprint,
-    expected_fingerprints,
-)
-from hpops_core.host_identity.keys import InvalidCertificateRequest, fingerprint
+from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
 from hpops_core.node_channel import contract, desired_state, report_store
 from hpops_core.host_identity.acknowledgement import judge_acknowledgement
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
-
-@dataclass(frozen=True)
-class HostIdentityConfig:
-    cluster_name: str
-    state_table: str
-    ssh_port: int
-    secret_arn: str
-    alert_topic_arn: str
-    mode: str  # keys | certificate | off
-    ca_secret_arn: str
-    certificate_policy: CertificatePolicy | None  # certificate mode only
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> HostIdentityConfig:
-        env = os.environ if env is None else env
-        mode = env_choice(env, "HOST_IDENTITY_MODE", ("keys", "certificate", "off"))
-        policy = None
-        if mode == "certificate":
-            policy = CertificatePolicy.from_strings(
-                env.get("HOST_CERTIFICATE_PRINCIPALS", ""),
-                env_int(env, "HOST_CERTIFICATE_VALIDITY_DAYS", 1, 3650),
-                env_int(env, "HOST_CERTIFICATE_RENEW_DAYS", 0, 3649),
-            )
-        return cls(
-            cluster_name=env_str(env, "CLUSTER_NAME"),
-            state_table=env_str(env, "STATE_TABLE_NAME"),
-            ssh_port=env_int(env, "SSH_PORT", 1, 65535),
-            secret_arn=env_str(env, "HOST_IDENTITY_SECRET_ARN"),
-            alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
-            mode=mode,
-            ca_secret_arn=env_str(env, "HOST_CA_SECRET_ARN"),
-            certificate_policy=policy,
-        )
-
-
-def _node(event: Any) -> tuple[str, str]:
-    if not isinstance(event, dict) or not isinstance(event.get("instanceId"), str) or not isinstance(event.get("ip"), str):
-        raise MalformedEventError("expected {instanceId, ip}")
-    return event["instanceId"], event["ip"]
-
-
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def verify_node_identity(event: dict, context: LambdaContext) -> dict:
-    """{instanceId, ip, expected} -> {instanceId, ip, ok, acceptable, reason, presented}: the canonical identity?
-
-    ok: nothing to do. acceptable: clients accept it now (certificate mode: a renewal may be due).
-    `expected` (the public record: fingerprints, or the CA's fingerprint) comes from the lease item
-    via the state machine.
-    """
-    config = HostIdentityConfig.from_env()
-    instance_id, ip = _node(event)
-    try:
-        if config.certificate_policy is not None:
-            result = certificates.verify_node_certificates(
-                ip, config.ssh_port, expected_ca_fingerprint(event.get("expected")), config.certificate_policy,
-                datetime.now(timezone.utc), verifier.read_presented_public_keys, verifier.read_presented_host_certificate,
-            )
-        else:
-            result = verifier.verify_node(ip, config.ssh_port, expected_fingerprints(event.get("expected")))
-        ok, acceptable, reason, presented = result.ok, result.acceptable, result.reason, dict(result.presented)
-    except HostIdentityNotConfigured as error:
-        ok, acceptable, reason, presented = False, False, str(error), {}
-    except verifier.HostUnreachable as error:
-        ok, acceptable, reason, presented = False, False, f"port {config.ssh_port} unreachable: {error}", {}
-    metrics.add_metric(name="HostIdentityVerified" if ok else "HostIdentityMismatch", unit=MetricUnit.Count, value=1)
-    logger.info("host identity checked", extra={"instanceId": instance_id, "ip": ip, "ok": ok, "reason": reason})
-    return {"instanceId": instance_id, "ip": ip, "ok": ok, "acceptable": acceptable, "reason": reason,
-            "presented": presented}
-
+logger, tracer, metrics = handler_tools(calls_aws=True)
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
@@ -148,7 +71,7 @@ def check_node_report(event: dict, context: LambdaContext) -> dict:
     One read of the node's latest report; the wait between reads and its bound are in the ASL.
     """
     config = HostIdentityConfig.from_env()
-    instance_id, _ = _node(event)
+    instance_id, _ = node_of(event)
     phase, since, polls = event.get("phase"), event.get("since"), event.get("polls", 0)
     if phase not in ("collect", "install") or not isinstance(since, str) or type(polls) is not int:
         raise MalformedEventError("expected phase collect|install, since (the time the wait began) and polls")
@@ -174,8 +97,11 @@ def sign_host_certificates(event: dict, context: LambdaContext) -> dict:
     machine's input), only if `seen` (what the verifier read at the node's IP) has the same keys,
     for principals from the stack and the IP AWS records for the instance.
     """
+    from hpops_core.host_identity import certificates  # cryptography: certificate mode's functions only
+    from hpops_core.host_identity.keys import InvalidCertificateRequest, fingerprint
+
     config = HostIdentityConfig.from_env()
-    instance_id, ip = _node(event)
+    instance_id, ip = node_of(event)
     if config.certificate_policy is None:
         raise MalformedEventError("the signer only runs in certificate mode")
     now = datetime.now(timezone.utc)

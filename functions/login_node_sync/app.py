@@ -4,51 +4,28 @@ Each handler is thin: parse its input, read config, call the adapters in hpops_c
 pure decision in hpops_core.login_sync.target_plan, return plain JSON for the next state. The order of the
 steps, retries, error routing and the "one more pass" loop live in
 statemachines/login_node_sync.asl.json.
+
+The two steps that validate events with pydantic have a module each, so that the steps here never
+load it on a cold start: parse_trigger.py (ParseTrigger) and ended_sync.py (ReleaseLeaseOfEndedSync).
 """
 
 from __future__ import annotations
 
-import os
 import time
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.common.observability import handler_tools
 from hpops_core.cluster import login_group as login_nodes
 from hpops_core.login_sync import sync_lease, target_group
-from hpops_core.common.config import env_str
 from hpops_core.login_sync.config import SyncConfig
 from hpops_core.common.errors import EmptyListingGuardError, MalformedEventError
-from hpops_core.login_sync.trigger import parse_sync_input, require_managed_cluster
-from hpops_core.login_sync.execution_events import lease_to_release
 from hpops_core.login_sync.target_plan import LoginNode, plan_targets, still_to_apply
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+logger, tracer, metrics = handler_tools(calls_aws=True)
 
 MAX_PASSES = 5  # after this many back-to-back passes, release and let the sweep finish the job
-
-
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def parse_trigger(event: dict, context: LambdaContext) -> dict:
-    """{"input": <execution input>} -> {"cluster", "mode", "dryRun", "trigger", "eventId"}; else a named error.
-
-    The state machine wraps its input so that any JSON value (even an array) reaches the parser.
-    """
-    metrics.add_metric(name="SyncRequests", unit=MetricUnit.Count, value=1)
-    config = SyncConfig.from_env()
-    raw = event["input"] if isinstance(event, dict) and set(event) == {"input"} else event
-    request = require_managed_cluster(parse_sync_input(raw), config.cluster_name)
-    logger.info("sync requested", extra={"request": request.to_state()})
-    # The state machine branches on the mode and paces its wait for node reports with these.
-    return request.to_state() | {
-        "hostIdentityMode": config.host_identity_mode,
-        "nodeReport": {"pollSeconds": config.node_report_poll_seconds, "maxPolls": config.node_report_max_polls},
-    }
 
 
 @logger.inject_lambda_context
@@ -153,18 +130,3 @@ def apply_target_changes(event: dict, context: LambdaContext) -> dict:
     metrics.add_metric(name="TargetsDeregistered", unit=MetricUnit.Count, value=len(deregister))
     logger.info("target group updated", extra={"registered": register, "deregistered": deregister})
     return {"registered": register, "deregistered": deregister}
-
-
-@logger.inject_lambda_context
-@tracer.capture_lambda_handler
-@metrics.log_metrics
-def release_lease_of_ended_sync(event: dict, context: LambdaContext) -> dict:
-    """EventBridge "Execution Status Change" of a timed-out, aborted or failed sync -> its lease released."""
-    config = SyncConfig.from_env()
-    cleanup = lease_to_release(event, env_str(os.environ, "SYNC_STATE_MACHINE_ARN"))
-    released = None
-    if cleanup.holder:
-        released = sync_lease.abandon(config.state_table, config.cluster_name, cleanup.holder).reason
-        metrics.add_metric(name="LeasesReleasedAfterEnd", unit=MetricUnit.Count, value=1)
-    logger.info(cleanup.reason, extra={"released": released})
-    return {"holder": cleanup.holder, "reason": cleanup.reason, "released": released}

@@ -12,17 +12,15 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.common.observability import handler_tools
 from hpops_core.common.config import env_str
 from hpops_core.node_channel import report_store
 from hpops_core.node_channel.reports import NodeReportRejected, check_report_origin, parse_report_event
 
-logger = Logger()
-tracer = Tracer()
-metrics = Metrics()
+logger, tracer, metrics = handler_tools(calls_aws=True)
 
 
 @dataclass(frozen=True)

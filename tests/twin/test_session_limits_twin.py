@@ -1,6 +1,7 @@
 """Per-user session limits, end to end in the twin: the CloudTrail rule and the sweep schedule from
 template.yaml, the real ASL (statemachines/session_limits.asl.json), the real handlers
-(functions/session_limits/app.py), and Session Manager played by twin/hpops_twin/ssm_sessions.py.
+(functions/session_limits/, one module per function), and Session Manager played by
+twin/hpops_twin/ssm_sessions.py.
 
 Every assertion is about what users would see: which of their sessions are still open, which were
 terminated, and what the AlertTopic said.

@@ -27,7 +27,7 @@ PARAMETER = contract.login_limits_parameter("ml")
 ENV = {"CLUSTER_NAME": "ml", "CLUSTER_ID": "abc123def456", "LOGIN_GROUP_NAME": "login", "SESSION_LIMITS_DRY_RUN": "false",
        "MAX_SESSIONS_PER_USER": "2", "SESSION_LIMIT_OVERRIDES": '{"alice": 4}', "SESSION_EXEMPT_USERS": "ops, ci",
        "STATE_TABLE_NAME": "t"}
-APP = Path(__file__).resolve().parents[2] / "functions" / "session_limits" / "app.py"
+HANDLER = Path(__file__).resolve().parents[2] / "functions" / "session_limits" / "publish_login_limits.py"
 
 
 def node(instance_id, launched=NOW - timedelta(days=1), status="Running"):
@@ -234,7 +234,7 @@ def app(monkeypatch):
     for name, value in (ENV | {"POWERTOOLS_METRICS_NAMESPACE": "HyperPodLoginAutopilot",
                                "POWERTOOLS_SERVICE_NAME": "session-limits", "POWERTOOLS_TRACE_DISABLED": "true"}).items():
         monkeypatch.setenv(name, value)
-    spec = importlib.util.spec_from_file_location("session_limits_app_under_test", APP)
+    spec = importlib.util.spec_from_file_location("publish_login_limits_under_test", HANDLER)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -15,9 +15,10 @@ from botocore.stub import Stubber
 
 from fake_session_directory import InMemorySessionDirectory
 from hpops_core.session_limits.config import SessionTriggerConfig
-from hpops_core.session_limits.directories import SnapshotDirectory
+from hpops_core.session_limits.decide import decide
 from hpops_core.session_limits.documents import session_kind
 from hpops_core.session_limits.enforce import enforce
+from hpops_core.session_limits.gather import gather
 from hpops_core.session_limits.identity import (
     IdentityConfig,
     InvalidRunAsPreferences,
@@ -146,10 +147,14 @@ def test_enforcement_reads_the_preferences_once_and_only_when_someone_could_be_o
     assert run(fake).note and "GetDocument" not in fake.calls, "2 sessions <= limit 2: no identity needed"
 
     fake.add_session("b-1", iam_user("bob"), node(2), T0 + timedelta(minutes=2))
-    snapshot = SnapshotDirectory(fake)
-    first, second = run(snapshot, dry_run=True), run(snapshot)
-    assert first.planned_ids == second.ended_ids == ("b-1",), "alice's and bob's shells all run as 'shared'"
-    assert fake.calls["GetDocument"] == 1, "one read per invocation (snapshot)"
+    fake.reset_calls()
+    snapshot = gather(fake, CLUSTER_ID, "login", LimitPolicy(default_max=2), IdentityConfig())
+    assert fake.calls["GetDocument"] == 1, "one read per invocation: the snapshot holds it"
+    # Planned without and with the ledger (as the Lambda does): no second read.
+    first = decide(snapshot, LimitPolicy(default_max=2), IdentityConfig(), T0)
+    second = decide(snapshot, LimitPolicy(default_max=2), IdentityConfig(), T0, already_ended={"nothing-1"})
+    assert first.session_ids == second.session_ids == ("b-1",), "alice's and bob's shells all run as 'shared'"
+    assert fake.calls["GetDocument"] == 1
 
 
 def test_enforcement_stops_with_a_named_error_when_the_preferences_cannot_be_read():

@@ -26,14 +26,8 @@ from hpops_core.session_limits.identity import (
     normalize_owner,
     resolve_posix_user,
 )
-from hpops_core.session_limits.models import (
-    MalformedSessionEvent,
-    SessionLimitError,
-    cluster_id_from_arn,
-    login_target_matches,
-    login_target_prefix,
-    parse_start_session,
-)
+from hpops_core.session_limits.errors import MalformedSessionEvent, SessionLimitError
+from hpops_core.session_limits.models import parse_start_session
 from hpops_core.session_limits.policy import (
     ActiveSession,
     InvalidPolicy,
@@ -46,6 +40,7 @@ from hpops_core.session_limits.session_api import (
     SessionListingFailed,
     TagLookupFailed,
 )
+from hpops_core.session_limits.targets import cluster_id_from_arn, login_target_matches, login_target_prefix
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE_EVENT = REPO / "events" / "ssm-start-session.json"
@@ -710,6 +705,7 @@ def test_notification_names_user_limit_and_sessions():
     assert "User alice: limit 2, 3 active" in note.text and "alice-002" in note.text
     data = json.loads(note.message.split("--- details (JSON) ---\n", 1)[1])
     assert data["ended"][0]["session_id"] == "alice-002"
+    assert data["ended"][0]["reason"] == "alice: 3 active > default limit 2; ending the 1 newest"
     assert data["users_over_limit"][0] == {
         "user": "alice",
         "limit": 2,

@@ -75,6 +75,37 @@ def test_malformed_setting_is_a_configuration_error(name, value):
         SessionLimitsConfig.from_env(ENV | {name: value})
 
 
+@pytest.mark.parametrize("name", ["CLUSTER_NAME", "CLUSTER_ID", "LOGIN_GROUP_NAME", "MAX_SESSIONS_PER_USER",
+                                  "UNMAPPED_SESSION_POLICY", "SESSION_EXCESS_POLICY", "ALERT_TOPIC_ARN", "STATE_TABLE_NAME"])
+def test_a_missing_variable_is_named(name):
+    env = {k: v for k, v in ENV.items() if k != name}
+    with pytest.raises(ConfigurationError, match=f"missing environment variable {name}$"):
+        SessionLimitsConfig.from_env(env)
+
+
+@pytest.mark.parametrize(("value", "dry_run"), [("true", True), ("TRUE", True), ("false", False), ("False", False), ("", False)])
+def test_dry_run_is_read_by_the_one_boolean_parser(value, dry_run):
+    assert SessionLimitsConfig.from_env(ENV | {"SESSION_LIMITS_DRY_RUN": value}).dry_run is dry_run
+    assert SessionTriggerConfig.from_env({k: v for k, v in ENV.items() if k != "SESSION_LIMITS_DRY_RUN"}).dry_run is False
+
+
+@pytest.mark.parametrize("value", ["yes", "no", "1", "0", "on"])
+def test_dry_run_spellings_the_template_never_passes_are_refused(value):
+    with pytest.raises(ConfigurationError, match="SESSION_LIMITS_DRY_RUN must be true or false"):
+        SessionLimitsConfig.from_env(ENV | {"SESSION_LIMITS_DRY_RUN": value})
+
+
+@pytest.mark.parametrize(("parameter", "variable"), [("SessionLimitsDryRun", "SESSION_LIMITS_DRY_RUN"),
+                                                      ("SessionExcessPolicy", "SESSION_EXCESS_POLICY"),
+                                                      ("UnmappedSessionPolicy", "UNMAPPED_SESSION_POLICY")])
+def test_every_value_the_template_allows_is_accepted(parameter, variable):
+    template = TemplateModel()
+    env = template.resources["EnforceSessionLimitsFunction"]["Properties"]["Environment"]["Variables"]
+    assert env[variable] == {"Ref": parameter}
+    for value in template.raw["Parameters"][parameter]["AllowedValues"]:
+        SessionLimitsConfig.from_env(ENV | {variable: str(value)})
+
+
 def trigger_config(**overrides) -> SessionTriggerConfig:
     return SessionTriggerConfig.from_env(ENV | overrides)
 

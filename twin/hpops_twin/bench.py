@@ -7,6 +7,8 @@ for an idle sweep, <= 2 DynamoDB calls per reconcile, nothing growing with worke
 mode: a replacement costs one signature; the daily check costs only handshakes when nothing is due.
 Node channel: how many agent polls (30 s each on a cluster) and API calls a node join and a host
 key rotation take, from the agents' own call counts and the state machines'.
+Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports against `import boto3`
+in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
 """
 
 from __future__ import annotations
@@ -209,6 +211,10 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     from hpops_twin.budget_bench import budget_guard_section
 
     verdicts |= budget_guard_section()[1]
+    from hpops_twin.footprint import footprint_section
+
+    footprint, footprint_verdicts = footprint_section()
+    verdicts |= footprint_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}")
@@ -216,5 +222,6 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
         with open(json_path, "w", encoding="utf-8") as handle:
             json.dump({"rows": [asdict(r) for r in rows], "targets": verdicts,
                        "node_channel": [asdict(r) for r in channel_rows],
-                       "session_limits": [asdict(r) for r in session_rows]}, handle, indent=2)
+                       "session_limits": [asdict(r) for r in session_rows],
+                       "footprint": asdict(footprint)}, handle, indent=2)
     return 0 if all(verdicts.values()) else 1

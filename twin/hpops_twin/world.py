@@ -460,6 +460,8 @@ class TwinWorld:
             print("twin: ssh-keygen (OpenSSH client) not found: host identity checks are off in this twin")
             parameters["HostIdentityMode"] = "off"
         self.resolver = Resolver(self.template.raw, parameters, REGION, ACCOUNT_ID, STACK_NAME)
+        for logical_id in self.template.of_type("AWS::Serverless::LayerVersion"):  # functions' Layers name them
+            self._record(logical_id, f"arn:aws:lambda:{REGION}:{ACCOUNT_ID}:layer:{self._physical_name(logical_id)}:1")
         order = [
             "AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::SNS::Topic", "AWS::Logs::LogGroup",
             "AWS::KMS::Key", "AWS::SecretsManager::Secret", "AWS::Events::EventBus", "AWS::EC2::SecurityGroup",

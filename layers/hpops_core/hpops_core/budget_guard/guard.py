@@ -46,11 +46,12 @@ from hpops_core.budget_guard.projection import (
     Projection,
     ScaleOut,
     decide_alerts,
+    describe_groups,
     groups_from_detail,
+    observed_from_describe,
     project_month_end,
     scale_out_groups,
 )
-from hpops_core.budget_guard.trigger import describe_groups, observed_from_describe
 from hpops_core.common.errors import HpopsError, TransientAwsError
 
 __all__ = [

@@ -35,9 +35,12 @@ __all__ = [
     "Projection",
     "ScaleOut",
     "alert_key",
+    "compact_groups",
     "decide_alerts",
+    "describe_groups",
     "groups_from_detail",
     "month_bounds",
+    "observed_from_describe",
     "project_month_end",
     "scale_out_groups",
 ]
@@ -472,3 +475,22 @@ def groups_from_detail(detail: Mapping[str, Any]) -> list[GroupLoad]:
         if isinstance(instance_type, str) and instance_type:
             loads.append(GroupLoad(instance_type, _target(group), name))
     return loads
+
+
+# The compact cluster state the guard compares and remembers: {"ClusterStatus", "InstanceGroups":
+# [{InstanceGroupName, InstanceType, CurrentCount, TargetCount}]}, from an event or DescribeCluster.
+
+def compact_groups(groups: list[Any]) -> list[dict[str, Any]]:
+    keys = ("InstanceGroupName", "InstanceType", "CurrentCount", "TargetCount")
+    return [{k: g.get(k) for k in keys} for g in groups]
+
+
+def observed_from_describe(described: dict[str, Any]) -> dict[str, Any]:
+    """The same compact state as an event gives, from a DescribeCluster response."""
+    groups = [g for g in described.get("InstanceGroups") or [] if isinstance(g, dict)]
+    return {"ClusterStatus": described.get("ClusterStatus"), "InstanceGroups": compact_groups(groups)}
+
+
+def describe_groups(observed: dict[str, Any] | None) -> str:
+    groups = (observed or {}).get("InstanceGroups") or []
+    return ", ".join(f"{g.get('InstanceGroupName')} {g.get('CurrentCount')}/{g.get('TargetCount')}" for g in groups)

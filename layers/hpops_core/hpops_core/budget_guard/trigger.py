@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 from hpops_core.cluster.events import STATE_CHANGE, ClusterNameStr, ClusterStateChangeEvent, parse_event, validation_summary
+from hpops_core.budget_guard.projection import compact_groups, describe_groups, observed_from_describe
 
 __all__ = ["BudgetRequest", "observed_from_describe", "parse_budget_input"]
 
@@ -68,22 +69,6 @@ def _start_time(start_time: Any) -> dt.datetime:
         raise MalformedEventError("execution start time is not an ISO 8601 timestamp") from None
 
 
-def _compact_groups(groups: list[Any]) -> list[dict[str, Any]]:
-    keys = ("InstanceGroupName", "InstanceType", "CurrentCount", "TargetCount")
-    return [{k: g.get(k) for k in keys} for g in groups]
-
-
-def observed_from_describe(described: dict[str, Any]) -> dict[str, Any]:
-    """The same compact state as an event gives, from a DescribeCluster response."""
-    groups = [g for g in described.get("InstanceGroups") or [] if isinstance(g, dict)]
-    return {"ClusterStatus": described.get("ClusterStatus"), "InstanceGroups": _compact_groups(groups)}
-
-
-def describe_groups(observed: dict[str, Any] | None) -> str:
-    groups = (observed or {}).get("InstanceGroups") or []
-    return ", ".join(f"{g.get('InstanceGroupName')} {g.get('CurrentCount')}/{g.get('TargetCount')}" for g in groups)
-
-
 def parse_budget_input(raw: Any, start_time: Any, managed_cluster: str) -> BudgetRequest:
     """Any accepted input -> BudgetRequest; else MalformedEventError / UnknownClusterError."""
     if not isinstance(raw, dict):
@@ -95,7 +80,7 @@ def parse_budget_input(raw: Any, start_time: Any, managed_cluster: str) -> Budge
         detail = event.detail
         observed = {
             "ClusterStatus": detail.ClusterStatus,
-            "InstanceGroups": _compact_groups([g.model_dump() for g in detail.InstanceGroups]),
+            "InstanceGroups": compact_groups([g.model_dump() for g in detail.InstanceGroups]),
         }
         groups = describe_groups(observed)
         request = BudgetRequest(

@@ -3,16 +3,22 @@ certificate parameter (public; written by the signer, read by the node, deleted 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
-from hpops_core.host_identity.keys import HostCA, HostCertificateBundle, InvalidHostKeyBundle
 from hpops_core.node_channel import contract
+
+if TYPE_CHECKING:  # keys.py imports cryptography: only the signer's path loads it
+    from hpops_core.host_identity.keys import HostCA, HostCertificateBundle
 
 
 def read_certificate_authority(secret_arn: str) -> HostCA:
     """The CA private key; errors name the secret, never its content."""
+    from hpops_core.host_identity.keys import HostCA, InvalidHostKeyBundle
+
     with transient_errors_named("secretsmanager:GetSecretValue"):
         value = client("secretsmanager").get_secret_value(SecretId=secret_arn)["SecretString"]
     try:

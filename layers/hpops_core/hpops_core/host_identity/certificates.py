@@ -17,9 +17,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Union
 
 from .keys import KEY_TYPES, HostCA, HostCertificateBundle, HostIdentityError, certify_host_keys, fingerprint, public_key_blob
-from .verifier import HostUnreachable, PresentedHostCertificate, VerificationResult
+
+if TYPE_CHECKING:  # verifier.py imports paramiko: only the functions that read the network load it
+    from .verifier import PresentedHostCertificate, VerificationResult
 
 # Clock skew between the signer and the nodes must not make a fresh certificate "not yet valid".
 BACKDATE = timedelta(minutes=5)
@@ -121,7 +124,7 @@ def issue_certificates(ca: HostCA, public_lines: Mapping[str, str], policy: Cert
 # --------------------------------------------------------------------------- verification (pure)
 
 # What a node presents for one key type: its plain key line and its certificate (or why none).
-CertificateReading = PresentedHostCertificate | HostIdentityError
+CertificateReading = Union["PresentedHostCertificate", HostIdentityError]
 
 
 def judge_certificates(ca_fingerprint: str, policy: CertificatePolicy, node_ip: str,
@@ -160,6 +163,8 @@ def judge_certificates(ca_fingerprint: str, policy: CertificatePolicy, node_ip: 
 
 
 def _result(ok: bool, acceptable: bool, reason: str, plain_keys: Mapping[str, str], ca_fingerprint: str) -> VerificationResult:
+    from .verifier import VerificationResult
+
     presented = {key_type: fingerprint(line) for key_type, line in plain_keys.items()}
     return VerificationResult(ok=ok, reason=reason, presented=presented, expected={"ca": ca_fingerprint},
                               acceptable=acceptable)
@@ -173,6 +178,8 @@ def verify_node_certificates(host: str, port: int, ca_fingerprint: str, policy: 
     The readers are verifier.read_presented_public_keys / read_presented_host_certificate; they raise
     HostUnreachable when the node cannot be reached, which callers report as "retry later".
     """
+    from .verifier import HostUnreachable
+
     plain = read_keys(host, port, timeout=timeout)
     plain = {t: line for t, line in plain.items() if t in set(key_types)}
     readings: dict[str, CertificateReading] = {}

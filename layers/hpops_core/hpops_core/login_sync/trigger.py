@@ -26,6 +26,7 @@ from hpops_core.cluster.events import (
     validation_summary,
 )
 from hpops_core.common.errors import MalformedEventError, UnknownClusterError
+from hpops_core.common.requests import request_state
 
 logger = Logger(child=True)
 
@@ -55,13 +56,7 @@ class SyncRequest:
     odd_hints: tuple[str, ...] = field(default=(), compare=False)
 
     def to_state(self) -> dict[str, Any]:
-        return {
-            "cluster": self.cluster,
-            "mode": self.mode,
-            "dryRun": self.dry_run,
-            "trigger": self.trigger,
-            "eventId": self.event_id,
-        }
+        return request_state(self.cluster, self.mode, self.dry_run, self.trigger, eventId=self.event_id)
 
 
 def parse_sync_input(event: Any) -> SyncRequest:

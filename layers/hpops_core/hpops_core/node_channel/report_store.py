@@ -5,8 +5,36 @@
 
 from __future__ import annotations
 
+import json
+from typing import TYPE_CHECKING
+
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.node_channel.reports import SK_PREFIX, NodeReport, report_from_item, report_item
+
+if TYPE_CHECKING:  # the pydantic model; reading reports back needs no pydantic at all
+    from hpops_core.node_channel.reports import NodeReport
+
+SK_PREFIX = "node-report#"
+REPORT_TTL_SECONDS = 30 * 24 * 3600  # a replaced node's last report outlives it long enough to debug
+
+
+def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int) -> dict:
+    """The DynamoDB item (low-level format) that keeps a node's latest report."""
+    return {
+        "pk": {"S": f"cluster#{cluster}"},
+        "sk": {"S": SK_PREFIX + report.instanceId},
+        "report": {"S": report.model_dump_json(exclude_none=True)},
+        "receivedAt": {"S": received_at},
+        "ttl": {"N": str(now_epoch + REPORT_TTL_SECONDS)},
+    }
+
+
+def report_from_item(item: dict | None) -> dict | None:
+    """The stored report as plain JSON plus when it was received, or None."""
+    if not item or "report" not in item:
+        return None
+    report = json.loads(item["report"]["S"])
+    report["receivedAt"] = item.get("receivedAt", {}).get("S")
+    return report
 
 
 def latest_report(table: str, cluster: str, instance_id: str) -> dict | None:

@@ -18,9 +18,6 @@ from hpops_core.common import validation
 from hpops_core.common.errors import HpopsError, MalformedEventError
 from hpops_core.node_channel import contract
 
-SK_PREFIX = "node-report#"
-REPORT_TTL_SECONDS = 30 * 24 * 3600  # a replaced node's last report outlives it long enough to debug
-
 ClusterNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))]
 # Reports come from our agent, which reads its id from the node, and the id goes to
 # DescribeClusterNode: botocore's rule, stricter than an event hint.
@@ -116,23 +113,3 @@ def check_report_origin(report: NodeReport, cluster: str, login_group: str, node
     if report.role != "login":
         return ReportCheck(False, f"{report.instanceId} reported role {report.role} from the login group")
     return ReportCheck(True, "report matches the cluster's record of the node")
-
-
-def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int) -> dict:
-    """The DynamoDB item (low-level format) that keeps a node's latest report."""
-    return {
-        "pk": {"S": f"cluster#{cluster}"},
-        "sk": {"S": SK_PREFIX + report.instanceId},
-        "report": {"S": report.model_dump_json(exclude_none=True)},
-        "receivedAt": {"S": received_at},
-        "ttl": {"N": str(now_epoch + REPORT_TTL_SECONDS)},
-    }
-
-
-def report_from_item(item: dict | None) -> dict | None:
-    """The stored report as plain JSON plus when it was received, or None."""
-    if not item or "report" not in item:
-        return None
-    report = json.loads(item["report"]["S"])
-    report["receivedAt"] = item.get("receivedAt", {}).get("S")
-    return report

@@ -16,7 +16,7 @@ enforcing a limit nobody meant.
                                                   in for SSMSessionRunAs session tags (see identity.py)
     UNMAPPED_SESSION_POLICY                       count-as-principal | ignore
     SESSION_EXCESS_POLICY                         newest | oldest
-    SESSION_LIMITS_DRY_RUN                        true | false
+    SESSION_LIMITS_DRY_RUN                        true | false (any case; unset: false)
     ALERT_TOPIC_ARN, STATE_TABLE_NAME             where notifications and ended-session records go
     SESSION_TAG_CACHE_SECONDS                     optional, default 300: how long run-as tags are trusted
 """
@@ -24,41 +24,19 @@ enforcing a limit nobody meant.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hpops_core.common import validation
-from hpops_core.common.config import env_int, env_str
+from hpops_core.common.config import env_bool, env_choice, env_int, env_str, environment
 from hpops_core.common.errors import ConfigurationError
 
 from .identity import IdentityConfig, InvalidIdentityConfig
 from .policy import InvalidPolicy, LimitPolicy
 
 _TOPIC_ARN_RE = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?$")
-_TRUE, _FALSE = frozenset({"true", "yes", "1"}), frozenset({"false", "no", "0", ""})
-
-
-_require = env_str
-_int = env_int
-
-
-def _bool(env: Mapping[str, str], name: str) -> bool:
-    raw = env.get(name, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ConfigurationError(f"environment variable {name} must be true or false")
-
-
-def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
-    value = _require(env, name)
-    if value not in allowed:
-        raise ConfigurationError(f"environment variable {name} must be one of {', '.join(allowed)}")
-    return value
 
 
 def _csv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
@@ -129,12 +107,12 @@ class SessionTriggerConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionTriggerConfig:
-        env = os.environ if env is None else env
+        env = environment(env)
         return cls(
-            cluster_name=_require(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
-            cluster_id=_require(env, "CLUSTER_ID", validation.CLUSTER_ID_RE),
-            login_group=_require(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
-            dry_run=_bool(env, "SESSION_LIMITS_DRY_RUN"),
+            cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            cluster_id=env_str(env, "CLUSTER_ID", validation.CLUSTER_ID_RE),
+            login_group=env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
+            dry_run=env_bool(env, "SESSION_LIMITS_DRY_RUN"),
         )
 
 
@@ -154,22 +132,22 @@ class SessionLimitsConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionLimitsConfig:
-        env = os.environ if env is None else env
+        env = environment(env)
         trigger = SessionTriggerConfig.from_env(env)
         try:
             policy = LimitPolicy(
-                default_max=_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
+                default_max=env_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
                 overrides=_overrides(env),
                 exempt_users=frozenset(_users(env, "SESSION_EXEMPT_USERS")),
                 exempt_principal_patterns=_csv(env, "SESSION_EXEMPT_PRINCIPALS"),
-                excess=_choice(env, "SESSION_EXCESS_POLICY", ("newest", "oldest")),  # type: ignore[arg-type]
+                excess=env_choice(env, "SESSION_EXCESS_POLICY", ("newest", "oldest")),  # type: ignore[arg-type]
             )
         except InvalidPolicy as exc:
             raise ConfigurationError(f"session limit policy: {exc}") from None
         try:
             identity = IdentityConfig(
                 mapping_rules=_mappings(env),
-                unmapped_policy=_choice(env, "UNMAPPED_SESSION_POLICY", ("count-as-principal", "ignore")),  # type: ignore[arg-type]
+                unmapped_policy=env_choice(env, "UNMAPPED_SESSION_POLICY", ("count-as-principal", "ignore")),  # type: ignore[arg-type]
             )
         except InvalidIdentityConfig as exc:
             raise ConfigurationError(f"SESSION_OWNER_MAPPINGS / UNMAPPED_SESSION_POLICY: {exc}") from None
@@ -180,9 +158,9 @@ class SessionLimitsConfig:
             policy=policy,
             identity=identity,
             dry_run=trigger.dry_run,
-            topic_arn=_require(env, "ALERT_TOPIC_ARN", _TOPIC_ARN_RE),
-            state_table=_require(env, "STATE_TABLE_NAME"),
-            tag_cache_seconds=_int(env, "SESSION_TAG_CACHE_SECONDS", 0, 3600, default=300),
+            topic_arn=env_str(env, "ALERT_TOPIC_ARN", _TOPIC_ARN_RE),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
+            tag_cache_seconds=env_int(env, "SESSION_TAG_CACHE_SECONDS", 0, 3600, default=300),
         )
 
 
@@ -207,10 +185,10 @@ class LoginLimitsConfig:
 
         from .login_limits import document_text
 
-        env = os.environ if env is None else env
+        env = environment(env)
         trigger = SessionTriggerConfig.from_env(env)
         wanted = {
-            "default": _int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
+            "default": env_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
             "overrides": _overrides(env),
             "exempt": list(_users(env, "SESSION_EXEMPT_USERS")),
         }
@@ -224,7 +202,7 @@ class LoginLimitsConfig:
             cluster_name=trigger.cluster_name,
             login_group=trigger.login_group,
             limits=limits,
-            state_table=_require(env, "STATE_TABLE_NAME"),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
             dry_run=trigger.dry_run,
         )
 

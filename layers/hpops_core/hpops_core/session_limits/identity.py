@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from hpops_core.common import validation
 
-from .models import SessionLimitError
+from .errors import SessionLimitError
 
 RUN_AS_TAG = "SSMSessionRunAs"
 PREFERENCES_DOCUMENT = "SSM-SessionManagerRunShell"

@@ -19,6 +19,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import ClientError
 
@@ -28,7 +29,13 @@ from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
 from hpops_core.node_channel.login_limits import canonical_json, desired_document
-from hpops_core.node_channel.reports import SK_PREFIX, report_from_item
+from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
+
+from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
+
+if TYPE_CHECKING:
+    from .config import LoginLimitsConfig
+    from .request import SessionLimitsRequest
 
 DEFAULT_GRACE = timedelta(seconds=180)  # several 30 s agent polls, with their jitter
 DESCRIPTION = "hpops: per-user maxlogins the login nodes' agents apply (written by SessionLimits)"
@@ -160,3 +167,28 @@ def publish_and_check(cluster: str, group: str, table: str, limits: dict, now: d
     report = LoginLimitsReport(version=version, published=changed)
     report.nodes = judge_login_limits(version, running, reports, published_at, now, grace)
     return report
+
+
+def publish_task(config: LoginLimitsConfig, request: SessionLimitsRequest, now: datetime) -> TaskResult:
+    """PublishLoginLimits (sweeps only): publish, judge the nodes, and say so in the output and logs.
+
+    The handler emits the node counts (``appliedCount``, ``pendingCount``, ``failedCount``) as
+    metrics, except in a dry run (``dryRun``): nothing was published, so no node was judged.
+    """
+    dry_run = request.dry_run or config.dry_run
+    result = publish_and_check(config.cluster_name, config.login_group, config.state_table, config.limits, now,
+                               dry_run=dry_run)
+    applied, pending, failed = result.of("applied"), result.of("pending"), result.of("failed")
+    output: dict[str, Any] = {
+        "version": result.version, "published": result.published,
+        "applied": [n.instance_id for n in applied][:OUTPUT_LIST_MAX],
+        "pending": [n.instance_id for n in pending][:OUTPUT_LIST_MAX],
+        "failed": [{"instanceId": n.instance_id, "reason": n.reason} for n in failed][:OUTPUT_LIST_MAX],
+        "appliedCount": len(applied), "pendingCount": len(pending), "failedCount": len(failed),
+    }
+    if dry_run:
+        output |= {"dryRun": True, "wouldPublish": result.would_publish,
+                   "skipped": "dry run: login node limits are not changed"}
+        return TaskResult(output, log=(LogLine("info", "login node limits: dry run", {"report": output}),))
+    return TaskResult(output, log=(LogLine("warning" if failed else "info", "login node limits checked",
+                                           {"report": output}),))

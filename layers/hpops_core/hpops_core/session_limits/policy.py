@@ -17,7 +17,7 @@ from typing import Literal
 
 from hpops_core.common import validation
 
-from .models import SessionLimitError
+from .errors import SessionLimitError
 
 # Disconnected sessions can be resumed but hold no shell; Terminating ones are already on the way
 # out. Only these two statuses occupy a login-node slot.

@@ -3,6 +3,24 @@
 moto implements none of DescribeSessions / TerminateSession / StartSession, so everything that
 touches sessions goes through :class:`SessionDirectory`; unit tests use an in-memory double
 (tests/fake_session_directory.py), Lambda and the local twin use :class:`Boto3SessionDirectory`.
+
+:class:`OwnerScopedDirectory` (``Boto3SessionDirectory.owner_scoped``) lists only the sessions of
+one principal (``DescribeSessions`` ``Owner`` filter). A StartSession event is checked against the
+starting principal's own login sessions: one call however many sessions the account has, where the
+unfiltered listing costs one call per 200 active sessions of the whole account (the ``Target``
+filter is exact-match only). :func:`~.gather.gather` tries it first and falls back to the full listing.
+
+Why the scoped check is safe: a decision over a *subset* of a user's sessions never ends a session
+the decision over the full set would keep (for "newest", a session among the subset's k_sub newest
+has fewer than k_sub + (n_full - n_sub) = k_full newer sessions in the full set; "oldest" is
+symmetric). It can only under-count, e.g. a POSIX user reached through two principals; the sweep,
+which always lists everything, catches that.
+
+UNCONFIRMED: the documentation only says the ``Owner`` filter takes "an AWS user". We pass the
+caller ARN from the CloudTrail record (the value ``DescribeSessions`` reports as ``Owner``). Gathering
+trusts the scoped listing only when it shows a session of that very owner (the new one, or
+another one when the new one has already ended, e.g. a duplicate event); otherwise it falls back
+to the full listing, so a different filter semantic costs calls, never correctness.
 """
 
 from __future__ import annotations
@@ -17,7 +35,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .identity import PREFERENCES_DOCUMENT, InvalidRunAsPreferences, RunAsPreferences, parse_run_as_preferences
-from .models import SessionLimitError
+from .errors import SessionLimitError
 
 DESCRIBE_PAGE_SIZE = 200  # DescribeSessions maximum; fewer pages = fewer calls per event.
 RETRY_CONFIG = Config(retries={"mode": "standard"})
@@ -185,6 +203,10 @@ class Boto3SessionDirectory:
         except InvalidRunAsPreferences as exc:
             raise RunAsPreferencesUnavailable(str(exc)) from None
 
+    def owner_scoped(self, owner: str) -> OwnerScopedDirectory:
+        """This directory with its listing limited to ``owner``'s sessions (see the module docstring)."""
+        return OwnerScopedDirectory(self, owner)
+
     # -- tags ------------------------------------------------------------------------------
 
     def principal_tags(self, iam_arn: str) -> dict[str, str]:
@@ -233,3 +255,49 @@ class Boto3SessionDirectory:
             if not page.get("IsTruncated"):
                 return
             kwargs["Marker"] = page["Marker"]
+
+
+class OwnerScopedDirectory:
+    """A :class:`Boto3SessionDirectory` whose listing is limited to one owner's sessions.
+
+    Shares the inner directory's clients, call counter and run-as tag cache.
+    """
+
+    def __init__(self, inner: Boto3SessionDirectory, owner: str) -> None:
+        self.inner = inner
+        self.owner = owner
+
+    @property
+    def calls(self) -> Counter[str]:
+        return self.inner.calls
+
+    def active_sessions(self, target_prefix: str) -> Iterator[dict[str, Any]]:
+        client = self.inner.ssm
+        kwargs: dict[str, Any] = {
+            "State": "Active",
+            "MaxResults": DESCRIBE_PAGE_SIZE,
+            "Filters": [{"key": "Owner", "value": self.owner}],
+        }
+        try:
+            while True:
+                page = client.describe_sessions(**kwargs)
+                self.inner.calls["DescribeSessions"] += 1
+                for session in page.get("Sessions", []):
+                    target = session.get("Target")
+                    if isinstance(target, str) and target.startswith(target_prefix):
+                        yield session
+                token = page.get("NextToken")
+                if not token:
+                    return
+                kwargs["NextToken"] = token
+        except (ClientError, BotoCoreError) as exc:
+            raise SessionListingFailed(f"DescribeSessions (Owner filter) failed: {_error_code(exc)}") from exc
+
+    def terminate(self, session_id: str) -> None:
+        self.inner.terminate(session_id)
+
+    def principal_tags(self, iam_arn: str) -> dict[str, str]:
+        return self.inner.principal_tags(iam_arn)
+
+    def run_as_preferences(self) -> RunAsPreferences:
+        return self.inner.run_as_preferences()

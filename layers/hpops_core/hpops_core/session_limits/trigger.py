@@ -15,7 +15,6 @@ as does a session that is no shell (port forwarding, SSH tunnel, non-interactive
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
@@ -25,9 +24,10 @@ from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 
 from .config import SessionTriggerConfig
 from .documents import session_kind
-from .models import MalformedSessionEvent, parse_start_session, parse_target
-
-Mode = Literal["event", "sweep"]
+from .errors import MalformedSessionEvent
+from .models import parse_start_session
+from .request import SessionLimitsRequest
+from .targets import parse_target
 
 
 class SweepInput(BaseModel):
@@ -38,59 +38,13 @@ class SweepInput(BaseModel):
     dry_run: StrictBool = Field(default=False, alias="dryRun")
 
 
-@dataclass(frozen=True)
-class SessionLimitsRequest:
-    cluster: str
-    mode: Mode
-    dry_run: bool
-    trigger: str
-    session_id: str | None = None  # the session a StartSession event announced
-    owner: str | None = None  # its principal ARN (what DescribeSessions reports as Owner)
-    event_id: str | None = None
-    ignored: str | None = None  # why there is nothing to check (another instance group)
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "cluster": self.cluster,
-            "mode": self.mode,
-            "dryRun": self.dry_run,
-            "trigger": self.trigger,
-            "sessionId": self.session_id,
-            "owner": self.owner,
-            "eventId": self.event_id,
-            "ignored": self.ignored is not None,
-            "ignoredReason": self.ignored,
-        }
-
-    @classmethod
-    def from_state(cls, state: Any) -> SessionLimitsRequest:
-        """The request as ParseSessionTrigger emitted it; anything else is MalformedEventError."""
-        if not isinstance(state, dict):
-            raise MalformedEventError("request must be a JSON object")
-        mode, dry_run, cluster = state.get("mode"), state.get("dryRun"), state.get("cluster")
-        session_id, owner = state.get("sessionId"), state.get("owner")
-        if mode not in ("event", "sweep") or not isinstance(dry_run, bool) or not isinstance(cluster, str):
-            raise MalformedEventError("request needs cluster, mode (event|sweep) and dryRun")
-        if mode == "event" and not (validation.is_session_id(session_id) and isinstance(owner, str)):
-            raise MalformedEventError("an event request needs sessionId and owner")
-        return cls(
-            cluster=cluster,
-            mode=mode,
-            dry_run=dry_run,
-            trigger=str(state.get("trigger") or mode)[:300],
-            session_id=session_id if mode == "event" else None,
-            owner=owner if mode == "event" else None,
-            event_id=state.get("eventId") if isinstance(state.get("eventId"), str) else None,
-            ignored=state.get("ignoredReason") if state.get("ignored") else None,
-        )
-
-
 def _summary(error: ValidationError) -> str:
     fields = sorted({".".join(str(p) for p in e["loc"]) or "<input>" for e in error.errors()})
     return ", ".join(fields[:8])
 
 
 def parse_session_input(raw: Any, config: SessionTriggerConfig) -> SessionLimitsRequest:
+    """A StartSession event or a sweep input -> the request; named errors for anything else."""
     if not isinstance(raw, dict):
         raise MalformedEventError(f"expected a JSON object, got {type(raw).__name__}")
     if "detail-type" in raw or "detail" in raw or "source" in raw:

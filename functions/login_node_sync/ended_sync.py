@@ -1,0 +1,35 @@
+"""ReleaseLeaseOfEndedSync: a sync execution that timed out, was aborted or failed gives its lease back.
+
+A module of its own: it validates the Step Functions event with pydantic
+(hpops_core.login_sync.execution_events), which the steps in app.py never load.
+"""
+
+from __future__ import annotations
+
+import os
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from hpops_core.common.observability import handler_tools
+from hpops_core.common.config import env_str
+from hpops_core.login_sync import sync_lease
+from hpops_core.login_sync.config import SyncConfig
+from hpops_core.login_sync.execution_events import lease_to_release
+
+logger, tracer, metrics = handler_tools(calls_aws=True)
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def release_lease_of_ended_sync(event: dict, context: LambdaContext) -> dict:
+    """EventBridge "Execution Status Change" of a timed-out, aborted or failed sync -> its lease released."""
+    config = SyncConfig.from_env()
+    cleanup = lease_to_release(event, env_str(os.environ, "SYNC_STATE_MACHINE_ARN"))
+    released = None
+    if cleanup.holder:
+        released = sync_lease.abandon(config.state_table, config.cluster_name, cleanup.holder).reason
+        metrics.add_metric(name="LeasesReleasedAfterEnd", unit=MetricUnit.Count, value=1)
+    logger.info(cleanup.reason, extra={"released": released})
+    return {"holder": cleanup.holder, "reason": cleanup.reason, "released": released}

@@ -1,0 +1,217 @@
+"""What one EnforceSessionLimits invocation does, minus the Lambda plumbing.
+
+The handler (functions/session_limits/enforce_session_limits.py) reads the configuration and the
+task input, calls :func:`enforce_limits`, emits the metrics and log lines it gets back and returns
+the output (or raises the named error). Everything in between lives here:
+
+    gather (SSM, IAM) -> decide -> [ledger read, decide again] -> apply (TerminateSession)
+        -> record the ended ids (DynamoDB) -> notify (SNS) -> metrics, log lines, output
+
+Side effects run in an order that never loses the notification: record, then notify, then fail
+the task by name (SessionReportFailed before SessionTerminationFailed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from hpops_core.common.clients import THROTTLING_CODES, client, transient_errors_named
+from hpops_core.common.errors import HpopsError, TransientAwsError
+
+from . import ledger
+from .apply import apply
+from .config import SessionLimitsConfig
+from .decide import decide
+from .enforce import EnforcementReport, Notification
+from .errors import SessionLimitError
+from .gather import gather
+from .request import SessionLimitsRequest
+from .session_api import Boto3SessionDirectory, RunAsPreferencesUnavailable, SessionListingFailed
+from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
+
+SNS_MESSAGE_MAX_BYTES = 250_000  # SNS allows 256 KiB; keep a margin for the envelope
+
+
+class SessionTerminationFailed(SessionLimitError):
+    """TerminateSession failed for some sessions (named in the notification); the next run retries them."""
+
+
+class SessionReportFailed(SessionLimitError):
+    """Sessions were ended but recording them or notifying failed. Not retried: a rerun would find
+    nothing left to end and so could not send the notification either; the alarm and logs carry it."""
+
+
+# Survives warm invocations, and with it the run-as tag cache (IAM is the costly part of a sweep).
+# Rebuilt when the cached boto3 clients change (a new twin world resets them).
+_DIRECTORY: Boto3SessionDirectory | None = None
+
+
+def session_directory(invoked_function_arn: str, tag_cache_seconds: int) -> Boto3SessionDirectory:
+    """The invocation's session directory on the shared SSM and IAM clients. Tag lookups are
+    limited to this function's own account (the fifth field of its ARN)."""
+    global _DIRECTORY
+    ssm, iam = client("ssm"), client("iam")
+    if _DIRECTORY is None or _DIRECTORY.ssm is not ssm or _DIRECTORY.iam is not iam:
+        account = str(invoked_function_arn or "").split(":")
+        _DIRECTORY = Boto3SessionDirectory(
+            ssm, iam, account_id=account[4] if len(account) > 4 else None, tag_ttl_seconds=tag_cache_seconds
+        )
+    return _DIRECTORY
+
+
+@contextmanager
+def listing_errors() -> Iterator[None]:
+    """Throttling/5xx that outlived botocore's retries (listing sessions, reading the Run As
+    preferences) -> TransientAwsError (the state machine retries with backoff); anything else
+    (AccessDenied...) keeps its own name and fails the run."""
+    try:
+        yield
+    except (SessionListingFailed, RunAsPreferencesUnavailable) as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ClientError):
+            code = cause.response.get("Error", {}).get("Code", "")
+            status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code in THROTTLING_CODES or status >= 500:
+                raise TransientAwsError(str(exc)) from exc
+        elif isinstance(cause, BotoCoreError):
+            raise TransientAwsError(str(exc)) from exc
+        raise
+
+
+def enforce_limits(
+    config: SessionLimitsConfig, request: SessionLimitsRequest, now: datetime, directory: Boto3SessionDirectory
+) -> TaskResult:
+    """One check of the login nodes' sessions, end to end: what ended and why, as a TaskResult.
+
+    An event is checked against the starting principal's own sessions first (one call however big
+    the account). The plan is made without the ledger first: only when it would end something is
+    the ledger read (one Query) and the plan made again without the sessions already ended.
+    Raises only before anything was ended (listing, preferences, ledger read).
+    """
+    dry_run = request.dry_run or config.dry_run
+    owner_listing = directory.owner_scoped(request.owner) if request.mode == "event" and request.owner else None
+    with listing_errors():
+        snapshot = gather(directory, config.cluster_id, config.login_group, config.policy, config.identity,
+                          trigger_session_id=request.session_id, owner_listing=owner_listing)
+    plan = decide(snapshot, config.policy, config.identity, now)
+    recorded: dict[str, str] = {}
+    if plan.to_end:
+        recorded = ledger.recorded_sessions(config.state_table, config.cluster_name, now)
+        ended_before = {sid for sid, kind in recorded.items() if kind == ledger.ENDED}
+        plan = decide(snapshot, config.policy, config.identity, now, ended_before)
+    outcome = apply(directory, plan, dry_run)
+    report = EnforcementReport.of(snapshot, plan, outcome, dry_run=dry_run, trigger=request.trigger)
+
+    written, notified, problems = _record_and_notify(config, report, recorded, now)
+    output = enforcement_output(report, request, snapshot.scope, notified=notified, recorded=written)
+    log = [LogLine("info", f"{len(report.ended)} ended, {len(report.planned)} planned, "
+                           f"{len(report.users_over_limit)} user(s) over limit", {"report": output})]
+    skipped = [{"sessionId": u.session_id, "reason": u.reason}
+               for u in (*report.not_on_login_nodes, *report.not_shells)][:OUTPUT_LIST_MAX]
+    if skipped:
+        log.append(LogLine("info", "sessions under the login prefix that were not counted", {"skipped": skipped}))
+    error: HpopsError | None = None
+    if problems:
+        log.append(LogLine("error", "session limits: side effects failed",
+                           {"problems": problems, "report": output}))
+        error = SessionReportFailed("; ".join(problems))
+    elif report.failed:
+        error = SessionTerminationFailed(
+            f"{len(report.failed)} TerminateSession call(s) failed: " + ", ".join(f.session_id for f in report.failed[:10])
+        )
+    return TaskResult(output, report.metrics(), tuple(log), error)
+
+
+def _record_and_notify(
+    config: SessionLimitsConfig, report: EnforcementReport, recorded: Mapping[str, str], now: datetime
+) -> tuple[int, bool, list[str]]:
+    """Record the ended ids (in a dry run: the newly reported ones), then notify.
+    Returns (records written, whether SNS took the notification, what failed)."""
+    problems: list[str] = []
+    written = 0
+    notification = report.notification()
+    try:
+        if report.ended:
+            written = ledger.record_sessions(
+                config.state_table, config.cluster_name,
+                [ledger.RecordedSession(s.session_id, s.posix_user) for s in report.ended], ledger.ENDED, now,
+            )
+        elif report.dry_run and report.planned:
+            # A dry run reports each would-be-ended session once, not on every sweep.
+            new = [s for s in report.planned if s.session_id not in recorded]
+            if not new:
+                notification = None
+            else:
+                written = ledger.record_sessions(
+                    config.state_table, config.cluster_name,
+                    [ledger.RecordedSession(s.session_id, s.posix_user) for s in new], ledger.DRY_RUN_REPORTED, now,
+                )
+    except (HpopsError, ClientError, BotoCoreError) as exc:
+        problems.append(f"recording ended sessions failed: {type(exc).__name__}: {exc}")
+    notified = False
+    if notification is not None:
+        try:
+            _publish(config.topic_arn, notification)
+            notified = True
+        except (HpopsError, ClientError, BotoCoreError) as exc:
+            problems.append(f"SNS notification failed: {type(exc).__name__}: {exc}")
+    return written, notified, problems
+
+
+def _publish(topic_arn: str, notification: Notification) -> None:
+    message = notification.message
+    if len(message.encode()) > SNS_MESSAGE_MAX_BYTES:
+        message = notification.text.encode()[: SNS_MESSAGE_MAX_BYTES - 200].decode(errors="ignore")
+        message += "\n\n(details omitted: too large for SNS; see the execution output and the function logs)"
+    with transient_errors_named("sns:Publish"):
+        client("sns").publish(TopicArn=topic_arn, Subject=notification.subject, Message=message)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def enforcement_output(report: EnforcementReport, request: SessionLimitsRequest, scope: str,
+                       notified: bool, recorded: int) -> dict[str, Any]:
+    """The task output (``$.enforcement.report``): compact, lists capped at OUTPUT_LIST_MAX."""
+    over = report.users_over_limit
+    return {
+        "cluster": request.cluster,
+        "clusterId": report.cluster_id,
+        "loginGroup": report.login_group,
+        "mode": request.mode,
+        "scope": scope,  # "owner": only the starting principal's sessions were listed; "all": every session
+        "dryRun": report.dry_run,
+        "trigger": report.trigger,
+        "checkedAt": _iso(report.checked_at),
+        "loginSessionsListed": report.login_sessions_listed,
+        "triggerSessionListed": report.trigger_session_listed,
+        "usersOverLimit": [
+            {"user": v.user, "limit": v.limit, "activeCount": v.active_count, "toTerminate": list(v.to_terminate),
+             "reason": v.reason}
+            for v in over[:OUTPUT_LIST_MAX]
+        ],
+        "usersOverLimitCount": len(over),
+        "planned": list(report.planned_ids[:OUTPUT_LIST_MAX]),
+        "plannedCount": len(report.planned),
+        "ended": [{"sessionId": s.session_id, "user": s.posix_user, "target": s.target, "startDate": _iso(s.start_date)}
+                  for s in report.ended[:OUTPUT_LIST_MAX]],
+        "endedCount": len(report.ended),
+        "failed": [{"sessionId": f.session_id, "user": f.posix_user, "error": f.error}
+                   for f in report.failed[:OUTPUT_LIST_MAX]],
+        "failedCount": len(report.failed),
+        "unresolvedCount": len(report.unresolved),
+        # Listed under the login prefix but never counted: each with its reason in the logs.
+        "notOnLoginNodesCount": len(report.not_on_login_nodes),
+        "notShellsCount": len(report.not_shells),
+        "runAs": report.run_as,
+        "recorded": recorded,
+        "notified": notified,
+        "note": report.note,
+        "apiCalls": dict(report.api_calls),  # SSM and IAM: gathering and TerminateSession
+    }
