@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit twin ssh checks lint build checkov bench chaos clean lifecycle
+.PHONY: demo test unit twin ssh slurm checks lint build checkov bench chaos clean lifecycle
 
 $(STAMP): pyproject.toml twin/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -27,6 +27,10 @@ twin: $(STAMP)
 
 ssh: $(STAMP)
 	$(BIN)/pytest -q -m realssh
+
+# A real one-node Slurm with slurmdbd accounting (needs root; .ci/run installs the packages).
+slurm: $(STAMP)
+	$(BIN)/pytest -q -m realslurm
 
 # Template and state machine checks, all offline.
 checks: lint build checkov

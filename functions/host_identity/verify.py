@@ -44,7 +44,7 @@ def verify_node_identity(event: dict, context: LambdaContext) -> dict:
                 datetime.now(timezone.utc), verifier.read_presented_public_keys, verifier.read_presented_host_certificate,
             )
         else:
-            result = verifier.verifynode_of(ip, config.ssh_port, expected_fingerprints(event.get("expected")))
+            result = verifier.verify_node(ip, config.ssh_port, expected_fingerprints(event.get("expected")))
         ok, acceptable, reason, presented = result.ok, result.acceptable, result.reason, dict(result.presented)
     except HostIdentityNotConfigured as error:
         ok, acceptable, reason, presented = False, False, str(error), {}
