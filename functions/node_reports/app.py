@@ -7,32 +7,18 @@ machines read it from there (CheckNodeReport); reports never admit a node by the
 
 from __future__ import annotations
 
-import os
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
-from hpops_core.common.config import env_str
 from hpops_core.node_channel import report_store
+from hpops_core.node_channel.config import NodeReportConfig
 from hpops_core.node_channel.reports import NodeReportRejected, check_report_origin, parse_report_event
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
-
-
-@dataclass(frozen=True)
-class NodeReportConfig:
-    cluster_name: str
-    login_group: str
-    state_table: str
-
-    @classmethod
-    def from_env(cls) -> NodeReportConfig:
-        return cls(env_str(os.environ, "CLUSTER_NAME"), env_str(os.environ, "LOGIN_GROUP_NAME"),
-                   env_str(os.environ, "STATE_TABLE_NAME"))
 
 
 @logger.inject_lambda_context

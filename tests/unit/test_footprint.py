@@ -30,9 +30,10 @@ FUNCTIONS = footprint.function_imports(TEMPLATE, code_root=None)  # the source f
 LAYERS = footprint.layer_sources(TEMPLATE)
 BUILT = {layer_id: footprint.BUILD_DIR / layer_id / "python" for layer_id in LAYERS}
 
-# The functions that validate events with pydantic (Powertools Parser models or our own).
-PARSE_EVENTS = {"ParseTriggerFunction", "ReleaseLeaseOfEndedSyncFunction", "RecordNodeReportFunction",
-                "BudgetParseTriggerFunction", "ParseSessionTriggerFunction"}
+# The functions that validate events with pydantic (Powertools Parser models or our own). The two
+# that also call AWS (ReleaseLeaseOfEndedSync, RecordNodeReport) check their few fields with the
+# validation rules instead: pydantic on top of boto3 broke the cold-start target.
+PARSE_EVENTS = {"ParseTriggerFunction", "BudgetParseTriggerFunction", "ParseSessionTriggerFunction"}
 VERIFIER = "VerifyNodeIdentityFunction"
 
 

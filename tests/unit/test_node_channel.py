@@ -160,3 +160,27 @@ def test_certificate_phases():
 def test_the_saved_sample_report_is_one_the_stack_accepts(saved_event):
     report = parse_report_event(saved_event("node-report.json"))
     assert report.hostIdentity.result == "changed" and report.loginLimits.version == "3f0a9c1e5b7d2468"
+
+
+@pytest.mark.parametrize("change", [
+    {"unexpected": "field"},
+    {"hostIdentity": {"mode": "certificate", "result": "changed", "certificateVersion": True}},
+    {"hostIdentity": {"mode": "certificate", "result": "changed", "certificateVersion": 0}},
+    {"hostIdentity": {"mode": "keys", "result": "changed", "publicKeys": {"dsa": "ssh-dss " + "A" * 60}}},
+    {"hostIdentity": {"mode": "keys", "result": "changed", "fingerprints": None}},
+    {"loginLimits": {"result": "changed", "reason": None}},
+    {"reportedAt": 1732300000},
+])
+def test_fields_of_the_wrong_type_or_unknown_fields_are_refused_by_name(change):
+    with pytest.raises(MalformedNodeReport) as refused:
+        parse_report_event(report_event(**change))
+    assert "invalid field(s)" in str(refused.value) and "ssh-dss" not in str(refused.value)
+
+
+def test_the_stored_report_leaves_out_what_the_node_did_not_send():
+    report = parse_report_event(report_event(hostIdentity={"mode": "keys", "result": "waiting", "version": None},
+                                             loginLimits=None))
+    stored = json.loads(report.to_json())
+    assert stored["hostIdentity"] == {"mode": "keys", "result": "waiting", "reason": "", "fingerprints": {},
+                                      "publicKeys": {}}
+    assert "loginLimits" not in stored and stored["instanceId"] == "i-0123456789abcdef0"

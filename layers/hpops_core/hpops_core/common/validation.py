@@ -72,6 +72,8 @@ CLUSTER_ARN_RE = _compiled(CLUSTER_ARN_PATTERN)
 INSTANCE_ID_RE = _compiled(INSTANCE_ID_PATTERN)
 EVENT_INSTANCE_ID_RE = _compiled(EVENT_INSTANCE_ID_PATTERN)
 SESSION_ID_RE = _compiled(SESSION_ID_PATTERN)
+STATE_MACHINE_ARN_RE = _compiled(STATE_MACHINE_ARN_PATTERN)
+EXECUTION_ARN_RE = _compiled(EXECUTION_ARN_PATTERN)
 
 MAX_SHOWN = 40
 
@@ -129,6 +131,14 @@ def is_event_instance_id(value: Any) -> bool:
     return _matches(EVENT_INSTANCE_ID_RE, value)
 
 
+def is_state_machine_arn(value: Any) -> bool:
+    return _matches(STATE_MACHINE_ARN_RE, value)
+
+
+def is_execution_arn(value: Any) -> bool:
+    return _matches(EXECUTION_ARN_RE, value)
+
+
 def is_session_id(value: Any) -> bool:
     return _matches(SESSION_ID_RE, value)
 
@@ -176,3 +186,54 @@ def check_event_instance_id(value: Any, what: str = "instance id") -> str:
 
 def check_session_id(value: Any, what: str = "session id") -> str:
     return _check(is_session_id(value), value, what, "an SSM session id (1-96 characters, no spaces or control characters)")
+
+
+class JsonFields:
+    """Reads one JSON object's fields against these rules, collecting the names of those that break them.
+
+    For small inputs where a pydantic model would cost more cold start than it saves code (node
+    reports, usage reports, Step Functions' status events). Unknown fields are bad fields; names,
+    never values, end up in `bad`, so a message built from them echoes nothing hostile.
+    """
+
+    def __init__(self, data: Any, where: str, allowed: "tuple[str, ...]", bad: "list[str]"):
+        self.data = data if isinstance(data, dict) else {}
+        self.where, self.bad = where, bad
+        if not isinstance(data, dict):
+            bad.append(where or "detail")
+        bad.extend(self._name(k if isinstance(k, str) else "?") for k in self.data if k not in allowed)
+
+    def _name(self, key: str) -> str:
+        return "{}.{}".format(self.where, key) if self.where else key
+
+    def get(self, key: str, ok: Any, default: Any = None, required: bool = True) -> Any:
+        if key not in self.data and not required:
+            return default
+        value = self.data.get(key)
+        if not ok(value):
+            self.bad.append(self._name(key))
+            return default
+        return value
+
+    def text(self, key: str, rule: "re.Pattern[str]", nullable: bool = False, **options: Any) -> Any:
+        return self.get(key, lambda v: (nullable and v is None) or (isinstance(v, str) and rule.match(v) is not None),
+                        **options)
+
+    def one_of(self, key: str, choices: "tuple[Any, ...]", **options: Any) -> Any:
+        return self.get(key, lambda v: isinstance(v, str) and v in choices, **options)
+
+    def short(self, key: str, limit: int, **options: Any) -> Any:
+        return self.get(key, lambda v: isinstance(v, str) and len(v) <= limit, **options)
+
+    def count(self, key: str, maximum: int, **options: Any) -> Any:
+        """A whole number in [0, maximum]; JSON's true/false are not numbers here."""
+        return self.get(key, lambda v: type(v) is int and 0 <= v <= maximum, **options)
+
+    def boolean(self, key: str, **options: Any) -> Any:
+        return self.get(key, lambda v: isinstance(v, bool), **options)
+
+    def mapping(self, key: str, key_ok: Any, value_ok: Any, max_items: int, **options: Any) -> "dict[str, Any]":
+        def ok(v: Any) -> bool:
+            return isinstance(v, dict) and len(v) <= max_items and all(key_ok(k) and value_ok(x) for k, x in v.items())
+        options.setdefault("required", False)
+        return dict(self.get(key, ok, default={}, **options) or {})

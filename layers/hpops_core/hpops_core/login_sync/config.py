@@ -45,3 +45,22 @@ class SyncConfig:
             node_report_poll_seconds=env_int(env, "NODE_REPORT_POLL_SECONDS", 0, 20),
             node_report_max_polls=env_int(env, "NODE_REPORT_MAX_POLLS", 1, 30),
         )
+
+
+@dataclass(frozen=True)
+class EndedSyncConfig:
+    """ReleaseLeaseOfEndedSync: whose leases it may release, and where they are kept."""
+
+    cluster_name: str
+    state_table: str
+    # Only this stack's sync executions hold its leases; the rule filters on it too.
+    sync_state_machine_arn: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> EndedSyncConfig:
+        env = os.environ if env is None else env
+        return cls(
+            cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
+            sync_state_machine_arn=env_str(env, "SYNC_STATE_MACHINE_ARN", validation.STATE_MACHINE_ARN_RE),
+        )

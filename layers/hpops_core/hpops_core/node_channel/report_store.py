@@ -22,7 +22,7 @@ def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: i
     return {
         "pk": {"S": f"cluster#{cluster}"},
         "sk": {"S": SK_PREFIX + report.instanceId},
-        "report": {"S": report.model_dump_json(exclude_none=True)},
+        "report": {"S": report.to_json()},
         "receivedAt": {"S": received_at},
         "ttl": {"N": str(now_epoch + REPORT_TTL_SECONDS)},
     }

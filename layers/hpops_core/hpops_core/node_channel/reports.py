@@ -9,25 +9,28 @@ instance that DescribeClusterNode places in this cluster's login group at the IP
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from hpops_core.common import validation
 from hpops_core.common.errors import HpopsError, MalformedEventError
 from hpops_core.node_channel import contract
 
-ClusterNameStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))]
-# Reports come from our agent, which reads its id from the node, and the id goes to
-# DescribeClusterNode: botocore's rule, stricter than an event hint.
-InstanceIdStr = Annotated[str, StringConstraints(pattern=validation.anchored(validation.INSTANCE_ID_PATTERN))]
-IpStr = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}$")]
-FingerprintStr = Annotated[str, StringConstraints(pattern=r"^SHA256:[A-Za-z0-9+/]{43}$")]
-KeyTypeStr = Annotated[str, StringConstraints(pattern=r"^[a-z0-9@.-]{3,64}$")]
-PublicKeyStr = Annotated[str, StringConstraints(pattern=r"^[a-z0-9@.-]{3,64} [A-Za-z0-9+/=]{40,1024}$")]
-VersionStr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9:._-]{1,128}$")]
-ReasonStr = Annotated[str, StringConstraints(max_length=300)]
+# Checked with the validation rules and the regular expressions below rather than a pydantic model:
+# pydantic alone would add half an `import boto3` to this function's cold start, and a report has
+# a dozen flat fields. Every field is checked, unknown fields are refused, and an error names the
+# fields, never their values.
+_IP = re.compile(r"\A[0-9]{1,3}(\.[0-9]{1,3}){3}\Z")
+_FINGERPRINT = re.compile(r"\ASHA256:[A-Za-z0-9+/]{43}\Z")
+_KEY_TYPE = re.compile(r"\A[a-z0-9@.-]{3,64}\Z")
+_PUBLIC_KEY = re.compile(r"\A[a-z0-9@.-]{3,64} [A-Za-z0-9+/=]{40,1024}\Z")
+_VERSION = re.compile(r"\A[A-Za-z0-9:._-]{1,128}\Z")
+_DIGEST = re.compile(r"\A[0-9a-f]{16}\Z")
+_MAX_REASON = 300
+_MAX_REPORTED_AT = 40
+_MAX_KEYS = 8
+_PUBLIC_KEY_TYPES = ("ed25519", "ecdsa", "rsa")
 
 
 class MalformedNodeReport(MalformedEventError):
@@ -38,60 +41,111 @@ class NodeReportRejected(HpopsError):
     """A well-formed report from an instance that is not one of this cluster's login nodes at that IP."""
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@dataclass(frozen=True)
+class HostIdentityReport:
+    mode: str
+    result: str
+    version: str | None = None
+    reason: str = ""
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    publicKeys: dict[str, str] = field(default_factory=dict)
+    certificateVersion: int | None = None
+    certificateDigest: str | None = None
 
 
-class HostIdentityReport(_Strict):
-    mode: Literal["keys", "certificate", "off"]
-    version: VersionStr | None = None
-    result: Literal["changed", "unchanged", "failed", "waiting"]
-    reason: ReasonStr = ""
-    fingerprints: dict[KeyTypeStr, FingerprintStr] = Field(default_factory=dict, max_length=8)
-    publicKeys: dict[Literal["ed25519", "ecdsa", "rsa"], PublicKeyStr] = Field(default_factory=dict, max_length=8)
-    certificateVersion: int | None = Field(default=None, ge=1)
-    certificateDigest: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
+@dataclass(frozen=True)
+class LoginLimitsReport:
+    result: str
+    version: str | None = None
+    reason: str = ""
 
 
-class LoginLimitsReport(_Strict):
-    version: VersionStr | None = None
-    result: Literal["changed", "unchanged", "failed", "waiting"]
-    reason: ReasonStr = ""
-
-
-class NodeReport(_Strict):
-    format: Literal["hpops.node.report.v1"]
-    cluster: ClusterNameStr
-    instanceId: InstanceIdStr
-    ip: IpStr
-    role: Literal["login", "controller", "compute"]
-    agentVersion: VersionStr
-    reportedAt: Annotated[str, StringConstraints(max_length=40)]
-    trigger: Literal["start", "change", "heartbeat"]
+@dataclass(frozen=True)
+class NodeReport:
+    format: str
+    cluster: str
+    instanceId: str
+    ip: str
+    role: str
+    agentVersion: str
+    reportedAt: str
+    trigger: str
     hostIdentity: HostIdentityReport | None = None
     loginLimits: LoginLimitsReport | None = None
 
-
-class NodeReportEvent(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    source: Literal["hpops.node"]
-    detail_type: Literal["HyperPod Login Node Report"] = Field(alias="detail-type")
-    detail: NodeReport
+    def to_json(self) -> str:
+        """The report as stored: fields that are None left out."""
+        return json.dumps(_without_none(asdict(self)), sort_keys=True)
 
 
-assert contract.REPORT_SOURCE == "hpops.node" and contract.REPORT_DETAIL_TYPE == "HyperPod Login Node Report"
-assert contract.REPORT_FORMAT == "hpops.node.report.v1"
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def _matching(rule: re.Pattern[str]) -> Any:
+    return lambda value: isinstance(value, str) and rule.match(value) is not None
+
+
+def _host_identity(data: Any, bad: list[str]) -> HostIdentityReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "hostIdentity", tuple(HostIdentityReport.__dataclass_fields__), bad)
+    return HostIdentityReport(
+        mode=f.one_of("mode", contract.MODES),
+        result=f.one_of("result", contract.RESULTS),
+        version=f.text("version", _VERSION, nullable=True, required=False),
+        reason=f.short("reason", _MAX_REASON, default="", required=False),
+        fingerprints=f.mapping("fingerprints", _matching(_KEY_TYPE), _matching(_FINGERPRINT), _MAX_KEYS),
+        publicKeys=f.mapping("publicKeys", lambda k: k in _PUBLIC_KEY_TYPES, _matching(_PUBLIC_KEY), _MAX_KEYS),
+        certificateVersion=f.get("certificateVersion", lambda v: v is None or (type(v) is int and v >= 1),
+                                 required=False),
+        certificateDigest=f.text("certificateDigest", _DIGEST, nullable=True, required=False),
+    )
+
+
+def _login_limits(data: Any, bad: list[str]) -> LoginLimitsReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "loginLimits", tuple(LoginLimitsReport.__dataclass_fields__), bad)
+    return LoginLimitsReport(
+        result=f.one_of("result", contract.RESULTS),
+        version=f.text("version", _VERSION, nullable=True, required=False),
+        reason=f.short("reason", _MAX_REASON, default="", required=False),
+    )
+
+
+def _report(detail: Any, bad: list[str]) -> NodeReport:
+    f = validation.JsonFields(detail, "", tuple(NodeReport.__dataclass_fields__), bad)
+    return NodeReport(
+        format=f.one_of("format", (contract.REPORT_FORMAT,)),
+        cluster=f.get("cluster", validation.is_cluster_name),
+        instanceId=f.get("instanceId", validation.is_instance_id),
+        ip=f.text("ip", _IP),
+        role=f.one_of("role", contract.ROLES),
+        agentVersion=f.text("agentVersion", _VERSION),
+        reportedAt=f.short("reportedAt", _MAX_REPORTED_AT),
+        trigger=f.one_of("trigger", contract.TRIGGERS),
+        hostIdentity=_host_identity(f.data.get("hostIdentity"), bad),
+        loginLimits=_login_limits(f.data.get("loginLimits"), bad),
+    )
 
 
 def parse_report_event(event: Any) -> NodeReport:
     """The EventBridge event -> its validated report; anything else is a MalformedNodeReport."""
     if not isinstance(event, dict) or len(json.dumps(event, default=str)) > contract.MAX_REPORT_BYTES + 4096:
         raise MalformedNodeReport("expected an EventBridge event of a size a node report has")
-    try:
-        return NodeReportEvent.model_validate(event).detail
-    except ValidationError as error:
-        fields = sorted({".".join(str(p) for p in e["loc"]) for e in error.errors()})[:5]
-        raise MalformedNodeReport(f"node report rejected; invalid field(s): {', '.join(fields)}") from None
+    bad: list[str] = []
+    if event.get("source") != contract.REPORT_SOURCE:
+        bad.append("source")
+    if event.get("detail-type") != contract.REPORT_DETAIL_TYPE:
+        bad.append("detail-type")
+    report = _report(event.get("detail"), bad)
+    if bad:
+        fields = sorted(set(bad))[:5]
+        raise MalformedNodeReport(f"node report rejected; invalid field(s): {', '.join(fields)}")
+    return report
 
 
 @dataclass(frozen=True)

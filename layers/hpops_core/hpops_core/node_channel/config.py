@@ -1,0 +1,24 @@
+"""RecordNodeReport's configuration: which cluster and login group a report must come from; read at call time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpops_core.common import validation
+from hpops_core.common.config import env_str
+
+
+@dataclass(frozen=True)
+class NodeReportConfig:
+    cluster_name: str
+    login_group: str
+    state_table: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeReportConfig:
+        env = os.environ if env is None else env
+        return cls(env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+                   env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
+                   env_str(env, "STATE_TABLE_NAME"))
