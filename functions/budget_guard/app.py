@@ -26,6 +26,7 @@ from hpops_core.budget_guard import guard
 from hpops_core.budget_guard.alert_state import alert_table
 from hpops_core.budget_guard.aws_budgets import budgets_client, ce_client
 from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig
+from hpops_core.budget_guard.pricing import pricing_client
 from hpops_core.common.errors import MalformedEventError
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
@@ -87,7 +88,7 @@ def project_spend(event: dict, context: LambdaContext) -> dict:
     limit = event.get("limit")
     result = guard.project_spend(
         config, _state(event, "request"), _state(event, "cluster"), limit if isinstance(limit, str) else None,
-        table=table, ce=ce_client(), owner=owner,
+        table=table, ce=ce_client(), pricing=pricing_client(), owner=owner,
     )
     metrics.add_metric(name="BudgetScaleOuts", unit=MetricUnit.Count, value=1 if result["scaleOuts"] else 0)
     logger.info(result["reason"], extra={"scaleOuts": result["scaleOuts"], "firedKeys": result.get("firedKeys", [])})

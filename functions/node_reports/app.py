@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.cluster.login_group import describe_node
 from hpops_core.common.observability import handler_tools
 from hpops_core.node_channel import report_store
 from hpops_core.node_channel.config import NodeReportConfig
@@ -29,7 +30,7 @@ def record_node_report(event: dict, context: LambdaContext) -> dict:
     config = NodeReportConfig.from_env()
     report = parse_report_event(event)
     check = check_report_origin(report, config.cluster_name, config.login_group,
-                                report_store.describe_node(config.cluster_name, report.instanceId))
+                                describe_node(config.cluster_name, report.instanceId))
     if not check.accepted:
         metrics.add_metric(name="NodeReportRejected", unit=MetricUnit.Count, value=1)
         raise NodeReportRejected(check.reason)

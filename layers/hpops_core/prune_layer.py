@@ -28,12 +28,13 @@ from pathlib import Path
 # pruned tree. Names as boto3.client() takes them (botocore/data/<name>).
 AWS_SERVICES = (
     "budgets",         # budget_guard: the cluster's and users' budgets
-    "ce",              # budget_guard: month-to-date cost
+    "ce",              # budget_guard: month-to-date cost and billed rates
     "dynamodb",        # the state table (leases, node reports, alerts, session ledger)
     "ec2",             # login_sync: the target group's VPC CIDRs
     "elbv2",           # login_sync: the SSH target group
     "events",          # budget_guard: alerts on the default bus
     "iam",             # session_limits: run-as tags of session owners
+    "pricing",         # budget_guard: AWS Price List on-demand rates
     "sagemaker",       # the HyperPod cluster and its nodes
     "secretsmanager",  # host_identity: the host CA (certificate mode)
     "sns",             # alerts

@@ -75,7 +75,8 @@ def print_usage(config, since):
     if since:  # checked by parse_args
         moment = datetime.datetime.strptime(since.rstrip("Z"), usage.TIME_FORMAT)
         start = moment.replace(tzinfo=datetime.timezone.utc).timestamp()
-    collector = usage.UsageCollector(config.cluster, usage.reporting_instance_id(config), sacct_cmd=config.sacct_cmd)
+    collector = usage.UsageCollector(config.cluster, usage.reporting_instance_id(config), sacct_cmd=config.sacct_cmd,
+                                   provisioning_path=config.provisioning_parameters)
     reports = collector.collect_range(start, now)
     sys.stdout.write(json.dumps(reports, indent=2, sort_keys=True) + "\n")
     return 0 if all(report["status"] == "ok" for report in reports) else 1

@@ -548,7 +548,8 @@ class NodeAgent:
             self._usage = usage.UsageCollector(
                 self.config.cluster, None,
                 state_path=os.path.join(self.config.under_root(self.config.state_dir), usage.STATE_FILE),
-                sacct_cmd=self.config.sacct_cmd, agent_version=__version__, clock=self.clock, log=log)
+                sacct_cmd=self.config.sacct_cmd, agent_version=__version__, clock=self.clock, log=log,
+                provisioning_path=self.config.provisioning_parameters)
         if self._usage.instance_id is None:  # asked again until known (IMDS may not answer at boot)
             self._usage.instance_id = usage.reporting_instance_id(self.config, log=log)
         return self._usage

@@ -11,9 +11,14 @@ a small state file remembers up to where windows are final and shipped. Every re
 idempotency key (cluster, window start, user, partition), so re-reading or re-sending a window
 replaces its records rather than adding to them.
 
+Every report also says which instance group each partition's nodes belong to (from the
+lifecycle's provisioning_parameters.json), so the stack can price a partition's node-seconds by
+that group's instance type.
+
 The parsing, clipping, aggregation and report functions are pure (time is an argument); the
-system side (finding and running sacct/scontrol, the instance id, the state file) is at the
-bottom, in ``UsageCollector`` and the functions it calls. Standard library only, Python 3.8.
+system side (finding and running sacct/scontrol, the instance id, the state file, the
+provisioning file) is at the bottom, in ``UsageCollector`` and the functions it calls. Standard
+library only, Python 3.8.
 """
 
 from __future__ import annotations
@@ -73,6 +78,17 @@ class SacctResult(NamedTuple):
     stdout: str
     stderr: str
     seconds: float
+
+
+class PartitionGroups(NamedTuple):
+    """{partition: instance group}, how many worker_groups entries were left out, and why the map is
+    short or empty ("" when it is neither)."""
+    groups: Dict[str, str]
+    skipped: int
+    reason: str
+
+
+NO_PROVISIONING = PartitionGroups({}, 0, "no provisioning_parameters.json configured")
 
 
 # ---------------------------------------------------------------------------- windows and times
@@ -213,6 +229,47 @@ def aggregate(lines: Iterable[str], window_start: int, window_end: int,
     return totals, dict(skipped)
 
 
+# ---------------------------------------------------------------------------- partitions -> instance groups
+
+
+def partition_groups(provisioning: Any, limit: int = contract.USAGE_MAX_PARTITION_GROUPS) -> PartitionGroups:
+    """The partitions provisioning_parameters.json names, each with its instance group.
+
+    The lifecycle scripts' format: "worker_groups": [{"instance_group_name": ..., "partition_name": ...}].
+    Left out and counted, never echoed: entries whose names break the partition or instance-group
+    rule; a partition several groups serve (no one instance type prices its node-seconds); the
+    partitions past ``limit`` (every report part carries the map)."""
+    workers = provisioning.get("worker_groups") if isinstance(provisioning, dict) else None
+    if not isinstance(workers, list):
+        return PartitionGroups({}, 0, "provisioning_parameters.json has no worker_groups list")
+    entries: Dict[str, List[str]] = {}
+    invalid = 0
+    for worker in workers:
+        partition = worker.get("partition_name") if isinstance(worker, dict) else None
+        group = worker.get("instance_group_name") if isinstance(worker, dict) else None
+        if not contract.is_usage_partition(partition) or not validation.is_instance_group(group):
+            invalid += 1
+            continue
+        entries.setdefault(partition, []).append(group)
+    shared = sorted(partition for partition, groups in entries.items() if len(set(groups)) > 1)
+    usable = sorted(partition for partition in entries if partition not in shared)
+    over = usable[limit:]
+    groups = {partition: entries[partition][0] for partition in usable[:limit]}
+    skipped = invalid + sum(len(entries[partition]) for partition in shared + over)
+    problems = []
+    if invalid:
+        problems.append("{} worker_groups entries without a valid partition_name and instance_group_name".format(
+            invalid))
+    if shared:
+        problems.append("partitions served by more than one instance group: " + ", ".join(shared))
+    if over:
+        problems.append("{} partitions over the limit of {}".format(len(over), limit))
+    reason = ("left out: " + "; ".join(problems)) if problems else ""
+    if not groups and not problems:
+        reason = "provisioning_parameters.json lists no worker_groups"
+    return PartitionGroups(groups, skipped, reason[:REASON_MAX])
+
+
 # ---------------------------------------------------------------------------- reports
 
 
@@ -242,7 +299,8 @@ def accounting_type_of(scontrol_config: str) -> Optional[str]:
 def build_report(cluster: str, instance_id: Optional[str], window_start: int, now: float, status: str,
                  reason: str = "", totals: Optional[Dict[Tuple[str, str], Dict[str, int]]] = None,
                  skipped: Optional[Dict[str, int]] = None, sacct_seconds: float = 0.0, agent_version: str = "",
-                 window_seconds: int = contract.USAGE_WINDOW_SECONDS) -> Dict[str, Any]:
+                 window_seconds: int = contract.USAGE_WINDOW_SECONDS,
+                 partitions: PartitionGroups = NO_PROVISIONING) -> Dict[str, Any]:
     start = iso(window_start)
     records = []
     for (user, partition), values in sorted((totals or {}).items()):
@@ -266,6 +324,9 @@ def build_report(cluster: str, instance_id: Optional[str], window_start: int, no
         "skippedReasons": skipped,
         "collectedAt": iso(now),
         "sacctSeconds": round(sacct_seconds, 3),
+        "partitionGroups": dict(sorted(partitions.groups.items())),
+        "partitionGroupsSkipped": partitions.skipped,
+        "partitionGroupsReason": partitions.reason,
         "part": 1,
         "parts": 1,
     }
@@ -346,6 +407,21 @@ def scontrol_accounting_type(sacct: str, run: Callable[..., Any] = subprocess.ru
     return accounting_type_of(result.stdout.decode("utf-8", "replace"))
 
 
+def read_partition_groups(path: Optional[str]) -> PartitionGroups:
+    """partition_groups() of the provisioning file; an empty map and the reason when it cannot be read."""
+    from .identity import IdentityError, read_json
+
+    if not path:
+        return NO_PROVISIONING
+    try:
+        return partition_groups(read_json(path, "provisioning_parameters.json"))
+    except IdentityError as error:
+        return PartitionGroups({}, 0, str(error)[:REASON_MAX])
+    except RecursionError:  # json gives up on very deep nesting with this, not ValueError
+        return PartitionGroups({}, 0, "provisioning_parameters.json at {} is nested too deeply".format(
+            path)[:REASON_MAX])
+
+
 def reporting_instance_id(config: Any, log: Callable[..., None] = lambda event, **fields: None,
                           imds: Optional[Callable[[], str]] = None) -> Optional[str]:
     """This node's instance id for the reports: the agent config, HyperPod's resource_config.json,
@@ -368,7 +444,8 @@ class UsageCollector:
 
     def __init__(self, cluster: str, instance_id: Optional[str], state_path: Optional[str] = None,
                  sacct_cmd: str = "", agent_version: str = "", clock: Callable[[], float] = time.time,
-                 run: Callable[..., Any] = subprocess.run, log: Callable[..., None] = lambda event, **fields: None):
+                 run: Callable[..., Any] = subprocess.run, log: Callable[..., None] = lambda event, **fields: None,
+                 provisioning_path: Optional[str] = None):
         self.cluster = cluster
         self.instance_id = instance_id
         self.state_path = state_path
@@ -377,12 +454,26 @@ class UsageCollector:
         self.clock = clock
         self.run = run
         self.log = log
+        self.provisioning_path = provisioning_path
+        self._logged_partitions: Optional[PartitionGroups] = None
 
-    def collect(self, window_start: int, now: float, sacct: Optional[str]) -> Dict[str, Any]:
+    def partition_groups(self) -> PartitionGroups:
+        """Read on every run (the file is small), logged when it says something new."""
+        partitions = read_partition_groups(self.provisioning_path)
+        if partitions != self._logged_partitions:
+            self.log("usage-partition-groups", partitionGroups=partitions.groups, skipped=partitions.skipped,
+                     reason=partitions.reason)
+            self._logged_partitions = partitions
+        return partitions
+
+    def collect(self, window_start: int, now: float, sacct: Optional[str],
+                partitions: Optional[PartitionGroups] = None) -> Dict[str, Any]:
         """One window's report (unsplit), as of now."""
+        partitions = self.partition_groups() if partitions is None else partitions
+
         def report(status: str, reason: str = "", **values: Any) -> Dict[str, Any]:
             return build_report(self.cluster, self.instance_id, window_start, now, status, reason,
-                                agent_version=self.agent_version, **values)
+                                agent_version=self.agent_version, partitions=partitions, **values)
 
         if sacct is None:
             where = "the configured sacctCmd" if self.sacct_cmd else "PATH, " + ", ".join(SACCT_FALLBACKS)
@@ -405,7 +496,8 @@ class UsageCollector:
         now = self.clock() if now is None else now
         sacct = find_sacct(self.sacct_cmd)
         starts = range(window_start_of(since), window_start_of(now) + 1, contract.USAGE_WINDOW_SECONDS)
-        return [self.collect(start, now, sacct) for start in starts]
+        partitions = self.partition_groups()
+        return [self.collect(start, now, sacct, partitions) for start in starts]
 
     # ------------------------------------------------------------------ state
 
@@ -451,14 +543,15 @@ class UsageCollector:
             self.log("usage-windows-dropped", windows=dropped, reason="backlog older than {} h".format(
                 MAX_BACKLOG_WINDOWS * contract.USAGE_WINDOW_SECONDS // 3600))
             self._save_final_through(starts[0])
+        partitions = self.partition_groups()
         reports = []
         for start in starts:
-            report = self.collect(start, now, sacct)
+            report = self.collect(start, now, sacct, partitions)
             if report["status"] != contract.USAGE_OK:
                 # A statement about the cluster, not about that window: sent once, for the current window.
                 report = build_report(self.cluster, self.instance_id, starts[-1], now, report["status"],
                                       report["reason"], sacct_seconds=report["sacctSeconds"],
-                                      agent_version=self.agent_version)
+                                      agent_version=self.agent_version, partitions=partitions)
                 reports.append(report)
                 ship(split_report(report))
                 break

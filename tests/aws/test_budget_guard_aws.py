@@ -32,7 +32,10 @@ from hpops_core.budget_guard.aws_budgets import (
     month_to_date_cost,
     month_to_date_costs_by_cluster,
 )
-from hpops_core.budget_guard.budget_spec import desired_budget, desired_user_budget
+from hpops_core.budget_guard.budget_spec import desired_budget
+from hpops_core.budget_guard.config import EnsureBudgetsConfig
+from hpops_core.budget_guard.guard import ensure_budgets
+from hpops_core.budget_guard.pricing import pricing_client, rates_for
 from hpops_core.budget_guard.projection import (
     NaiveDatetimeError,
     decide_alerts,
@@ -102,13 +105,44 @@ def test_ensure_creates_once_then_is_a_no_op():
     ]
 
 
-def test_cluster_and_user_budgets_coexist():
+def _old_user_budget(client, name: str, cluster: str, user: str) -> None:
+    """A per-user budget as earlier versions made it: cluster tag AND user tag."""
+    spec = desired_budget(cluster, D("100"), TOPIC, ACCOUNT)
+    spec["Budget"]["BudgetName"] = name
+    spec["Budget"]["FilterExpression"] = {"And": [
+        {"Tags": {"Key": "ClusterName", "Values": [cluster], "MatchOptions": ["EQUALS"]}},
+        {"Tags": {"Key": "hpops:user", "Values": [user], "MatchOptions": ["EQUALS"]}},
+    ]}
+    client.create_budget(**spec)
+
+
+class ClusterTags:
+    """ListTags of a cluster tagged ClusterName=lab (moto's ListTags fails on a cluster ARN it did not create)."""
+
+    def list_tags(self, ResourceArn):
+        return {"Tags": [{"Key": "ClusterName", "Value": "lab"}]}
+
+
+def test_ensure_budgets_removes_the_per_user_budgets_earlier_versions_made():
     client = budgets_client()
-    ensure_budget(client, ACCOUNT, desired_budget("lab", D("1000"), TOPIC, ACCOUNT))
-    ensure_budget(client, ACCOUNT, desired_user_budget("lab", "alice", D("100"), TOPIC, ACCOUNT))
-    assert sorted(b["BudgetName"] for b in _all_budgets(client)) == ["hpops-lab", "hpops-lab-u-alice"]
-    user = client.describe_budget(AccountId=ACCOUNT, BudgetName="hpops-lab-u-alice")["Budget"]
-    assert [e["Tags"]["Key"] for e in user["FilterExpression"]["And"]] == ["ClusterName", "hpops:user"]
+    sagemaker = ClusterTags()
+    _old_user_budget(client, "hpops-lab-u-alice", "lab", "alice")
+    _old_user_budget(client, "hpops-lab-u-bob", "lab", "bob")
+    # Not ours to delete: the cluster budget of a cluster called "lab-u-gpu" (its name has our
+    # prefix, its filter is its own cluster tag alone), and a budget someone made by hand.
+    ensure_budget(client, ACCOUNT, desired_budget("lab-u-gpu", D("900"), TOPIC, ACCOUNT))
+    ensure_budget(client, ACCOUNT, desired_budget("other", D("50"), TOPIC, ACCOUNT))
+    config = EnsureBudgetsConfig("lab", "arn:aws:sagemaker:us-east-1:123456789012:cluster/abcdef012345", ACCOUNT,
+                                 TOPIC, D("1000"), False)
+    result = ensure_budgets(config, {"ClusterStatus": "InService", "InstanceGroups": []},
+                            sagemaker=sagemaker, budgets=client)
+    assert sorted(b["BudgetName"] for b in _all_budgets(client)) == ["hpops-lab", "hpops-lab-u-gpu", "hpops-other"]
+    removed = [b for b in result["budgets"] if b["action"] == "deleted"]
+    assert [b["name"] for b in removed] == ["hpops-lab-u-alice", "hpops-lab-u-bob"]
+    assert all("Slurm accounting" in b["reason"] for b in removed)
+    again = ensure_budgets(config, {"ClusterStatus": "InService", "InstanceGroups": []},
+                           sagemaker=sagemaker, budgets=client)
+    assert [b["action"] for b in again["budgets"]] == ["unchanged"]
 
 
 def test_concurrent_create_converges_on_one_budget():
@@ -197,7 +231,7 @@ def test_delete_budget_is_idempotent():
 
 
 def test_clients_use_standard_retries():
-    for client in (budgets_client(), ce_client()):
+    for client in (budgets_client(), ce_client(), pricing_client()):
         assert client.meta.config.retries["mode"] == "standard"
     # Both are global services; botocore maps budgets to its aws-global endpoint.
     assert ce_client().meta.endpoint_url == "https://ce.us-east-1.amazonaws.com"
@@ -356,24 +390,32 @@ def test_mark_fired_validates_inputs(table):
 
 
 def test_scale_out_event_alerts_once_across_duplicate_events(table):
-    """Event -> scale-out -> projection -> decision -> dedupe, delivered twice."""
-    prices = {"ml.p5.48xlarge": D("98.32")}
+    """Event -> scale-out -> rates -> projection -> decision -> dedupe, delivered twice."""
     before = {"ClusterName": "lab", "ClusterStatus": "InService", "InstanceGroups": [
         {"InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "CurrentCount": 4, "TargetCount": 4},
     ]}
     after = {"ClusterName": "lab", "ClusterStatus": "Updating", "InstanceGroups": [
         {"InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "CurrentCount": 4, "TargetCount": 8},
     ]}
-    _queue_ce(_total("1000"))
+    # The cluster's bill so far: 10 h of p5 at $98.32 and $16.80 of volumes, $1,000 in all.
+    _queue_ce({"ResultsByTime": [{"TimePeriod": {"Start": "2026-11-01", "End": "2026-11-28"}, "Total": {}, "Groups": [
+        {"Keys": ["USE1-Cluster:ml.p5.48xlarge"], "Metrics": {"UnblendedCost": {"Amount": "983.20", "Unit": "USD"},
+                                                               "UsageQuantity": {"Amount": "10", "Unit": "Hrs"}}},
+        {"Keys": ["USE1-Cluster:VolumeUsage.gp2"], "Metrics": {"UnblendedCost": {"Amount": "16.80", "Unit": "USD"},
+                                                                "UsageQuantity": {"Amount": "160", "Unit": "GB-Mo"}}},
+    ], "Estimated": True}]})
     ce = ce_client()
+    pricing = pricing_client()
+    asked = []
+    pricing.meta.events.register("before-call.pricing", lambda **kw: asked.append(kw))
 
     sent = []
     for _delivery in range(2):  # EventBridge is at-least-once
         scale = scale_out_groups(before, after)
         assert scale
-        projection = project_month_end(
-            NOW, month_to_date_cost(ce, "lab", NOW), groups_from_detail(after), prices
-        )
+        rates, billed = rates_for(["ml.p5.48xlarge"], ce=ce, pricing=pricing, cluster_name="lab",
+                                  region="us-east-1", overrides={}, now=NOW)
+        projection = project_month_end(NOW, billed.total_usd, groups_from_detail(after), rates)
         for alert in decide_alerts(
             projection, D("50000"), (80, 100), fired_keys(table, "lab", projection.month),
             scale_outs=scale,
@@ -385,3 +427,5 @@ def test_scale_out_event_alerts_once_across_duplicate_events(table):
     assert sent[1].summary.startswith(
         "scale-out of group 'gpu' to 8 x ml.p5.48xlarge (+4): projected $57,632.32 by 2026-11-30"
     )
+    assert sent[1].summary.endswith("; rates: ml.p5.48xlarge $98.32/h billed")
+    assert asked == [], "billed rates need no Price List"

@@ -174,6 +174,131 @@ def test_big_windows_are_split_into_parts_under_the_limit():
     assert usage.split_report(report_at(NOW)) == [report_at(NOW)]
 
 
+# --------------------------------------------------------------------------- partitions -> instance groups
+
+# The lifecycle scripts' provisioning_parameters.json (awslabs/awsome-distributed-training,
+# 1.architectures/5.sagemaker-hyperpod: README's example, and automate-cluster-creation.sh, which
+# names each worker group's partition after its instance type).
+PROVISIONING = {
+    "version": "1.0.0",
+    "workload_manager": "slurm",
+    "controller_group": "controller-machine",
+    "login_group": "my-login-group",
+    "worker_groups": [
+        {"instance_group_name": "compute-nodes", "partition_name": "dev"},
+        {"instance_group_name": "worker-group-1", "partition_name": "ml.p5.48xlarge"},
+    ],
+    "fsx_dns_name": "fs-12345678a90b01cde.fsx.us-west-2.amazonaws.com",
+    "fsx_mountname": "1abcdefg",
+}
+
+
+def provisioning_file(tmp_path: Path, document) -> Path:
+    path = tmp_path / "provisioning_parameters.json"
+    if isinstance(document, bytes):
+        path.write_bytes(document)
+    else:
+        path.write_text(document if isinstance(document, str) else json.dumps(document))
+    return path
+
+
+def test_every_report_part_names_each_partitions_instance_group(tmp_path):
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    logged = []
+    collect = usage.UsageCollector(CLUSTER, INSTANCE_ID, sacct_cmd=str(sacct), clock=lambda: NOW,
+                                   provisioning_path=str(provisioning_file(tmp_path, PROVISIONING)),
+                                   log=lambda event, **fields: logged.append((event, fields)))
+    [report] = collect.collect_range(NOW, NOW)
+    assert report["partitionGroups"] == {"dev": "compute-nodes", "ml.p5.48xlarge": "worker-group-1"}
+    assert (report["partitionGroupsSkipped"], report["partitionGroupsReason"]) == (0, "")
+    assert report["records"]  # the usage itself is unchanged by the map
+    parts = usage.split_report(report, max_bytes=len(usage.encoded(dict(report, records=[]))) + 300)
+    assert len(parts) > 1 and all(part["partitionGroups"] == report["partitionGroups"] for part in parts)
+    # read on every run, logged only when it says something new
+    collect.collect_range(NOW, NOW)
+    assert [event for event, _ in logged] == ["usage-partition-groups"]
+
+
+@pytest.mark.parametrize("content, reason", [
+    (None, "provisioning_parameters.json not found at"),
+    ("{not json", "is not valid JSON"),
+    ("[]", "must be a JSON object"),
+    (b"\xff\xfe{}", "is not valid JSON"),  # not UTF-8
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
+    ({"controller_group": "controller-machine"}, "has no worker_groups list"),
+    ({"worker_groups": {"instance_group_name": "a", "partition_name": "b"}}, "has no worker_groups list"),
+    ({"worker_groups": []}, "lists no worker_groups"),
+])
+def test_a_missing_or_unreadable_provisioning_file_gives_an_empty_map_and_says_why(tmp_path, content, reason):
+    path = tmp_path / "provisioning_parameters.json"
+    if content is not None:
+        provisioning_file(tmp_path, content)
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    collect = usage.UsageCollector(CLUSTER, INSTANCE_ID, sacct_cmd=str(sacct), clock=lambda: NOW,
+                                   provisioning_path=str(path))
+    [report] = collect.collect_range(NOW, NOW)
+    assert report["status"] == contract.USAGE_OK and report["partitionGroups"] == {}
+    assert reason in report["partitionGroupsReason"] and report["partitionGroupsSkipped"] == 0
+    # a status-only report (no sacct) carries the same statement about the file
+    status = collect.collect(W0, NOW, None)
+    assert status["status"] == contract.USAGE_SLURM_NOT_FOUND and reason in status["partitionGroupsReason"]
+
+
+def test_unconfigured_provisioning_path_says_so():
+    assert usage.read_partition_groups(None) == usage.read_partition_groups("") == usage.NO_PROVISIONING
+    assert usage.NO_PROVISIONING.groups == {} and usage.NO_PROVISIONING.reason
+
+
+def test_hostile_worker_groups_entries_are_left_out_and_counted_never_echoed():
+    hostile = [
+        {"instance_group_name": "gpu-workers", "partition_name": "gpu;rm -rf /"},
+        {"instance_group_name": "gpu-workers", "partition_name": "a/b"},
+        {"instance_group_name": "gpu-workers", "partition_name": "p" * 65},
+        {"instance_group_name": "gpu-workers", "partition_name": "\u202egpu"},
+        {"instance_group_name": "-leading-dash", "partition_name": "cpu"},
+        {"instance_group_name": "under_score", "partition_name": "cpu"},
+        {"instance_group_name": "g" * 64, "partition_name": "cpu"},
+        {"instance_group_name": ["gpu-workers"], "partition_name": "cpu"},
+        {"instance_group_name": "controller-machine", "partition_name": None},  # terraform's null
+        {"partition_name": "cpu"},
+        "gpu-workers",
+        42,
+        None,
+    ]
+    fine = [{"instance_group_name": "gpu-workers", "partition_name": "gpu"},
+            {"instance_group_name": "gpu-workers", "partition_name": "gpu"},  # a repeat changes nothing
+            # two groups in one partition: no one instance type prices its node-seconds
+            {"instance_group_name": "g5-workers", "partition_name": "dev"},
+            {"instance_group_name": "c5-workers", "partition_name": "dev"}]
+    result = usage.partition_groups({"worker_groups": hostile + fine})
+    assert result.groups == {"gpu": "gpu-workers"}
+    assert result.skipped == len(hostile) + 2
+    assert result.reason == ("left out: {} worker_groups entries without a valid partition_name and "
+                             "instance_group_name; partitions served by more than one instance group: dev"
+                             .format(len(hostile)))
+    report = usage.build_report(CLUSTER, INSTANCE_ID, W0, NOW, contract.USAGE_OK, partitions=result)
+    text = usage.encoded(report)
+    for odd in ("rm -rf", "a/b", "p" * 65, "\u202e", "\\u202e", "leading-dash", "under_score", "g" * 64,
+                "controller-machine", "g5-workers", "c5-workers"):
+        assert odd not in text
+
+
+def test_partition_groups_are_bounded_so_every_part_keeps_room_for_records():
+    workers = [{"instance_group_name": "group-{:03d}".format(n), "partition_name": "p{:03d}".format(n)}
+               for n in range(contract.USAGE_MAX_PARTITION_GROUPS + 50)]
+    result = usage.partition_groups({"worker_groups": workers})
+    assert len(result.groups) == contract.USAGE_MAX_PARTITION_GROUPS and result.skipped == 50
+    assert result.groups["p000"] == "group-000" and "p149" not in result.groups
+    assert result.reason == "left out: 50 partitions over the limit of {}".format(contract.USAGE_MAX_PARTITION_GROUPS)
+    # the longest names the rules allow, at the limit: the header stays a small share of a part
+    longest = [{"instance_group_name": "g{:02d}".format(n) + "g" * 60, "partition_name": "p{:02d}".format(n) + "p" * 61}
+               for n in range(contract.USAGE_MAX_PARTITION_GROUPS)]
+    header = usage.build_report(CLUSTER, INSTANCE_ID, W0, NOW, contract.USAGE_OK,
+                                partitions=usage.partition_groups({"worker_groups": longest}))
+    assert len(header["partitionGroups"]) == contract.USAGE_MAX_PARTITION_GROUPS
+    assert len(usage.encoded(header)) < contract.MAX_USAGE_REPORT_BYTES // 10
+
+
 # --------------------------------------------------------------------------- windows
 
 
@@ -349,7 +474,8 @@ def test_controller_agent_sends_usage_with_the_report_path(tmp_path, events_queu
     sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
     config = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
                                     "ip": "10.1.0.2", "instanceId": INSTANCE_ID, "root": str(tmp_path / "root"),
-                                    "sacctCmd": str(sacct)})
+                                    "sacctCmd": str(sacct),
+                                    "provisioningParameters": str(provisioning_file(tmp_path, PROVISIONING))})
     agent = NodeAgent(config, session, clock=lambda: NOW)
     assert agent.tick().api_calls == {}  # the login-node tick stays a no-op on the controller
     outcome = agent.usage_tick()
@@ -358,7 +484,8 @@ def test_controller_agent_sends_usage_with_the_report_path(tmp_path, events_queu
     assert {event["detail-type"] for event in events} == {contract.USAGE_DETAIL_TYPE}
     details = sorted((event["detail"] for event in events), key=lambda detail: detail["windowStart"])
     assert details[1] == dict(report_at(NOW), instanceId=INSTANCE_ID, agentVersion=details[1]["agentVersion"],
-                              sacctSeconds=details[1]["sacctSeconds"])
+                              sacctSeconds=details[1]["sacctSeconds"], partitionGroupsReason="",
+                              partitionGroups={"dev": "compute-nodes", "ml.p5.48xlarge": "worker-group-1"})
     state = tmp_path / "root" / "var" / "lib" / "hpops-node-agent" / usage.STATE_FILE
     assert json.loads(state.read_text())["finalThrough"] == W0
 
@@ -472,9 +599,10 @@ def test_cli_once_sends_the_due_windows_through_eventbridge(tmp_path):
     windows = sorted(json.loads(message["Body"])["detail"]["windowStart"] for message in messages)
     assert len(windows) == 2  # the previous window (fresh node) and the current one
     logged = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [line["event"] for line in logged] == ["usage-collected", "usage-collected"]
+    assert [line["event"] for line in logged] == ["usage-partition-groups", "usage-collected", "usage-collected"]
+    assert "provisioning_parameters.json not found" in logged[0]["reason"]  # the agent passes the configured path
     # the previous window is final (state saved) unless it ended less than the settle delay ago
-    assert (tmp_path / "root" / "var" / "lib" / "hpops-node-agent" / usage.STATE_FILE).exists() is logged[0]["final"]
+    assert (tmp_path / "root" / "var" / "lib" / "hpops-node-agent" / usage.STATE_FILE).exists() is logged[1]["final"]
 
 
 # --------------------------------------------------------------------------- install.sh on the controller
@@ -509,3 +637,77 @@ def test_install_gives_the_controller_the_service_unless_usage_is_off(tmp_path, 
     assert (root / "etc" / "systemd" / "system" / "hpops-node-agent.service").exists() is unit
     assert (root / "var" / "lib" / "hpops-node-agent").is_dir() is unit
     assert (root / "opt" / "hpops-node-agent" / "hpops_node_agent" / "usage.py").exists()
+
+
+# --------------------------------------------------------------------------- the bench (make bench), at a small size
+
+
+def test_usage_bench_counts_add_up_against_the_generated_jobs():
+    from hpops_twin import usage_bench
+
+    # Two days of 300 jobs: dense enough that the windows hold running, pending and multi-node GPU jobs.
+    month = usage_bench.generate_month(300, seed=2, days=2)
+    now = month.now
+    assert any(job.start is not None and job.end is None for job in month.jobs)  # running
+    assert any(job.start is None and job.end is None for job in month.jobs)  # pending
+    assert any(job.nodes > 1 and job.gpus for job in month.jobs)
+    # the rows are what the real parser reads back as the generated job
+    for job in month.jobs:
+        parsed = usage.parse_line(job.row(now))
+        if job.start is None:
+            assert parsed is None
+        else:
+            assert (parsed.user, parsed.partition, parsed.nodes, parsed.cpus, parsed.gpus, parsed.start, parsed.end) \
+                == (job.user, job.partition, job.nodes, job.cpus, job.gpus, job.start, job.end)
+
+    result = usage_bench.measure(300, seed=2, days=2, real_sacct=False)
+    assert result.jobs == 300 and result.real_sacct.measured is False
+    current = now // HOUR * HOUR
+    assert [sweep.window_starts for sweep in result.sweeps] == [
+        [current], [current - HOUR, current],
+        [current - 30 * HOUR + n * HOUR for n in range(usage.MAX_ENDED_WINDOWS_PER_RUN)] + [current]]
+    for sweep in result.sweeps:
+        rows = node_seconds = gpu_seconds = 0
+        for start in sweep.window_starts:
+            until = min(start + HOUR, now)
+            for job in month.jobs:
+                if job.eligible >= until or (job.end is not None and job.end < start):
+                    continue  # sacct does not list it for this window
+                rows += 1
+                if job.start is not None:
+                    inside = max(0, min(now if job.end is None else job.end, start + HOUR, now) - max(job.start, start))
+                    node_seconds += job.nodes * inside
+                    gpu_seconds += job.gpus * inside
+        assert sweep.sacct_calls == len(sweep.window_starts)
+        assert (sweep.rows_parsed, sweep.node_seconds, sweep.gpu_seconds) == (rows, node_seconds, gpu_seconds)
+        assert sweep.events == len(sweep.window_starts)  # small windows: one part each
+        assert sweep.bytes_shipped > sweep.events * len(contract.USAGE_DETAIL_TYPE)
+    assert result.sweeps[-1].node_seconds > 0 and result.sweeps[-1].gpu_seconds > 0
+    assert all(result.verdicts().values())
+    assert "not measured" in result.render() and "FAKE" in result.render()
+
+
+def test_the_bench_fake_sacct_refuses_a_command_it_was_not_built_for(tmp_path):
+    from hpops_twin import usage_bench
+
+    fake = usage_bench.install_fake_sacct(str(tmp_path), usage_bench.generate_month(5, seed=1))
+    right = usage.sacct_command(fake, W0, W0 + HOUR)
+    assert subprocess.run(right, capture_output=True).returncode == 0
+    wrong = [fake, "--allusers", "--parsable2", "-S", "2026-11-23T06:00:00", "-E", "2026-11-23T07:00:00"]
+    answer = subprocess.run(wrong, capture_output=True, text=True)
+    assert answer.returncode == 2 and "not the command" in answer.stderr
+
+
+def test_the_bench_times_a_real_sacct_only_when_one_answers(tmp_path, monkeypatch):
+    from hpops_twin import usage_bench
+
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert usage_bench.real_sacct_window().note == "no sacct on PATH"
+    monkeypatch.setenv("PATH", str(tmp_path / "bin") + os.pathsep + os.defpath)  # the stand-in comes first
+    fake_sacct(tmp_path / "bin", stderr="sacct: fatal: Could not establish a configuration source\n", code=1)
+    assert usage_bench.real_sacct_window().measured is False
+    fake_sacct(tmp_path / "bin", stdout="\n".join(LINES[:3]) + "\n")
+    real = usage_bench.real_sacct_window(now=NOW)
+    assert (real.measured, real.jobs) == (True, 3) and real.seconds >= 0
+    calls = (tmp_path / "bin" / "calls.txt").read_text().splitlines()
+    assert calls[-1].split()[-4:] == ["-S", "2026-11-23T06:00:00", "-E", "2026-11-23T06:55:00"]  # the collector's command

@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 
-from hpops_twin.budget_twin import at
+from hpops_twin.budget_twin import VOLUME_USAGE, at
 from hpops_twin.world import TwinWorld
 
 UTC = dt.timezone.utc
@@ -37,8 +37,9 @@ def scale(world, group, count, when):
 
 @pytest.fixture
 def guarded(world):
-    """A cluster tagged with a $750,000 monthly budget, $200,000 spent this month, first seen
-    (InService, 8 gpu nodes) on Nov 10: the budget exists and the baseline is stored."""
+    """A cluster tagged with a $750,000 monthly budget, $200,000 spent this month (none of it
+    instance hours, so rates come from the Price List), first seen (InService, 8 gpu nodes) on
+    Nov 10: the budget exists and the baseline is stored."""
     world.budget.tag_cluster(BUDGET_TAG, "750000")
     world.budget.set_month_to_date_cost("200000")
     succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
@@ -83,17 +84,21 @@ def test_a_new_limit_in_the_cluster_tag_updates_the_budget(guarded):
     assert world.counter.calls["sagemaker.DescribeCluster"] == 1, "a sweep reads the cluster's state itself"
 
 
-def test_user_budgets_for_the_listed_users():
-    with TwinWorld(parameters={"BudgetUsers": "alice,bob", "UserMonthlyBudgetUsd": "500"}) as world:
+def test_per_user_budgets_of_earlier_versions_are_removed_and_the_cluster_budget_stays():
+    with TwinWorld() as world:
+        budgets = world.aws.client("budgets", region_name="us-east-1")
+        for user in ("alice", "bob"):
+            budgets.create_budget(AccountId=world.budget.world_account, Budget={
+                "BudgetName": f"hpops-ml-research-u-{user}", "BudgetLimit": {"Amount": "500", "Unit": "USD"},
+                "TimeUnit": "MONTHLY", "BudgetType": "COST", "Metrics": ["UnblendedCost"],
+                "FilterExpression": {"And": [
+                    {"Tags": {"Key": "ClusterName", "Values": ["ml-research"], "MatchOptions": ["EQUALS"]}},
+                    {"Tags": {"Key": "hpops:user", "Values": [user], "MatchOptions": ["EQUALS"]}}]}})
         world.budget.tag_cluster(BUDGET_TAG, "750000")
-        succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
-        budgets = world.budget.budgets()
-        assert sorted(budgets) == ["hpops-ml-research", "hpops-ml-research-u-alice", "hpops-ml-research-u-bob"]
-        alice = budgets["hpops-ml-research-u-alice"]
-        assert Decimal(alice["BudgetLimit"]["Amount"]) == Decimal("500")
-        assert alice["FilterExpression"]["And"][1] == {
-            "Tags": {"Key": "hpops:user", "Values": ["alice"], "MatchOptions": ["EQUALS"]}
-        }
+        result = succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))[0]
+        assert sorted(world.budget.budgets()) == ["hpops-ml-research"]
+        removed = [b["name"] for b in result.output["budgets"]["budgets"] if b["action"] == "deleted"]
+        assert removed == ["hpops-ml-research-u-alice", "hpops-ml-research-u-bob"]
 
 
 @pytest.mark.parametrize("delete, left", [("false", ["hpops-ml-research"]), ("true", [])])
@@ -123,6 +128,13 @@ def test_a_scale_out_that_overruns_alerts_once_saying_why(guarded):
     assert alert["thresholdsCrossed"] == [80.0, 100.0] and alert["thresholdPercent"] == 100.0
     assert alert["scaleOuts"] == [{"group": "gpu", "instanceType": "ml.p5.48xlarge", "from": 8, "to": 16}]
     assert alert["projection"]["monthToDateUsd"] == 200000.0
+    # Nothing billed as instance hours yet: both types are priced from the Price List, and say so.
+    assert [(d["instanceType"], d["usdPerHour"], d["rateSource"]) for d in alert["projection"]["drivers"]] == [
+        ("ml.p5.48xlarge", 98.32, "list"), ("ml.m5.4xlarge", 0.922, "list")]
+    assert alert["summary"].endswith("; rates: ml.p5.48xlarge $98.32/h list, ml.m5.4xlarge $0.922/h list")
+    projecting = world.counter.calls_of({"ProjectSpendFunction"})
+    assert projecting["cost-explorer.GetCostAndUsage"] == 1, "month to date and billed rates: one request"
+    assert projecting["pricing.GetProducts"] == 2, "one Price List query per unbilled instance type"
     assert alert["_subject"] == "[hpops] ml-research: projected 130% of its monthly budget by 2026-11-30"
     assert event["source"] == "hpops.budget-guard" and event["detail-type"] == "HyperPod Budget Projection Alert"
     assert event["detail"]["summary"] == alert["summary"]
@@ -181,19 +193,69 @@ def test_a_scale_out_missed_by_events_is_caught_by_the_sweep(guarded):
     assert len(world.budget.alerts()) == 1
 
 
+def test_a_billed_rate_prices_the_scale_out_at_what_the_cluster_pays(guarded):
+    world = guarded
+    # Nov 1-9: 8 gpu nodes x 216 h billed at $85.00/h (a Savings Plan, say) and $1,200 of volumes.
+    world.budget.set_billed_usage({"ml.p5.48xlarge": ("146880.00", "1728")}, other={VOLUME_USAGE: "1200.00"})
+    world.counter.reset()
+    when = NOV_10 + dt.timedelta(minutes=5)
+
+    result = succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, when))))[0]
+
+    (alert,) = world.budget.alerts()
+    projection = alert["projection"]
+    assert projection["monthToDateUsd"] == 148080.0, "instance hours + other cost, one Cost Explorer answer"
+    assert projection["billed"]["instancesUsd"] == 146880.0 and projection["billed"]["otherUsd"] == 1200.0
+    gpu, login = projection["drivers"]
+    assert (gpu["usdPerHour"], gpu["rateSource"]) == (85.0, "billed")
+    assert gpu["rateDetail"] == "Cost Explorer 2026-11-01..2026-11-10: $146,880.00 over 1728.0 h"
+    assert (login["usdPerHour"], login["rateSource"]) == (0.922, "list"), "the login type was not billed: list price"
+    hours_left = (dt.datetime(2026, 12, 1, tzinfo=UTC) - when) / dt.timedelta(hours=1)
+    expected = Decimal("148080") + (16 * Decimal(85) + 3 * Decimal("0.922")) * Decimal(str(hours_left))
+    assert alert["projectedUsd"] == pytest.approx(float(expected), abs=0.01)
+    assert alert["summary"].endswith("; rates: ml.p5.48xlarge $85.00/h billed, ml.m5.4xlarge $0.922/h list")
+    assert "month-to-date $148,080.00 (Cost Explorer 2026-11-01..2026-11-10, tag ClusterName)" in projection["reason"]
+    projecting = world.counter.calls_of({"ProjectSpendFunction"})
+    assert projecting["cost-explorer.GetCostAndUsage"] == 1
+    assert projecting["pricing.GetProducts"] == 1, "only the unbilled login type is looked up"
+    assert [body["Filters"][1]["Value"] for sender, body in world.budget.price_list.requests
+            if (sender or "").endswith("ProjectSpendFunction")] == ["ml.m5.4xlarge-Cluster"]
+    assert result.output["projection"]["warnings"] == []
+
+
+def test_an_override_prices_a_type_nobody_else_does():
+    with TwinWorld(parameters={"RateOverridesJson": '{"ml.p6-b200.48xlarge": "113.93", "ml.p5.48xlarge": "1"}'}) as world:
+        world.budget.tag_cluster(BUDGET_TAG, "750000")
+        world.budget.set_month_to_date_cost("200000")
+        succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
+        gpu = next(g for g in world.sim.cluster(world.cluster_name).instance_groups if g["InstanceGroupName"] == "gpu")
+        gpu["InstanceType"] = "ml.p6-b200.48xlarge"
+
+        result = succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5)))))[0]
+
+        projection = result.output["projection"]
+        assert projection["warnings"] == [] and projection["projection"]["missingPrices"] == []
+        assert [(d["instanceType"], d["usdPerHour"], d["rateSource"]) for d in projection["projection"]["drivers"]] == [
+            ("ml.p6-b200.48xlarge", 113.93, "override"), ("ml.m5.4xlarge", 0.922, "list")]
+        # The override for p5 is not used anywhere: there is no p5 group left, and it is the last resort anyway.
+        assert "ml.p5.48xlarge" not in projection["projection"]["reason"]
+
+
 # --------------------------------------------------------------------------- warnings, not crashes
 
 
 def test_an_instance_type_without_a_price_is_a_named_warning(guarded):
     world = guarded
     gpu = next(g for g in world.sim.cluster(world.cluster_name).instance_groups if g["InstanceGroupName"] == "gpu")
-    gpu["InstanceType"] = "ml.p6-b200.48xlarge"  # newer than the price table
+    gpu["InstanceType"] = "ml.p6-b200.48xlarge"  # not billed yet, not in the Price List, no override
 
     result = succeeded(world.budget.run(world.publish(scale(world, "gpu", 16, NOV_10 + dt.timedelta(minutes=5)))))[0]
 
     warnings = result.output["projection"]["warnings"]
     assert [w["warning"] for w in warnings] == ["MissingHourlyPrice"]
     assert "ml.p6-b200.48xlarge" in warnings[0]["reason"] and "16 node(s)" in warnings[0]["reason"]
+    assert all(source in warnings[0]["reason"] for source in ("Cost Explorer", "AWS Price List for us-east-1",
+                                                               "RateOverridesJson"))
     assert result.output["projection"]["projection"]["missingPrices"] == ["ml.p6-b200.48xlarge"]
     ensure_logs = [i.logs for i in world.dispatcher.invocations if i.function.endswith("ProjectSpendFunction")][-2]
     assert '"warning":"MissingHourlyPrice"' in ensure_logs.replace(" ", "")
@@ -217,11 +279,11 @@ def test_a_malformed_budget_tag_falls_back_with_a_named_warning():
         assert Decimal(world.budget.budgets()["hpops-ml-research"]["BudgetLimit"]["Amount"]) == Decimal("1000")
 
 
-def test_a_broken_price_table_fails_the_execution_with_a_named_error():
-    with TwinWorld(parameters={"HourlyPricesJson": '{"ml.p5.48xlarge": "cheap"}'}) as world:
+def test_broken_rate_overrides_fail_the_execution_with_a_named_error():
+    with TwinWorld(parameters={"RateOverridesJson": '{"ml.p5.48xlarge": "cheap"}'}) as world:
         result = world.budget.run(world.publish([state_change(world, NOV_10)]))[0]
         assert (result.status, result.error) == ("FAILED", "ConfigurationError")
-        assert "HOURLY_PRICES_JSON" in result.cause
+        assert "RATE_OVERRIDES_JSON" in result.cause
 
 
 # --------------------------------------------------------------------------- bad input

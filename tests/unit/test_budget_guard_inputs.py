@@ -1,12 +1,21 @@
-"""Budget guard inputs without AWS: the price table, each function's config, the trigger parser."""
+"""Budget guard inputs without AWS: the rate overrides, each function's config, the trigger parser."""
 
 import datetime as dt
 from decimal import Decimal
 
 import pytest
 
-from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig, TriggerConfig
-from hpops_core.budget_guard.prices import DEFAULT_HOURLY_PRICES_USD, InvalidPriceTable, hourly_prices
+from hpops_core.budget_guard import BudgetGuardError
+from hpops_core.budget_guard.config import (
+    AlertConfig,
+    EnsureBudgetsConfig,
+    ProjectionConfig,
+    TriggerConfig,
+    UsageReportConfig,
+    UserAlertConfig,
+    UserSpendConfig,
+)
+from hpops_core.budget_guard.rate_overrides import InvalidRateOverrides, rate_overrides
 from hpops_core.budget_guard.trigger import observed_from_describe, parse_budget_input
 from hpops_core.common.errors import ConfigurationError, MalformedEventError, UnknownClusterError
 
@@ -18,12 +27,15 @@ ENV = {
     "ALERT_TOPIC_ARN": "arn:aws:sns:us-east-1:123456789012:alerts",
     "STATE_TABLE_NAME": "state",
     "MONTHLY_BUDGET_USD": "",
-    "BUDGET_USERS": "alice, bob,alice",
     "USER_MONTHLY_BUDGET_USD": "500",
-    "BUDGET_USER_TAG_KEY": "hpops:user",
+    "USER_BUDGET_OVERRIDES": "alice=2000,j.doe=250.50",
+    "USER_THRESHOLDS_PERCENT": "80,100",
+    "CONTROLLER_GROUP_NAME": "controller-machine",
+    "USER_ALERT_TOPIC_ARN": "arn:aws:sns:us-east-1:123456789012:user-spend",
     "DELETE_BUDGETS_WITH_CLUSTER": "false",
     "PROJECTION_THRESHOLDS_PERCENT": "100,80",
-    "HOURLY_PRICES_JSON": "{}",
+    "RATE_OVERRIDES_JSON": "{}",
+    "AWS_REGION": "us-east-1",
 }
 
 
@@ -38,22 +50,35 @@ def event(**detail):
     }
 
 
-# --------------------------------------------------------------------------- prices
+# --------------------------------------------------------------------------- rate overrides
 
 
-def test_override_extends_and_replaces_the_default_table_with_decimals():
-    prices = hourly_prices('{"ml.p5.48xlarge": 55.04, "ml.p6-b200.48xlarge": "113.93"}')
-    assert prices["ml.p5.48xlarge"] == Decimal("55.04") and isinstance(prices["ml.p5.48xlarge"], Decimal)
-    assert prices["ml.p6-b200.48xlarge"] == Decimal("113.93")
-    assert prices["ml.m5.4xlarge"] == DEFAULT_HOURLY_PRICES_USD["ml.m5.4xlarge"]
-    assert hourly_prices("") == dict(DEFAULT_HOURLY_PRICES_USD) == hourly_prices("{}")
+def test_overrides_are_exactly_what_the_operator_wrote_as_decimals():
+    rates = rate_overrides('{"ml.p5.48xlarge": 55.04, "ml.p6-b200.48xlarge": "113.93", "ml.t3.medium": 0}')
+    assert rates == {"ml.p5.48xlarge": Decimal("55.04"), "ml.p6-b200.48xlarge": Decimal("113.93"),
+                     "ml.t3.medium": Decimal(0)}
+    assert all(type(v) is Decimal for v in rates.values()), "never float"
+    # No built-in table any more: nothing configured means no override at all.
+    assert rate_overrides("") == {} == rate_overrides("{}") == rate_overrides(None) == rate_overrides("  ")
 
 
-@pytest.mark.parametrize("text", ["{", "[]", '{"p5": 1}', '{"ml.p5.48xlarge": -1}', '{"ml.p5.48xlarge": true}',
-                                  '{"ml.p5.48xlarge": "NaN"}', '{"ml.p5.48xlarge": null}'])
-def test_a_bad_price_table_is_refused(text):
-    with pytest.raises(InvalidPriceTable):
-        hourly_prices(text)
+@pytest.mark.parametrize("text, says", [
+    ("{", "not valid JSON"),
+    ("[]", "JSON object"),
+    ('{"p5": 1}', "not a SageMaker instance type"),
+    ('{"ml.p5.48xlarge": -1}', "non-negative"),
+    ('{"ml.p5.48xlarge": true}', "must be a number"),
+    ('{"ml.p5.48xlarge": "NaN"}', "non-negative"),
+    ('{"ml.p5.48xlarge": "Infinity"}', "non-negative"),
+    ('{"ml.p5.48xlarge": null}', "non-negative"),
+    ('{"ml.p5.48xlarge": "cheap"}', "non-negative"),
+    ('{"ml.p5.48xlarge": [1]}', "non-negative"),
+    ("{" + ",".join(f'"ml.t{i}.large": 1' for i in range(201)) + "}", "at most 200"),
+])
+def test_bad_overrides_are_refused_with_a_named_error(text, says):
+    with pytest.raises(InvalidRateOverrides, match=says) as error:
+        rate_overrides(text)
+    assert isinstance(error.value, BudgetGuardError)
 
 
 # --------------------------------------------------------------------------- config
@@ -61,12 +86,22 @@ def test_a_bad_price_table_is_refused(text):
 
 def test_each_function_reads_only_what_it_needs():
     ensure = EnsureBudgetsConfig.from_env(ENV)
-    assert ensure.users == ("alice", "bob") and ensure.user_limit == Decimal("500")
     assert ensure.default_limit is None and ensure.delete_with_cluster is False
     projection = ProjectionConfig.from_env(ENV)
     assert projection.thresholds == (Decimal(80), Decimal(100))
+    assert projection.region == "us-east-1" and projection.rate_overrides == {}
+    overridden = ProjectionConfig.from_env(ENV | {"RATE_OVERRIDES_JSON": '{"ml.p6-b200.48xlarge": "113.93"}'})
+    assert overridden.rate_overrides == {"ml.p6-b200.48xlarge": Decimal("113.93")}
     assert AlertConfig.from_env(ENV).event_bus == "default"
     assert TriggerConfig.from_env({"CLUSTER_NAME": "ml-research"}).cluster_name == "ml-research"
+    spend = UserSpendConfig.from_env(ENV)
+    assert spend.limits.of("alice") == (Decimal("2000"), "override")
+    assert spend.limits.of("j.doe") == (Decimal("250.50"), "override")
+    assert spend.limits.of("bob") == (Decimal("500"), "default")
+    assert spend.thresholds == (Decimal(80), Decimal(100))
+    assert UserSpendConfig.from_env(ENV | {"USER_MONTHLY_BUDGET_USD": ""}).limits.of("bob") == (None, None)
+    assert UsageReportConfig.from_env(ENV).controller_group == "controller-machine"
+    assert UserAlertConfig.from_env(ENV).user_topic_arn.endswith(":user-spend")
 
 
 @pytest.mark.parametrize(
@@ -74,12 +109,18 @@ def test_each_function_reads_only_what_it_needs():
     [
         (EnsureBudgetsConfig, "ACCOUNT_ID", "12345"),
         (EnsureBudgetsConfig, "MONTHLY_BUDGET_USD", "1e6"),
-        (EnsureBudgetsConfig, "BUDGET_USERS", "alice,Bob;rm"),
+        (UserSpendConfig, "USER_BUDGET_OVERRIDES", "alice=500,Bob;rm=1"),
+        (UserSpendConfig, "USER_BUDGET_OVERRIDES", "alice"),
+        (UserSpendConfig, "USER_BUDGET_OVERRIDES", "alice=-5"),
+        (UserSpendConfig, "USER_THRESHOLDS_PERCENT", "80,lots"),
+        (UsageReportConfig, "CONTROLLER_GROUP_NAME", "controller;rm"),
         (EnsureBudgetsConfig, "DELETE_BUDGETS_WITH_CLUSTER", "yes"),
-        (EnsureBudgetsConfig, "BUDGET_USER_TAG_KEY", "aws:reserved"),
         (ProjectionConfig, "PROJECTION_THRESHOLDS_PERCENT", "80,lots"),
         (ProjectionConfig, "PROJECTION_THRESHOLDS_PERCENT", "0"),
-        (ProjectionConfig, "HOURLY_PRICES_JSON", "{bad"),
+        (ProjectionConfig, "RATE_OVERRIDES_JSON", "{bad"),
+        (ProjectionConfig, "RATE_OVERRIDES_JSON", '{"ml.p5.48xlarge": "cheap"}'),
+        (ProjectionConfig, "AWS_REGION", ""),
+        (ProjectionConfig, "AWS_REGION", "us-east-1; rm"),
         (AlertConfig, "ALERT_TOPIC_ARN", ""),
     ],
 )

@@ -61,3 +61,13 @@ def test_bad_input_ends_in_input_rejected_before_anything_is_touched():
                           "Next": "InputRejected"}
     for name in ("EnsureBudgets", "ProjectSpend", "PublishAlert", "RememberClusterState"):
         assert "TransientAwsError" in states[name]["Retry"][0]["ErrorEquals"], name
+
+
+def test_the_projection_may_read_the_price_list_and_gets_the_last_resort_rates():
+    (price_list,) = [s for s in statements("ProjectSpendFunction") if s.get("Action") == "pricing:GetProducts"]
+    assert price_list["Resource"] == "*"
+    variables = RESOURCES["ProjectSpendFunction"]["Properties"]["Environment"]["Variables"]
+    assert variables["RATE_OVERRIDES_JSON"] == {"Ref": "RateOverridesJson"}
+    parameter = TEMPLATE.raw["Parameters"]["RateOverridesJson"]
+    assert parameter["Default"] == "{}" and "Last resort" in parameter["Description"]
+    assert "HourlyPricesJson" not in TEMPLATE.raw["Parameters"] and "HOURLY_PRICES_JSON" not in variables

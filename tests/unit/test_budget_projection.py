@@ -14,16 +14,14 @@ from hpops_core.budget_guard.budget_spec import (
     InvalidAccountId,
     InvalidBudgetLimit,
     InvalidClusterName,
-    InvalidPosixUser,
     InvalidTopicArn,
     MalformedBudgetTag,
     NoBudgetLimit,
     budget_changes,
     budget_name_for,
     desired_budget,
-    desired_user_budget,
     resolve_limit,
-    user_budget_name_for,
+    user_budget_prefix,
 )
 from hpops_core.budget_guard.projection import (
     GroupLoad,
@@ -38,11 +36,12 @@ from hpops_core.budget_guard.projection import (
     project_month_end,
     scale_out_groups,
 )
+from hpops_core.budget_guard.rates import Rate, RateChoice
 
 UTC = dt.timezone.utc
 P5 = "ml.p5.48xlarge"
 M5 = "ml.m5.xlarge"
-PRICES = {P5: D("98.32"), M5: D("0.23")}
+PRICES = RateChoice({P5: Rate(P5, D("98.32"), "list", "AWS Price List"), M5: Rate(M5, D("0.23"), "list", "AWS Price List")}, ())
 TOPIC = "arn:aws:sns:us-east-1:123456789012:hpops-budget"
 ACCOUNT = "123456789012"
 
@@ -192,7 +191,7 @@ def test_bad_month_to_date_is_refused(bad):
 
 def test_float_prices_are_refused():
     with pytest.raises(InvalidMoney):
-        project_month_end(at(2026, 11, 28), D(0), [(P5, 1)], {P5: 98.32})
+        project_month_end(at(2026, 11, 28), D(0), [(P5, 1)], RateChoice({P5: Rate(P5, 98.32, "list", "x")}, ()))
 
 
 @pytest.mark.parametrize("bad", [(P5,), (P5, -1), (P5, 1.5), ("", 1), (P5, True), 7])
@@ -223,7 +222,7 @@ def test_alert_summary_says_what_drove_it():
     assert a.percent_of_limit == D("115.3")
     assert a.summary == (
         "scale-out of group 'gpu' to 8 x ml.p5.48xlarge (+4): projected $57,632.32 "
-        "by 2026-11-30 vs limit $50,000.00 (115.3%, threshold 100%)"
+        "by 2026-11-30 vs limit $50,000.00 (115.3%, threshold 100%); rates: ml.p5.48xlarge $98.32/h list"
     )
 
 
@@ -257,7 +256,8 @@ def test_a_new_month_fires_again():
     assert [a.key for a in alerts] == ["2026-12:projected:80", "2026-12:projected:100"]
     # 8 x $98.32 x 720 h (Dec 2 -> Jan 1) = $566,323.20
     assert alerts[0].summary.endswith(
-        "projected $566,323.20 by 2026-12-31 vs limit $100,000.00 (566.3%, threshold 80%)"
+        "projected $566,323.20 by 2026-12-31 vs limit $100,000.00 (566.3%, threshold 80%); "
+        "rates: ml.p5.48xlarge $98.32/h list"
     )
 
 
@@ -400,38 +400,10 @@ def test_valid_cluster_names(name):
     assert budget_name_for(name) == f"hpops-{name}"
 
 
-def test_user_budget_filters_on_cluster_and_user():
-    spec = desired_user_budget("lab", "alice", D("200"), TOPIC, ACCOUNT, user_tag_key="team:user")
-    assert spec["Budget"]["BudgetName"] == "hpops-lab-u-alice"
-    assert spec["Budget"]["FilterExpression"] == {
-        "And": [
-            {"Tags": {"Key": "ClusterName", "Values": ["lab"], "MatchOptions": ["EQUALS"]}},
-            {"Tags": {"Key": "team:user", "Values": ["alice"], "MatchOptions": ["EQUALS"]}},
-        ]
-    }
-    default = desired_user_budget("lab", "alice", D("200"), TOPIC, ACCOUNT)
-    assert default["Budget"]["FilterExpression"]["And"][1]["Tags"]["Key"] == "hpops:user"
-
-
-@pytest.mark.parametrize("user", ["a" * 33, "al ice", "al\n", "", "root;id", "-x", ".x", "a:b", "a/b", "a@b"])
-def test_bad_posix_users_are_refused(user):
-    with pytest.raises(InvalidPosixUser):
-        desired_user_budget("lab", user, D(1), TOPIC, ACCOUNT)
-
-
-@pytest.mark.parametrize("user", ["j.doe", "Alice", "9lives", "_svc", "bob-2"])
-def test_user_names_real_systems_have_get_a_budget(user):
-    # The one POSIX user rule (hpops_core.common.validation), the same the login nodes' limits use.
-    assert desired_user_budget("lab", user, D(1), TOPIC, ACCOUNT)["Budget"]["BudgetName"] == f"hpops-lab-u-{user}"
-
-
-def test_long_user_budget_names_fit_and_stay_unique():
-    cluster = "x" * 63
-    a = user_budget_name_for(cluster, "u" * 31 + "a")
-    b = user_budget_name_for(cluster, "u" * 31 + "b")
-    assert len(a) <= 100 and len(b) <= 100
-    assert a != b
-    assert a.startswith(f"hpops-{cluster}-u-") and b.startswith(f"hpops-{cluster}-u-")
+def test_old_user_budgets_are_found_by_their_prefix():
+    assert user_budget_prefix("lab") == "hpops-lab-u-"
+    with pytest.raises(InvalidClusterName):
+        user_budget_prefix("lab;rm")
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from hpops_core.common import validation
-from hpops_core.budget_guard.config import EnsureBudgetsConfig
+from hpops_core.budget_guard.config import UserSpendConfig
 from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.login_limits import BadInput, parse_limits
@@ -38,7 +38,7 @@ USER_NAMES = {
     "$(reboot)": False,
 }
 
-USER_LIST_PARAMETERS = ("BudgetUsers", "SessionExemptUsers")
+USER_LIST_PARAMETERS = ("SessionExemptUsers",)
 
 
 def _java_like_fullmatch(pattern: str, value: str) -> bool:
@@ -59,7 +59,16 @@ def test_template_user_patterns_agree_with_the_posix_user_rule(parameter, name, 
         assert _java_like_fullmatch(pattern, "")
 
 
-@pytest.mark.parametrize("parameter", ("ClusterName", "LoginGroupName"))
+@pytest.mark.parametrize("name, accepted", sorted(USER_NAMES.items()))
+def test_the_user_budget_overrides_pattern_agrees_with_the_posix_user_rule(name, accepted):
+    pattern = TEMPLATE.raw["Parameters"]["UserBudgetOverrides"]["AllowedPattern"]
+    if name:
+        assert _java_like_fullmatch(pattern, f"{name}=500") is accepted
+        assert _java_like_fullmatch(pattern, f"ops=1.50,{name}=500") is accepted
+    assert _java_like_fullmatch(pattern, "")
+
+
+@pytest.mark.parametrize("parameter", ("ClusterName", "LoginGroupName", "ControllerGroupName"))
 @pytest.mark.parametrize("name", ["ml-research", "a", "A1", "lab--x", "a" * 63, "", "-lab", "lab-", "lab_1",
                                   "a" * 64, "lab;x", "läb"])
 def test_template_cluster_and_group_patterns_agree(parameter, name):
@@ -159,15 +168,19 @@ BUDGET_ENV = {
     "MONTHLY_BUDGET_USD": "",
     "USER_MONTHLY_BUDGET_USD": "500",
     "DELETE_BUDGETS_WITH_CLUSTER": "false",
+    "STATE_TABLE_NAME": "state",
+    "PROJECTION_THRESHOLDS_PERCENT": "80,100",
+    "USER_THRESHOLDS_PERCENT": "80,100",
+    "AWS_REGION": "us-east-1",
 }
 
 
-def test_budget_users_follow_the_same_rule_and_a_bad_one_is_named():
-    config = EnsureBudgetsConfig.from_env(BUDGET_ENV | {"BUDGET_USERS": "j.doe,Alice,_svc"})
-    assert config.users == ("j.doe", "Alice", "_svc")
+def test_user_budget_overrides_follow_the_same_rule_and_a_bad_one_is_named():
+    config = UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,Alice=20.5,_svc=30"})
+    assert set(config.limits.overrides) == {"j.doe", "Alice", "_svc"}
     with pytest.raises(ConfigurationError) as refused:
-        EnsureBudgetsConfig.from_env(BUDGET_ENV | {"BUDGET_USERS": "j.doe,Alice,bad name"})
-    assert "BUDGET_USERS" in str(refused.value) and "'bad name'" in str(refused.value)
+        UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,bad name=5"})
+    assert "USER_BUDGET_OVERRIDES" in str(refused.value) and "'bad name=5'" in str(refused.value)
 
 
 def test_node_channel_names_use_the_same_rules():

@@ -9,6 +9,7 @@ Node channel: how many agent polls (30 s each on a cluster) and API calls a node
 key rotation take, from the agents' own call counts and the state machines'.
 Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports against `import boto3`
 in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
+Slurm usage (hpops_twin/usage_bench.py): one collection sweep over a synthetic month of 10,000 jobs.
 """
 
 from __future__ import annotations
@@ -215,6 +216,10 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
 
     footprint, footprint_verdicts = footprint_section()
     verdicts |= footprint_verdicts
+    from hpops_twin.usage_bench import usage_section
+
+    usage_result, usage_verdicts = usage_section()
+    verdicts |= usage_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}")
@@ -223,5 +228,5 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
             json.dump({"rows": [asdict(r) for r in rows], "targets": verdicts,
                        "node_channel": [asdict(r) for r in channel_rows],
                        "session_limits": [asdict(r) for r in session_rows],
-                       "footprint": asdict(footprint)}, handle, indent=2)
+                       "footprint": asdict(footprint), "usage": asdict(usage_result)}, handle, indent=2)
     return 0 if all(verdicts.values()) else 1

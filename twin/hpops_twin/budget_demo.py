@@ -2,6 +2,9 @@
 scale-out of the gpu group that would overrun the month is called out at once (before AWS
 Budgets' own alerts, which trail usage by hours), and the same event delivered again stays quiet.
 
+The gpu nodes are priced at what Cost Explorer says the cluster paid for them so far this month
+(billed), the login nodes, never billed in the twin, from the Price List stand-in (list).
+
 "Now" is the event's time. The demo stamps its events with a fixed day of next month (the 10th,
 12:00 UTC) so the projection's numbers do not depend on the day the demo runs.
 """
@@ -12,13 +15,17 @@ import datetime as dt
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
-from hpops_twin.budget_twin import at
+from hpops_core.budget_guard.projection import usd_rate
+from hpops_twin.budget_twin import VOLUME_USAGE, at
 
 if TYPE_CHECKING:
     from hpops_twin.demo import Demo
 
 LIMIT_USD = "750000"
-MONTH_TO_DATE_USD = "200000"
+# Days 1-9 of the month: 8 gpu nodes x 216 h at $85.00/h (below list: a Savings Plan, say) and
+# the nodes' volumes.
+GPU_BILLED = ("146880.00", "1728")
+VOLUMES_BILLED = "1200.00"
 
 
 def _demo_time(today: dt.datetime) -> dt.datetime:
@@ -31,9 +38,10 @@ def budget_steps(demo: Demo) -> None:
     cluster = world.cluster_name
     now = _demo_time(dt.datetime.now(dt.timezone.utc))
     budget.tag_cluster("hpops:monthly-budget-usd", LIMIT_USD)
-    budget.set_month_to_date_cost(MONTH_TO_DATE_USD)
-    demo.say(f"budget guard: cluster tagged hpops:monthly-budget-usd={LIMIT_USD}; Cost Explorer reports "
-             f"${int(MONTH_TO_DATE_USD):,} spent this month; events stamped {now:%Y-%m-%d %H:%M} UTC (time is an input)")
+    budget.set_billed_usage({"ml.p5.48xlarge": GPU_BILLED}, other={VOLUME_USAGE: VOLUMES_BILLED})
+    demo.say(f"budget guard: cluster tagged hpops:monthly-budget-usd={LIMIT_USD}; Cost Explorer bills it "
+             f"${Decimal(GPU_BILLED[0]):,} for {GPU_BILLED[1]} h of ml.p5.48xlarge and ${Decimal(VOLUMES_BILLED):,} of "
+             f"volumes this month; events stamped {now:%Y-%m-%d %H:%M} UTC (time is an input)")
     budget_name = f"hpops-{cluster}"
 
     def budget_exists() -> bool:
@@ -59,6 +67,9 @@ def budget_steps(demo: Demo) -> None:
     for alert in budget.alerts()[alerts_before:]:
         demo.say(f"          alert: {alert['summary']}")
         demo.say(f"          how:   {alert['projection']['reason']}")
+        for driver in alert["projection"]["drivers"]:
+            demo.say(f"          rate:  {driver['instanceType']} {usd_rate(Decimal(str(driver['usdPerHour'])))}/h "
+                     f"{driver['rateSource']}: {driver['rateDetail']}")
     for event in budget.alert_events()[-1:]:
         demo.say(f"          event: {event['source']} / {event['detail-type']} on the default bus "
                  f"(projectedUsd={event['detail']['projectedUsd']:,.2f}, percentOfLimit={event['detail']['percentOfLimit']})")

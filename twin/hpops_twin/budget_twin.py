@@ -6,9 +6,14 @@ Where moto 5.2.1 differs from AWS here, and what the twin does about it:
     notifications stay, a missing budget is NotFoundException, as on AWS.
   * Cost Explorer returns nothing unless results are queued through moto's
     POST /moto-api/static/ce/cost-and-usage-results, and it answers each distinct request
-    body once from the queue (then memoises it). `set_month_to_date_cost` forgets the memo and
-    queues the amount for the next requests, so every GetCostAndUsage after it (any day, any
-    month) sees that month-to-date cost until it is set again.
+    body once from the queue (then memoises it), whatever the request's period, filter or
+    grouping. `set_billed_usage` forgets the memo and queues one answer grouped by usage type
+    (UnblendedCost and UsageQuantity, as the budget guard asks), so every GetCostAndUsage after
+    it (any day, any month) sees that bill until it is set again. `set_month_to_date_cost` is
+    the same with the whole amount billed as something other than instance time (no billed
+    rate: the projection then takes Price List prices).
+  * There is no Price List service at all: price_list.py stands in for GetProducts
+    (`world.budget.price_list`).
   * SageMaker AddTags appends a duplicate key instead of replacing the value; `tag_cluster`
     deletes the key first, as AWS's AddTags (overwrite) behaves.
   * SageMaker ListTags/AddTags/DeleteTags find a cluster by the last ARN segment, which moto
@@ -39,10 +44,15 @@ from moto.sagemaker.exceptions import ValidationError as SageMakerValidationErro
 from moto.sagemaker.models import SageMakerModelBackend
 
 from hpops_core.budget_guard.guard import ALERT_DETAIL_TYPE, ALERT_SOURCE
+from hpops_twin.price_list import PriceListTwin
 
 CE_RESULTS_URL = "http://motoapi.amazonaws.com/moto-api/static/ce/cost-and-usage-results"
 # Each distinct GetCostAndUsage request (one per "today") takes one queued result.
 _CE_COPIES = 64
+# The usage types HyperPod bills under (see hpops_core.budget_guard.rates): instance hours and
+# the instances' EBS volumes, with the us-east-1 prefix (the twin's region).
+CLUSTER_USAGE = "USE1-Cluster:{instance_type}"
+VOLUME_USAGE = "USE1-Cluster:VolumeUsage.gp2"
 
 
 def _backend_update_budget(self: BudgetsBackend, account_id: str, new_budget: dict[str, Any]) -> None:
@@ -81,12 +91,13 @@ def at(event: dict, when: dt.datetime) -> dict:
 
 
 class BudgetTwin:
-    """world.budget: configure month-to-date cost and cluster tags, observe budgets and alerts."""
+    """world.budget: configure the cluster's bill, list prices and tags, observe budgets and alerts."""
 
     def __init__(self, world: Any):
         self.world = world
         self._alerts: list[dict] = []
         self._events: list[dict] = []
+        self.price_list = PriceListTwin(sender=lambda: world.dispatcher.current_function)
 
     @classmethod
     def install(cls, world: Any) -> BudgetTwin:
@@ -99,6 +110,9 @@ class BudgetTwin:
             patch = mock.patch.object(target, name, replacement, create=True)
             patch.start()
             world._stack.append(patch)
+        price_list = twin.price_list.installed()
+        price_list.__enter__()
+        world._stack.append(price_list)
         twin._observe()
         return twin
 
@@ -151,20 +165,39 @@ class BudgetTwin:
         return list(self._events)
 
     # ------------------------------------------------------------------ world configuration
+    def set_billed_usage(self, instances: dict[str, tuple[str, str]], other: dict[str, str] | None = None) -> None:
+        """What Cost Explorer answers for the cluster's bill this month from now on.
+
+        `instances`: instance type -> (USD, hours), billed as "USE1-Cluster:<type>" in Hrs;
+        `other`: usage type -> USD for the rest (volumes, ...), e.g. {VOLUME_USAGE: "1200"}."""
+        groups = [{"Keys": [CLUSTER_USAGE.format(instance_type=t)],
+                   "Metrics": {"UnblendedCost": {"Amount": str(usd), "Unit": "USD"},
+                               "UsageQuantity": {"Amount": str(hours), "Unit": "Hrs"}}}
+                  for t, (usd, hours) in instances.items()]
+        groups += [{"Keys": [usage_type],
+                    "Metrics": {"UnblendedCost": {"Amount": str(usd), "Unit": "USD"},
+                                "UsageQuantity": {"Amount": "1", "Unit": "N/A"}}}
+                   for usage_type, usd in (other or {}).items()]
+        self._queue_cost_and_usage({
+            "ResultsByTime": [{
+                "TimePeriod": {"Start": "2000-01-01", "End": "2000-01-02"},  # moto does not look
+                "Total": {},  # grouped results carry their metrics in Groups, as on AWS
+                "Groups": groups,
+                "Estimated": True,
+            }],
+            "GroupDefinitions": [{"Type": "DIMENSION", "Key": "USAGE_TYPE"}],
+            "DimensionValueAttributes": [],
+        })
+
     def set_month_to_date_cost(self, usd: str) -> None:
-        """What Cost Explorer answers for the cluster's month-to-date cost from now on."""
+        """The cluster's month-to-date cost from now on, all of it billed as volumes: no instance
+        hours, so no billed rate and the projection prices nodes from the Price List."""
+        self.set_billed_usage({}, other={VOLUME_USAGE: usd})
+
+    def _queue_cost_and_usage(self, result: dict) -> None:
         backend = ce_backends[self.world_account]["aws"]
         backend.cost_usage_results.clear()
         backend.cost_usage_results_queue.clear()
-        result = {
-            "ResultsByTime": [{
-                "TimePeriod": {"Start": "2000-01-01", "End": "2000-01-02"},  # moto does not look
-                "Total": {"UnblendedCost": {"Amount": str(usd), "Unit": "USD"}},
-                "Groups": [],
-                "Estimated": True,
-            }],
-            "DimensionValueAttributes": [],
-        }
         response = requests.post(CE_RESULTS_URL, json={"results": [result] * _CE_COPIES}, timeout=10)
         response.raise_for_status()
 

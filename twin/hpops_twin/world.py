@@ -294,6 +294,9 @@ class TwinWorld:
         login_count: int = 3,
         worker_group: str = "gpu",
         worker_count: int = 8,
+        # More instance groups: {name: (instance type, count)}, e.g. the Slurm controller group
+        # ("controller-machine", the ControllerGroupName default) whose node's usage reports count.
+        extra_groups: dict[str, tuple[str, int]] | None = None,
         template: TemplateModel | None = None,
         parameters: dict[str, str] | None = None,  # stack parameter overrides, as `sam deploy --parameter-overrides`
         # The account's Session Manager preferences: (Run As on?, default user), or None when they
@@ -309,6 +312,7 @@ class TwinWorld:
         self.login_count = login_count
         self.worker_group = worker_group
         self.worker_count = worker_count
+        self.extra_groups = dict(extra_groups or {})
         self.template = template or TemplateModel()
         self.dispatcher = LambdaDispatcher()
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
@@ -434,7 +438,7 @@ class TwinWorld:
         self.sim.create_cluster(self.cluster_name, {
             self.login_group: ("ml.m5.4xlarge", self.login_count),
             self.worker_group: ("ml.p5.48xlarge", self.worker_count),
-        })
+        } | self.extra_groups)
         cluster = self.sim.cluster(self.cluster_name)
         if self.cluster_id is not None:  # the simulator derives an id from the name; a replayed event names its own
             cluster.arn = f"{cluster.arn.rsplit('/', 1)[0]}/{self.cluster_id}"

@@ -88,6 +88,21 @@ def describe_budget(budgets_client: Any, account_id: str, budget_name: str) -> d
         raise
 
 
+def old_user_budget_names(budgets_client: Any, account_id: str, prefix: str, cluster_tag: Mapping[str, Any]) -> list[str]:
+    """The per-user budgets earlier versions made for a cluster: named ``prefix``..., filtered on the
+    cluster's tag AND one more tag. The name alone is not enough: the cluster budget of a cluster
+    called "<cluster>-u-x" has that name too, and its filter is the cluster tag alone."""
+    names: list[str] = []
+    pages = budgets_client.get_paginator("describe_budgets").paginate(AccountId=account_id, ShowFilterExpression=True)
+    for page in pages:
+        for budget in page.get("Budgets", []):
+            parts = (budget.get("FilterExpression") or {}).get("And") or []
+            if (budget.get("BudgetName", "").startswith(prefix) and len(parts) == 2 and cluster_tag in parts
+                    and all("Tags" in part for part in parts)):
+                names.append(budget["BudgetName"])
+    return sorted(names)
+
+
 def ensure_budget(budgets_client: Any, account_id: str, spec: Mapping[str, Any]) -> EnsureResult:
     """Make the account's budget match ``spec`` (from ``desired_budget``).
 

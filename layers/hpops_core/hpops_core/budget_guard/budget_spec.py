@@ -1,4 +1,4 @@
-"""What AWS Budget a cluster (or a user on it) should have. PURE: no AWS calls.
+"""What AWS Budget a cluster should have. PURE: no AWS calls.
 
 ``desired_budget`` returns the keyword arguments of ``budgets.create_budget``
 (``AccountId``, ``Budget``, ``NotificationsWithSubscribers``); ``budget_changes``
@@ -15,7 +15,6 @@ both stay at $0.
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from hpops_core.budget_guard.projection import InvalidBudgetLimit
 __all__ = [
     "BUDGET_TAG",
     "CLUSTER_TAG",
-    "DEFAULT_USER_TAG",
     "ACTUAL_THRESHOLDS",
     "FORECAST_THRESHOLDS",
     "METRIC",
@@ -38,36 +36,31 @@ __all__ = [
     "InvalidAccountId",
     "InvalidBudgetLimit",
     "InvalidClusterName",
-    "InvalidPosixUser",
-    "InvalidTagKey",
     "InvalidTopicArn",
     "LimitResolution",
     "MalformedBudgetTag",
     "NoBudgetLimit",
     "budget_changes",
     "budget_name_for",
+    "cluster_tag_filter",
     "desired_budget",
-    "desired_user_budget",
     "resolve_limit",
-    "user_budget_name_for",
+    "user_budget_prefix",
     "validate_cluster_name",
 ]
 
 CLUSTER_TAG = "ClusterName"
 BUDGET_TAG = "hpops:monthly-budget-usd"
-DEFAULT_USER_TAG = "hpops:user"
 ACTUAL_THRESHOLDS: tuple[int, ...] = (50, 80, 100)
 FORECAST_THRESHOLDS: tuple[int, ...] = (100,)
 METRIC = "UnblendedCost"
 
-# fullmatch, not match + "$": "$" also matches before a trailing newline. Cluster and user
-# names follow hpops_core/common/validation.py (the template's BudgetUsers pattern is the same rule).
+# fullmatch, not match + "$": "$" also matches before a trailing newline. Cluster names follow
+# hpops_core/common/validation.py.
 _ACCOUNT_ID = re.compile(r"\d{12}")
 _TOPIC_ARN = re.compile(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}")
-_TAG_KEY = re.compile(r"[\w.:/=+\-@ ]{1,128}")
 # Plain dollars with at most cents: no signs, commas, exponents or currency marks.
 _LIMIT_TAG_VALUE = re.compile(r"\d{1,12}(\.\d{1,2})?")
-_BUDGET_NAME_MAX = 100  # DescribeBudget/CreateBudget BudgetName max length
 _CENT = Decimal("0.01")
 
 
@@ -78,20 +71,12 @@ class InvalidClusterName(BudgetGuardError, ValueError):
     """Not a HyperPod cluster name (hpops_core.common.validation: ``^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$``)."""
 
 
-class InvalidPosixUser(BudgetGuardError, ValueError):
-    """Not a POSIX user name (hpops_core.common.validation's rule: ``j.doe`` and ``Alice`` are, ``a b`` is not)."""
-
-
 class InvalidTopicArn(BudgetGuardError, ValueError):
     """Not an SNS topic ARN."""
 
 
 class InvalidAccountId(BudgetGuardError, ValueError):
     """Not a 12-digit AWS account id."""
-
-
-class InvalidTagKey(BudgetGuardError, ValueError):
-    """Not usable as a cost allocation tag key."""
 
 
 # --------------------------------------------------------------------------- warnings
@@ -152,13 +137,6 @@ def validate_cluster_name(cluster_name: Any) -> str:
         raise InvalidClusterName(str(exc)) from None
 
 
-def _check_user(posix_user: Any, what: str = "budget user") -> str:
-    try:
-        return validation.check_posix_user(posix_user, what)
-    except validation.InvalidValue as exc:
-        raise InvalidPosixUser(str(exc)) from None
-
-
 def _check_topic(topic_arn: Any) -> str:
     if not isinstance(topic_arn, str) or not _TOPIC_ARN.fullmatch(topic_arn):
         raise InvalidTopicArn(f"{topic_arn!r} is not an SNS topic ARN")
@@ -169,16 +147,6 @@ def _check_account(account_id: Any) -> str:
     if not isinstance(account_id, str) or not _ACCOUNT_ID.fullmatch(account_id):
         raise InvalidAccountId(f"{account_id!r} is not a 12-digit account id")
     return account_id
-
-
-def _check_tag_key(key: Any) -> str:
-    if (
-        not isinstance(key, str)
-        or not _TAG_KEY.fullmatch(key)
-        or key.lower().startswith("aws:")
-    ):
-        raise InvalidTagKey(f"{key!r} is not a usable cost allocation tag key")
-    return key
 
 
 def _limit(value: Any) -> Decimal:
@@ -201,19 +169,9 @@ def budget_name_for(cluster_name: str) -> str:
     return f"hpops-{validate_cluster_name(cluster_name)}"
 
 
-def user_budget_name_for(cluster_name: str, posix_user: str) -> str:
-    """``hpops-<cluster>-u-<user>``. A 63-char cluster plus a 32-char user exceeds Budgets'
-    100-char name limit; then the *user* part is shortened and made unique again with a short
-    hash of the full user name, so the name keeps the ``hpops-<cluster>-u-`` prefix that the
-    IAM policy in template.yaml names."""
-    cluster = validate_cluster_name(cluster_name)
-    user = _check_user(posix_user)
-    prefix = f"hpops-{cluster}-u-"
-    if len(prefix) + len(user) <= _BUDGET_NAME_MAX:
-        return prefix + user
-    digest = hashlib.sha256(user.encode()).hexdigest()[:8]
-    room = _BUDGET_NAME_MAX - len(prefix) - len(f"-{digest}")
-    return f"{prefix}{user[:room]}-{digest}"
+def user_budget_prefix(cluster_name: str) -> str:
+    """What the per-user budgets of earlier versions were named: ``hpops-<cluster>-u-<user>``."""
+    return f"hpops-{validate_cluster_name(cluster_name)}-u-"
 
 
 # --------------------------------------------------------------------------- specs
@@ -221,6 +179,11 @@ def user_budget_name_for(cluster_name: str, posix_user: str) -> str:
 
 def _tag_expression(key: str, value: str) -> dict[str, Any]:
     return {"Tags": {"Key": key, "Values": [value], "MatchOptions": ["EQUALS"]}}
+
+
+def cluster_tag_filter(cluster_name: str) -> dict[str, Any]:
+    """The cost filter that scopes a budget to the cluster: its ClusterName tag."""
+    return _tag_expression(CLUSTER_TAG, validate_cluster_name(cluster_name))
 
 
 def _notifications(topic_arn: str) -> list[dict[str, Any]]:
@@ -268,29 +231,7 @@ def desired_budget(
     on resources tagged ClusterName=<cluster>, SNS alerts at 50/80/100% actual and
     100% forecasted."""
     name = budget_name_for(cluster_name)
-    return _spec(name, _tag_expression(CLUSTER_TAG, cluster_name), limit_usd, topic_arn, account_id)
-
-
-def desired_user_budget(
-    cluster_name: str,
-    posix_user: str,
-    limit_usd: Decimal,
-    topic_arn: str,
-    account_id: str,
-    *,
-    user_tag_key: str = DEFAULT_USER_TAG,
-) -> dict[str, Any]:
-    """CreateBudget kwargs for one user's share of a cluster: both the ClusterName
-    tag and ``user_tag_key`` must match (And), so the same user on another cluster
-    is not counted."""
-    name = user_budget_name_for(cluster_name, posix_user)
-    expression = {
-        "And": [
-            _tag_expression(CLUSTER_TAG, cluster_name),
-            _tag_expression(_check_tag_key(user_tag_key), posix_user),
-        ]
-    }
-    return _spec(name, expression, limit_usd, topic_arn, account_id)
+    return _spec(name, cluster_tag_filter(cluster_name), limit_usd, topic_arn, account_id)
 
 
 # --------------------------------------------------------------------------- limits

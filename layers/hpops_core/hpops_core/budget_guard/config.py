@@ -13,13 +13,15 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
 from hpops_core.common import validation
-from hpops_core.budget_guard.budget_spec import DEFAULT_USER_TAG, _check_tag_key, _check_user
-from hpops_core.budget_guard.prices import InvalidPriceTable, hourly_prices
+from hpops_core.budget_guard.rate_overrides import InvalidRateOverrides, rate_overrides
+from hpops_core.budget_guard.user_spend import UserLimits
 from hpops_core.common.config import env_bool, env_str, environment
 from hpops_core.common.errors import ConfigurationError
 
 _AMOUNT = re.compile(r"\d{1,12}(\.\d{1,2})?")
 _ACCOUNT = re.compile(r"\d{12}")
+# The Price List is asked for this region's prices (Lambda sets AWS_REGION to the stack's region).
+_REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
 
 
 
@@ -31,21 +33,6 @@ def _optional_amount(env: Mapping[str, str], name: str) -> Decimal | None:
     if not _AMOUNT.fullmatch(raw) or Decimal(raw) <= 0:
         raise ConfigurationError(f"environment variable {name} must be a positive dollar amount like 1500 or 1500.50")
     return Decimal(raw)
-
-
-def _users(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    raw = env.get(name, "").strip()
-    users: list[str] = []
-    for part in (p.strip() for p in raw.split(",")):
-        if not part:
-            continue
-        try:
-            user = _check_user(part, f"environment variable {name}")
-        except ValueError as exc:  # InvalidPosixUser: names the entry, never echoes a long or odd one
-            raise ConfigurationError(str(exc)) from None
-        if user not in users:
-            users.append(user)
-    return tuple(users)
 
 
 def _thresholds(env: Mapping[str, str], name: str) -> tuple[Decimal, ...]:
@@ -82,60 +69,52 @@ class TriggerConfig:
 
 @dataclass(frozen=True)
 class EnsureBudgetsConfig:
-    """EnsureBudgets: what budgets the cluster and its users get, and where they alert."""
+    """EnsureBudgets: the cluster's budget and where it alerts."""
 
     cluster_name: str
     cluster_arn: str
     account_id: str
     alert_topic_arn: str
     default_limit: Decimal | None
-    users: tuple[str, ...]
-    user_limit: Decimal | None
-    user_tag_key: str
     delete_with_cluster: bool
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> EnsureBudgetsConfig:
         env = environment(env)
-        user_tag_key = env.get("BUDGET_USER_TAG_KEY", "").strip() or DEFAULT_USER_TAG
-        try:
-            _check_tag_key(user_tag_key)
-        except ValueError:
-            raise ConfigurationError("environment variable BUDGET_USER_TAG_KEY is not a usable tag key") from None
         return cls(
             cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
             cluster_arn=env_str(env, "CLUSTER_ARN", validation.CLUSTER_ARN_RE),
             account_id=_account(env),
             alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
             default_limit=_optional_amount(env, "MONTHLY_BUDGET_USD"),
-            users=_users(env, "BUDGET_USERS"),
-            user_limit=_optional_amount(env, "USER_MONTHLY_BUDGET_USD"),
-            user_tag_key=user_tag_key,
             delete_with_cluster=env_bool(env, "DELETE_BUDGETS_WITH_CLUSTER"),
         )
 
 
 @dataclass(frozen=True)
 class ProjectionConfig:
-    """ProjectSpend / RememberClusterState: prices, thresholds, and the state table."""
+    """ProjectSpend / RememberClusterState: thresholds, the state table, the region whose list
+    prices apply, and the operator's last-resort rates (RATE_OVERRIDES_JSON)."""
 
     cluster_name: str
     state_table: str
     thresholds: tuple[Decimal, ...]
-    hourly_prices: Mapping[str, Decimal] = field(repr=False)
+    region: str
+    rate_overrides: Mapping[str, Decimal] = field(repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ProjectionConfig:
         env = environment(env)
         try:
-            prices = hourly_prices(env.get("HOURLY_PRICES_JSON", ""))
-        except InvalidPriceTable as error:
-            raise ConfigurationError(f"environment variable HOURLY_PRICES_JSON: {error}") from None
+            overrides = rate_overrides(env.get("RATE_OVERRIDES_JSON", ""))
+        except InvalidRateOverrides as error:
+            raise ConfigurationError(f"environment variable RATE_OVERRIDES_JSON: {error}") from None
         return cls(
             cluster_name=env_str(env, "CLUSTER_NAME"),
             state_table=env_str(env, "STATE_TABLE_NAME"),
             thresholds=_thresholds(env, "PROJECTION_THRESHOLDS_PERCENT"),
-            hourly_prices=prices,
+            region=env_str(env, "AWS_REGION", _REGION),
+            rate_overrides=overrides,
         )
 
 
@@ -157,3 +136,77 @@ class AlertConfig:
             alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
             event_bus=env.get("ALERT_EVENT_BUS", "").strip() or "default",
         )
+
+
+# ------------------------------------------------------------------ per-user spend (Slurm accounting)
+
+
+def _user_overrides(env: Mapping[str, str], name: str) -> dict[str, Decimal]:
+    """"alice=500,bob=2000.50": a monthly limit per POSIX user, over the default."""
+    overrides: dict[str, Decimal] = {}
+    for part in (p.strip() for p in env.get(name, "").split(",")):
+        if not part:
+            continue
+        user, separator, amount = part.partition("=")
+        if not separator or not validation.is_posix_user(user.strip()) or not _AMOUNT.fullmatch(amount.strip()):
+            raise ConfigurationError(f"environment variable {name}: entry {validation.shown(part)} is not user=USD "
+                                     "(e.g. alice=500)")
+        overrides[user.strip()] = Decimal(amount.strip())
+    return overrides
+
+
+@dataclass(frozen=True)
+class UsageReportConfig:
+    """RecordUsageReport: whose reports count (the controller group's node), and where they are kept."""
+
+    cluster_name: str
+    controller_group: str
+    state_table: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> UsageReportConfig:
+        env = environment(env)
+        return cls(
+            cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            controller_group=env_str(env, "CONTROLLER_GROUP_NAME", validation.INSTANCE_GROUP_RE),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
+        )
+
+
+@dataclass(frozen=True)
+class UserSpendConfig:
+    """CheckUserSpend (and `hpops cost`): limits, thresholds, and what rates need."""
+
+    cluster_name: str
+    state_table: str
+    thresholds: tuple[Decimal, ...]
+    region: str
+    limits: UserLimits
+    rate_overrides: Mapping[str, Decimal] = field(repr=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> UserSpendConfig:
+        env = environment(env)
+        projection = ProjectionConfig.from_env(env)
+        return cls(
+            cluster_name=projection.cluster_name,
+            state_table=projection.state_table,
+            thresholds=_thresholds(env, "USER_THRESHOLDS_PERCENT"),
+            region=projection.region,
+            limits=UserLimits(_optional_amount(env, "USER_MONTHLY_BUDGET_USD"),
+                              _user_overrides(env, "USER_BUDGET_OVERRIDES")),
+            rate_overrides=projection.rate_overrides,
+        )
+
+
+@dataclass(frozen=True)
+class UserAlertConfig:
+    """PublishUserSpendAlert: the platform team's topic, and the topic users subscribe to (filtered by user)."""
+
+    alert_topic_arn: str
+    user_topic_arn: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> UserAlertConfig:
+        env = environment(env)
+        return cls(alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"), user_topic_arn=env_str(env, "USER_ALERT_TOPIC_ARN"))

@@ -7,7 +7,8 @@ one of these). Clients and tables are passed in; time is passed in.
     ensure_budgets   cluster (+ user) budgets exist with the right limit, or are removed/kept
                      when the cluster is deleted; named warnings instead of crashes
     project_spend    on a scale-out since the last state seen: month-to-date (Cost Explorer)
-                     + price x nodes x hours left; which thresholds fire (once per month)
+                     + rate x nodes x hours left, each rate billed, list or override (pricing,
+                     rates); which thresholds fire (once per month)
     publish_alert    one SNS message (human summary + structured JSON) and one EventBridge
                      event on the default bus per projected-overrun alert
     remember_state   the state just seen becomes the next baseline
@@ -30,17 +31,18 @@ from botocore.exceptions import ClientError
 from hpops_core.cluster.login_group import not_found
 from hpops_core.common.clients import transient_errors_named
 from hpops_core.budget_guard.alert_state import fired_keys, mark_fired
-from hpops_core.budget_guard.aws_budgets import delete_budget, ensure_budget, month_to_date_cost
+from hpops_core.budget_guard.aws_budgets import delete_budget, old_user_budget_names, ensure_budget
 from hpops_core.budget_guard.budget_spec import (
     CLUSTER_TAG,
     budget_name_for,
+    cluster_tag_filter,
     desired_budget,
-    desired_user_budget,
     resolve_limit,
-    user_budget_name_for,
+    user_budget_prefix,
 )
 from hpops_core.budget_guard.cluster_state import load_last_seen, save_last_seen
 from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig
+from hpops_core.budget_guard.pricing import rates_for
 from hpops_core.budget_guard.projection import (
     Alert,
     Projection,
@@ -51,7 +53,9 @@ from hpops_core.budget_guard.projection import (
     observed_from_describe,
     project_month_end,
     scale_out_groups,
+    usd_rate,
 )
+from hpops_core.budget_guard.rates import BilledMonth
 from hpops_core.common.errors import HpopsError, TransientAwsError
 
 __all__ = [
@@ -130,10 +134,23 @@ def _ensure(budgets: Any, account_id: str, spec: dict[str, Any]) -> dict[str, st
     return {"name": result.budget_name, "action": result.action, "reason": result.reason}
 
 
-def _user_budget_names(config: EnsureBudgetsConfig) -> tuple[list[tuple[str, str]], list[dict[str, str]]]:
-    """(user, budget name) pairs this stack manages; every name falls under the IAM policy's
-    hpops-<cluster>-u-* (user_budget_name_for shortens the user part, never the prefix)."""
-    return [(user, user_budget_name_for(config.cluster_name, user)) for user in config.users], []
+# Earlier versions made an AWS Budget per user, filtered on a per-user cost-allocation tag. Nothing
+# on a HyperPod cluster carries such a tag, so those budgets read $0 forever; per-user spend now
+# comes from Slurm accounting (user_spend). Every sweep removes what is left of them.
+USER_BUDGET_REMOVED = ("per-user AWS Budgets never see cost (nothing on the cluster is billed per user); "
+                       "per-user spend now comes from Slurm accounting: removed")
+
+
+def _remove_user_budgets(config: EnsureBudgetsConfig, budgets: Any) -> list[dict[str, str]]:
+    with transient_errors_named("budgets:DescribeBudgets"):
+        names = old_user_budget_names(budgets, config.account_id, user_budget_prefix(config.cluster_name),
+                                      cluster_tag_filter(config.cluster_name))
+    removed = []
+    for name in names:
+        with transient_errors_named("budgets:DeleteBudget"):
+            deleted = delete_budget(budgets, config.account_id, name)
+        removed.append({"name": name, "action": "deleted" if deleted else "absent", "reason": USER_BUDGET_REMOVED})
+    return removed
 
 
 def ensure_budgets(
@@ -141,24 +158,24 @@ def ensure_budgets(
 ) -> dict[str, Any]:
     """Make the cluster's budget (and its users') match the configuration and tags."""
     status = observed.get("ClusterStatus")
-    user_names, warnings = _user_budget_names(config)
-    names = [budget_name_for(config.cluster_name)] + [name for _, name in user_names]
+    warnings: list[dict[str, str]] = []
+    name = budget_name_for(config.cluster_name)
+    removed_user_budgets = _remove_user_budgets(config, budgets)
 
     if status in GONE_STATUSES:
         if not config.delete_with_cluster:
             return {
                 "limit": None, "limitSource": None, "warnings": warnings, "cluster": observed,
-                "budgets": [{"name": n, "action": "kept",
-                             "reason": f"cluster is {status}; DeleteBudgetsWithCluster is false, so {n} is kept for the record"}
-                            for n in names],
+                "budgets": [{"name": name, "action": "kept",
+                             "reason": f"cluster is {status}; DeleteBudgetsWithCluster is false, so {name} is kept for the record"}]
+                           + removed_user_budgets,
             }
-        changes = []
-        for name in names:
-            with transient_errors_named("budgets:DeleteBudget"):
-                deleted = delete_budget(budgets, config.account_id, name)
-            changes.append({"name": name, "action": "deleted" if deleted else "absent",
-                            "reason": f"cluster is {status}; " + ("budget deleted" if deleted else "no such budget")})
-        return {"limit": None, "limitSource": None, "warnings": warnings, "cluster": observed, "budgets": changes}
+        with transient_errors_named("budgets:DeleteBudget"):
+            deleted = delete_budget(budgets, config.account_id, name)
+        change = {"name": name, "action": "deleted" if deleted else "absent",
+                  "reason": f"cluster is {status}; " + ("budget deleted" if deleted else "no such budget")}
+        return {"limit": None, "limitSource": None, "warnings": warnings, "cluster": observed,
+                "budgets": [change] + removed_user_budgets}
 
     tags = _cluster_tags(sagemaker, config.cluster_arn)
     if not any(t.get("Key") == CLUSTER_TAG and t.get("Value") == config.cluster_name for t in tags):
@@ -174,18 +191,7 @@ def ensure_budgets(
     if resolution.limit is not None:
         spec = desired_budget(config.cluster_name, resolution.limit, config.alert_topic_arn, config.account_id)
         changes.append(_ensure(budgets, config.account_id, spec))
-    if user_names and config.user_limit is None:
-        warnings.append(_warning(
-            "NoUserBudgetLimit",
-            f"BudgetUsers lists {', '.join(u for u, _ in user_names)} but UserMonthlyBudgetUsd is empty: no user budgets",
-        ))
-    elif config.user_limit is not None:
-        for user, _ in user_names:
-            spec = desired_user_budget(
-                config.cluster_name, user, config.user_limit, config.alert_topic_arn, config.account_id,
-                user_tag_key=config.user_tag_key,
-            )
-            changes.append(_ensure(budgets, config.account_id, spec))
+    changes.extend(removed_user_budgets)
 
     return {
         "limit": format(resolution.limit, "f") if resolution.limit is not None else None,
@@ -204,16 +210,25 @@ def _scale_out_state(s: ScaleOut) -> dict[str, Any]:
     return {"group": s.group_name, "instanceType": s.instance_type, "from": s.previous_target, "to": s.new_target}
 
 
-def _projection_state(p: Projection) -> dict[str, Any]:
+def _projection_state(p: Projection, billed: BilledMonth) -> dict[str, Any]:
     return {
         "month": p.month,
         "monthEnd": p.last_day.isoformat(),
         "monthToDateUsd": _number(p.month_to_date),
+        "monthToDateSource": p.month_to_date_source,
+        # The parts of the month-to-date bill, so a report adds up to what Cost Explorer shows.
+        "billed": {
+            "start": billed.start, "end": billed.end,
+            "instancesUsd": _number(billed.instance_cost_usd), "otherUsd": _number(billed.other_cost_usd),
+            "byInstanceType": {t: {"usd": _number(u.cost_usd), "hours": _number(u.hours)}
+                               for t, u in billed.by_instance_type.items()},
+        },
         "runRatePerHourUsd": _number(p.run_rate_per_hour),
         "hoursLeft": _number(p.hours_left),
         "projectedUsd": _number(p.projected_total),
         "drivers": [
             {"group": d.name, "instanceType": d.instance_type, "nodes": d.node_count,
+             "usdPerHour": _number(d.usd_per_hour, "0.0001"), "rateSource": d.rate_source, "rateDetail": d.rate_detail,
              "hourlyUsd": _number(d.hourly_cost), "toMonthEndUsd": _number(d.cost_to_month_end)}
             for d in p.drivers
         ],
@@ -223,7 +238,7 @@ def _projection_state(p: Projection) -> dict[str, Any]:
 
 
 def _alert_document(
-    cluster: str, now: dt.datetime, request: Mapping[str, Any], projection: Projection,
+    cluster: str, now: dt.datetime, request: Mapping[str, Any], projection: Projection, state: dict[str, Any],
     alerts: list[Alert], scale_outs: list[ScaleOut], limit: Decimal,
 ) -> dict[str, Any]:
     """One alert per execution, for the highest threshold crossed; every crossed key is listed."""
@@ -239,21 +254,29 @@ def _alert_document(
         "percentOfLimit": _number(top.percent_of_limit, "0.1"),
         "summary": top.summary,
         "scaleOuts": [_scale_out_state(s) for s in scale_outs],
-        "projection": _projection_state(projection),
+        "projection": state,
         "observedAt": now.isoformat(),
         "trigger": request.get("trigger"),
         "eventId": request.get("eventId"),
     }
 
 
+def _month_to_date_source(billed: BilledMonth) -> str:
+    if billed.start is None:
+        return "nothing billed yet: no complete day this month"
+    return f"Cost Explorer {billed.start}..{billed.end}, tag {CLUSTER_TAG}"
+
+
 def project_spend(
     config: ProjectionConfig, request: Mapping[str, Any], observed: dict[str, Any], limit: str | None,
-    *, table: Any, ce: Any, owner: str,
+    *, table: Any, ce: Any, pricing: Any, owner: str,
 ) -> dict[str, Any]:
-    """Scale-out since the last state seen -> projection -> alerts not yet fired this month.
+    """Scale-out since the last state seen -> rates -> projection -> alerts not yet fired this month.
 
-    Marks the alerts fired (conditional put, one winner per cluster-month-threshold) before
-    returning them; PublishAlert then sends them, with the state machine's retries."""
+    One Cost Explorer request (by usage type) gives both the month-to-date cost and the billed
+    rates; the Price List is asked only for types without a billed rate. Marks the alerts fired
+    (conditional put, one winner per cluster-month-threshold) before returning them;
+    PublishAlert then sends them, with the state machine's retries."""
     now = dt.datetime.fromisoformat(request["now"])
     previous = load_last_seen(table, config.cluster_name)
     scale_outs = scale_out_groups(previous, observed)
@@ -267,16 +290,23 @@ def project_spend(
         out["reason"] = "scale-out seen, but the cluster has no budget limit to project against (see the NoBudgetLimit warning)"
         return out
 
-    with transient_errors_named("ce:GetCostAndUsage"):
-        month_to_date = month_to_date_cost(ce, config.cluster_name, now)
-    projection = project_month_end(now, month_to_date, groups_from_detail(observed), config.hourly_prices)
-    out["projection"] = _projection_state(projection)
+    groups = groups_from_detail(observed)
+    # The month-to-date total comes from the same response as the billed rates (instance time +
+    # other cost), so there is no separate month-to-date request: CE charges per request.
+    rates, billed = rates_for(
+        [g.instance_type for g in groups if g.node_count > 0], ce=ce, pricing=pricing,
+        cluster_name=config.cluster_name, region=config.region, overrides=config.rate_overrides, now=now,
+    )
+    projection = project_month_end(now, billed.total_usd, groups, rates, month_to_date_source=_month_to_date_source(billed))
+    state = _projection_state(projection, billed)
+    out["projection"] = state
     for instance_type in projection.missing_prices:
-        nodes = sum(g.node_count for g in groups_from_detail(observed) if g.instance_type == instance_type)
+        nodes = sum(g.node_count for g in groups if g.instance_type == instance_type)
         out["warnings"].append(_warning(
             "MissingHourlyPrice",
-            f"no hourly price for {instance_type}: its {nodes} node(s) are left out of the projection, "
-            "which is therefore low (add it to HourlyPricesJson)",
+            f"no hourly rate for {instance_type}: not billed to this cluster this month (Cost Explorer), "
+            f"not in the AWS Price List for {config.region}, not in RateOverridesJson; its {nodes} node(s) "
+            "are left out of the projection, which is therefore low (add it to RateOverridesJson)",
         ))
 
     budget_limit = Decimal(limit)
@@ -289,7 +319,7 @@ def project_spend(
             if mark_fired(table, config.cluster_name, alert.key, now, owner=owner):
                 won.append(alert)
     if won:
-        out["alert"] = _alert_document(config.cluster_name, now, request, projection, won, scale_outs, budget_limit)
+        out["alert"] = _alert_document(config.cluster_name, now, request, projection, state, won, scale_outs, budget_limit)
         out["reason"] = won[-1].summary
     else:
         percent = (projection.projected_total * 100 / budget_limit).quantize(Decimal("0.1"))
@@ -324,7 +354,8 @@ def _lines(items: Iterable[str]) -> str:
 
 def alert_email_text(alert: Mapping[str, Any]) -> str:
     projection = alert["projection"]
-    drivers = [f"{d['group'] or '?'}: {d['nodes']} x {d['instanceType']} = ${d['hourlyUsd']:,.2f}/h"
+    drivers = [f"{d['group'] or '?'}: {d['nodes']} x {d['instanceType']} at {usd_rate(Decimal(str(d['usdPerHour'])))}/h "
+               f"= ${d['hourlyUsd']:,.2f}/h; rate {d['rateSource']}: {d['rateDetail']}"
                for d in projection["drivers"]]
     text = [
         f"HyperPod cluster {alert['cluster']} is projected to overrun its monthly budget.",
@@ -332,6 +363,7 @@ def alert_email_text(alert: Mapping[str, Any]) -> str:
         alert["summary"],
         "",
         f"How: {projection['reason']}.",
+        f"Month to date: ${projection['monthToDateUsd']:,.2f} ({projection['monthToDateSource']}).",
         f"Thresholds crossed: {', '.join(f'{t:g}%' for t in alert['thresholdsCrossed'])} "
         "(each alerts once per cluster per month).",
         "Running cost by group:",

@@ -4,9 +4,11 @@ Why this exists: AWS Budgets alerts trail real usage by hours (Cost Explorer dat
 lags), so a grant can be blown by a scale-out long before Budgets notices. When a
 HyperPod instance group scales out we project the month end ourselves:
 
-    projected = month-to-date cost + (sum over groups of price x nodes) x hours left
+    projected = month-to-date cost + (sum over groups of rate x nodes) x hours left
 
-and alert when the projection crosses a threshold of the cluster's limit.
+and alert when the projection crosses a threshold of the cluster's limit. Each group's rate
+comes with its source (billed, list or override: see ``rates``) and the projection's texts
+name it, so every dollar figure says where it came from.
 
 Conventions: money is ``Decimal`` (floats are refused: binary noise in money is
 a bug), time is always passed in and must be tz-aware, and AWS billing months are
@@ -22,6 +24,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, NamedTuple
 
 from hpops_core.budget_guard import BudgetGuardError
+from hpops_core.budget_guard.rates import RateChoice
 
 __all__ = [
     "Alert",
@@ -43,6 +46,7 @@ __all__ = [
     "observed_from_describe",
     "project_month_end",
     "scale_out_groups",
+    "usd_rate",
 ]
 
 _US_PER_HOUR = Decimal(3_600_000_000)
@@ -89,13 +93,16 @@ class GroupLoad(NamedTuple):
 
 @dataclass(frozen=True)
 class GroupCost:
-    """One priced instance group's share of the projection."""
+    """One priced instance group's share of the projection, and where its rate came from."""
 
     name: str | None
     instance_type: str
     node_count: int
     hourly_cost: Decimal
     cost_to_month_end: Decimal
+    usd_per_hour: Decimal
+    rate_source: str  # "billed" | "list" | "override"
+    rate_detail: str
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,9 @@ class Projection:
 
     ``month_end`` is the first instant of the next month (exclusive bound), UTC.
     ``drivers`` are sorted by hourly cost, biggest first. Groups whose instance
-    type had no price are left out of every total and listed in ``missing_prices``,
-    so the projection is then a lower bound.
+    type had no rate are left out of every total and listed in ``missing_prices``,
+    so the projection is then a lower bound. ``month_to_date_source`` says where the
+    month-to-date figure came from.
     """
 
     now: dt.datetime
@@ -118,6 +126,7 @@ class Projection:
     drivers: tuple[GroupCost, ...]
     missing_prices: tuple[str, ...]
     reason: str
+    month_to_date_source: str = "given"
 
     @property
     def month(self) -> str:
@@ -216,6 +225,13 @@ def _usd(amount: Decimal) -> str:
     return f"${amount.quantize(_CENT, rounding=ROUND_HALF_UP):,.2f}"
 
 
+def usd_rate(amount: Decimal) -> str:
+    """A rate per hour: cents at least, up to 4 places (0.922 stays 0.922, 98.3200 is 98.32)."""
+    rounded = amount.quantize(Decimal("0.0001"), rounding=ROUND_HALF_UP)
+    text = f"{rounded:,.4f}".rstrip("0")
+    return "$" + (text + "0" * (2 - len(text.split(".")[1])))
+
+
 def _number(value: Decimal) -> str:
     """Canonical text for a percentage: 80 -> '80', Decimal('80.0') -> '80', 12.5 -> '12.5'."""
     if value == value.to_integral_value():
@@ -247,15 +263,18 @@ def project_month_end(
     now: dt.datetime,
     month_to_date_cost: Decimal,
     groups: Iterable[GroupLoad | tuple[Any, ...]],
-    hourly_prices: Mapping[str, Decimal],
+    rates: RateChoice,
+    *,
+    month_to_date_source: str = "given",
 ) -> Projection:
     """Project the cluster's cost at the end of the current UTC billing month.
 
     ``groups`` are ``(instance_type, node_count)`` or ``(instance_type, node_count,
-    name)``; use the target node count (where the cluster is heading). A group whose
-    type has no price is left out and reported in ``missing_prices`` rather than
-    failing the whole projection: an unknown new instance type must not silence
-    alerts for the priced ones.
+    name)``; use the target node count (where the cluster is heading). ``rates`` is
+    the chosen rate per instance type (``rates.choose_rates``). A group whose type
+    has no rate is left out and reported in ``missing_prices`` rather than failing
+    the whole projection: an unknown new instance type must not silence alerts for
+    the priced ones.
     """
     now_utc = _utc(now)
     month_start, month_end = month_bounds(now_utc)
@@ -269,13 +288,14 @@ def project_month_end(
     missing: list[str] = []
     for raw in groups:
         group = _group(raw)
-        price = hourly_prices.get(group.instance_type)
-        if price is None:
-            # Zero nodes cost nothing whatever the price, so they are not "missing".
+        rate = rates.rates.get(group.instance_type)
+        if rate is None:
+            # Zero nodes cost nothing whatever the rate, so they are not "missing".
             if group.node_count > 0 and group.instance_type not in missing:
                 missing.append(group.instance_type)
             continue
-        hourly = _money(price, f"hourly price of {group.instance_type}") * group.node_count
+        per_hour = _money(rate.usd_per_hour, f"hourly rate of {group.instance_type}")
+        hourly = per_hour * group.node_count
         drivers.append(
             GroupCost(
                 name=group.name,
@@ -284,6 +304,9 @@ def project_month_end(
                 hourly_cost=hourly,
                 # Multiply before dividing so whole-hour cases stay exact.
                 cost_to_month_end=hourly * left_us / _US_PER_HOUR,
+                usd_per_hour=per_hour,
+                rate_source=rate.source,
+                rate_detail=rate.detail,
             )
         )
     drivers.sort(key=lambda d: d.hourly_cost, reverse=True)
@@ -293,14 +316,17 @@ def project_month_end(
 
     month = f"{month_start:%Y-%m}"
     reason = (
-        f"{month}: month-to-date {_usd(month_to_date)} + {_usd(run_rate)}/h x "
+        f"{month}: month-to-date {_usd(month_to_date)} ({month_to_date_source}) + {_usd(run_rate)}/h x "
         f"{hours_left.quantize(_CENT, rounding=ROUND_HALF_UP)} h left = "
         f"{_usd(projected)} projected by {(month_end - dt.timedelta(days=1)).date()}"
     )
+    if drivers:
+        reason += "; rates: " + ", ".join(dict.fromkeys(
+            f"{d.instance_type} {usd_rate(d.usd_per_hour)}/h {d.rate_source} ({d.rate_detail})" for d in drivers))
     if missing:
         reason += (
-            f"; no hourly price for {', '.join(missing)}, those groups are left out "
-            "so the real projection is higher"
+            f"; no hourly rate (billed, list or override) for {', '.join(missing)}, those groups "
+            "are left out so the real projection is higher"
         )
     return Projection(
         now=now_utc,
@@ -313,6 +339,7 @@ def project_month_end(
         drivers=tuple(drivers),
         missing_prices=tuple(missing),
         reason=reason,
+        month_to_date_source=month_to_date_source,
     )
 
 
@@ -367,6 +394,11 @@ def decide_alerts(
         Decimal("0.1"), rounding=ROUND_HALF_UP
     )
     cause = _cause(projection, scale_outs)
+    # Every rate behind the figure, with its source: a billed rate and a list price are not
+    # equally sure, and the reader should not have to open the JSON to know which it was.
+    sources = ", ".join(dict.fromkeys(
+        f"{d.instance_type} {usd_rate(d.usd_per_hour)}/h {d.rate_source}" for d in projection.drivers))
+    sources = f"; rates: {sources}" if sources else ""
     caveat = (
         f" [excludes unpriced {', '.join(projection.missing_prices)}: real projection is higher]"
         if projection.missing_prices
@@ -391,7 +423,7 @@ def decide_alerts(
                 summary=(
                     f"{cause}: projected {_usd(projection.projected_total)} by "
                     f"{projection.last_day} vs limit {_usd(limit)} ({_number(percent)}%, "
-                    f"threshold {_number(threshold)}%){caveat}"
+                    f"threshold {_number(threshold)}%){sources}{caveat}"
                 ),
             )
         )

@@ -60,6 +60,17 @@ def describe_private_ip(cluster: str, instance_id: str) -> str | None:
     return details.get("NodeDetails", {}).get("PrivatePrimaryIp")
 
 
+def describe_node(cluster: str, instance_id: str) -> dict | None:
+    """AWS's record of the instance (NodeDetails), or None when the cluster has no such node."""
+    try:
+        with transient_errors_named("sagemaker:DescribeClusterNode"):
+            return client("sagemaker").describe_cluster_node(ClusterName=cluster, NodeId=instance_id)["NodeDetails"]
+    except ClientError as error:
+        if not_found(error):
+            return None
+        raise
+
+
 def cluster_status(cluster: str) -> str:
     """The cluster's status, or "NotFound" once it is gone."""
     try:

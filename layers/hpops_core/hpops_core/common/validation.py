@@ -201,7 +201,10 @@ class JsonFields:
         self.where, self.bad = where, bad
         if not isinstance(data, dict):
             bad.append(where or "detail")
-        bad.extend(self._name(k if isinstance(k, str) else "?") for k in self.data if k not in allowed)
+        unknown = sum(1 for k in self.data if k not in allowed)
+        if unknown:
+            # Counted, not named: a field name is as much the sender's text as a value.
+            bad.append(self._name("<{} unknown field(s)>".format(unknown)))
 
     def _name(self, key: str) -> str:
         return "{}.{}".format(self.where, key) if self.where else key

@@ -45,6 +45,14 @@ per Slurm user):
               unparsable numbers or times; the odd values themselves are never reported),
    "skippedReasons": {reason: count},
    "collectedAt": ISO-8601 UTC, "sacctSeconds": float (how long sacct took),
+   "partitionGroups": {partition: instance group name} (from the lifecycle's provisioning_parameters.json
+                      "worker_groups": [{"instance_group_name", "partition_name"}]: the group, hence the
+                      instance type, whose nodes a partition's node-seconds are; only partitions named
+                      there and served by exactly one group, at most USAGE_MAX_PARTITION_GROUPS),
+   "partitionGroupsSkipped": int (worker_groups entries left out: invalid names, a partition served by
+                             several groups, partitions past the limit; the values are never reported),
+   "partitionGroupsReason": str ("" when every entry is in the map; else why it is short or empty,
+                            e.g. the file is missing or unreadable),
    "part": int, "parts": int (a window too big for one event is split by records; every part
                                carries the same header)}
 
@@ -93,6 +101,8 @@ USAGE_PARTITION_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,64}\Z")
 USAGE_WINDOW_START_RE = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
 # EventBridge refuses entries (and PutEvents requests) over 256 KB; usage reports are split below this.
 MAX_USAGE_REPORT_BYTES = 200 * 1024
+# Every part of a report repeats partitionGroups: this bounds it to ~14 KB of the part's budget.
+USAGE_MAX_PARTITION_GROUPS = 100
 
 MODES = ("keys", "certificate", "off")
 RESULTS = ("changed", "unchanged", "failed", "waiting")

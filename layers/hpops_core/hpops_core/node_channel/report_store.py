@@ -49,16 +49,3 @@ def latest_report(table: str, cluster: str, instance_id: str) -> dict | None:
 def store_report(table: str, cluster: str, report: NodeReport, received_at: str, now_epoch: int) -> None:
     with transient_errors_named("dynamodb:PutItem"):
         client("dynamodb").put_item(TableName=table, Item=report_item(cluster, report, received_at, now_epoch))
-
-
-def describe_node(cluster: str, instance_id: str) -> dict | None:
-    """AWS's record of the instance (NodeDetails), or None when the cluster has no such node."""
-    from botocore.exceptions import ClientError
-
-    try:
-        with transient_errors_named("sagemaker:DescribeClusterNode"):
-            return client("sagemaker").describe_cluster_node(ClusterName=cluster, NodeId=instance_id)["NodeDetails"]
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") in ("ResourceNotFound", "ValidationException"):
-            return None
-        raise

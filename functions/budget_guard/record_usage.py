@@ -1,0 +1,39 @@
+"""RecordUsageReport: where the controller's Slurm usage reports enter (a rule on the node-report bus).
+
+Validate (a named error for anything malformed: EventBridge's retries, then the DLQ and its alarm),
+check that DescribeClusterNode places the sender in the controller group, keep the window.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from hpops_core.budget_guard import usage_store
+from hpops_core.budget_guard.config import UsageReportConfig
+from hpops_core.budget_guard.usage_reports import UsageReportRejected, check_usage_origin, parse_usage_event
+from hpops_core.cluster.login_group import describe_node
+from hpops_core.common.observability import handler_tools
+
+logger, tracer, metrics = handler_tools(calls_aws=True)
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def record_usage_report(event: dict, context: LambdaContext) -> dict:
+    """EventBridge event (detail-type "HyperPod Slurm Usage Report") -> {stored, window, status}."""
+    config = UsageReportConfig.from_env()
+    report = parse_usage_event(event)
+    origin = check_usage_origin(report, config.cluster_name, config.controller_group,
+                                describe_node(config.cluster_name, report.instance_id))
+    if not origin.accepted:
+        metrics.add_metric(name="UsageReportRejected", unit=MetricUnit.Count, value=1)
+        raise UsageReportRejected(origin.reason)
+    stored = usage_store.store_usage(config.state_table, report, int(time.time()))
+    metrics.add_metric(name="UsageRecords", unit=MetricUnit.Count, value=len(report.records) if stored["window"] else 0)
+    logger.info("usage report recorded", extra={"window": report.window_start, "part": report.part,
+                                                "status": report.status, "records": len(report.records), **stored})
+    return {"stored": stored, "window": report.window_start, "status": report.status}

@@ -1,0 +1,54 @@
+"""CheckUserSpend and PublishUserSpendAlert: per-user spend from Slurm accounting, and its alerts.
+
+Steps of the BudgetGuard state machine (statemachines/budget_guard.asl.json), after the cluster's
+own budget and projection. The gather/decide/mark order is in hpops_core.budget_guard.spend_check.
+"""
+
+from __future__ import annotations
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from hpops_core.budget_guard import spend_check
+from hpops_core.budget_guard.aws_budgets import ce_client
+from hpops_core.budget_guard.config import UserAlertConfig, UserSpendConfig
+from hpops_core.budget_guard.pricing import pricing_client
+from hpops_core.common.clients import client
+from hpops_core.common.observability import handler_tools
+from hpops_core.common.errors import MalformedEventError
+
+logger, tracer, metrics = handler_tools(calls_aws=True)
+
+
+def _field(event: object, key: str, kind: type = dict):
+    value = event.get(key) if isinstance(event, dict) else None
+    if not isinstance(value, kind) or not value:
+        raise MalformedEventError(f"user spend step input needs a non-empty {kind.__name__} '{key}'")
+    return value
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def check_user_spend(event: dict, context: LambdaContext) -> dict:
+    """{"request", "cluster", "owner"} -> {users, usersUsd, idleUsd, clusterCostUsd, alerts, warnings, reason}."""
+    config = UserSpendConfig.from_env()
+    request, observed, owner = _field(event, "request"), _field(event, "cluster"), _field(event, "owner", str)
+    result = spend_check.check_user_spend(config, request, observed, ce=ce_client(), pricing=pricing_client(), owner=owner)
+    metrics.add_metric(name="UserSpendAlerts", unit=MetricUnit.Count, value=len(result["alerts"]))
+    for warning in result["warnings"]:
+        logger.warning(warning["reason"], extra={"warning": warning["name"]})
+    logger.info(result["reason"], extra={"usersUsd": result["usersUsd"], "clusterCostUsd": result["clusterCostUsd"]})
+    return result
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def publish_user_spend_alert(event: dict, context: LambdaContext) -> dict:
+    """{"alert"} -> the platform team's topic, the users' topic (attribute user), one event."""
+    alert = _field(event, "alert")
+    result = spend_check.publish_user_alert(UserAlertConfig.from_env(), alert, sns=client("sns"), events=client("events"))
+    metrics.add_metric(name="UserSpendAlertsSent", unit=MetricUnit.Count, value=1)
+    logger.warning(alert.get("summary", "user spend alert"), extra={"user": alert.get("user")})
+    return result

@@ -1,0 +1,105 @@
+"""Per-user spend, step by step: gather (usage, rates, the bill) -> decide (user_spend) -> mark -> send.
+
+CheckUserSpend gathers and decides and marks each alert fired (a conditional put, once per user,
+kind, threshold and month); PublishUserSpendAlert sends one, with the state machine's retries. A
+send that fails for good fails the execution, and its alarm fires: an alert is never dropped
+after it was marked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from hpops_core.budget_guard import usage_store
+from hpops_core.budget_guard.guard import AlertDeliveryError
+from hpops_core.budget_guard.alert_state import alert_table, fired_keys, mark_fired
+from hpops_core.budget_guard.pricing import rates_for
+from hpops_core.budget_guard.user_spend import SpendReport, decide_user_alerts, report_document, spend_report
+from hpops_core.common.clients import transient_errors_named
+
+USER_ALERT_SOURCE = "hpops.budget-guard"
+USER_ALERT_DETAIL_TYPE = "HyperPod User Spend Alert"
+# SNS message attribute a user's subscription filters on ({"user": ["alice"]}): each user gets their own.
+USER_ATTRIBUTE = "user"
+
+
+def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any) -> SpendReport:
+    """Everything the report needs, read once: the month's usage, the collector's status, rates."""
+    month = f"{now.astimezone(dt.timezone.utc):%Y-%m}"
+    windows = usage_store.month_usage(config.state_table, config.cluster_name, month)
+    collector = usage_store.collector_status(config.state_table, config.cluster_name)
+    groups = observed.get("InstanceGroups") or []
+    types = sorted({g["InstanceType"] for g in groups if isinstance(g.get("InstanceType"), str)})
+    rates, billed = rates_for(types, ce=ce, pricing=pricing, cluster_name=config.cluster_name, region=config.region,
+                              overrides=config.rate_overrides, now=now)
+    return spend_report(config.cluster_name, now, windows, groups, rates, billed, config.limits, collector)
+
+
+def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[str, Any], *, ce: Any, pricing: Any,
+                     owner: str) -> dict[str, Any]:
+    """The month so far per user -> the alerts not sent yet, marked fired. Returns a summary, not the
+    whole report: Step Functions state is capped at 256 KB and a cluster can have hundreds of users."""
+    now = dt.datetime.fromisoformat(request["now"])
+    report = gather_report(config, observed, now, ce=ce, pricing=pricing)
+    table = alert_table(config.state_table)
+    with transient_errors_named("dynamodb:Query"):
+        already = fired_keys(table, config.cluster_name, report.month)
+    alerts = []
+    for alert in decide_user_alerts(report, config.thresholds, already):
+        with transient_errors_named("dynamodb:PutItem"):
+            won = mark_fired(table, config.cluster_name, alert.key, now, owner=owner)
+            for lower in alert.crossed:
+                if lower != alert.key:
+                    mark_fired(table, config.cluster_name, lower, now, owner=owner)
+        if won:
+            user = next(u for u in report_document(report)["users"] if u["user"] == alert.user)
+            alerts.append({"cluster": report.cluster, "month": report.month, "asOf": report.as_of, "user": alert.user,
+                           "kind": alert.kind, "thresholdPercent": f"{alert.threshold.normalize():f}",
+                           "summary": alert.summary, "spend": user})
+    document = report_document(report)
+    top = ", ".join(f"{u['user']} ${u['usd']}" for u in document["users"][:3])
+    return {
+        "users": len(report.users), "usersUsd": document["usersUsd"], "idleUsd": document["idle"]["usd"],
+        "clusterCostUsd": document["clusterCost"]["usd"], "warnings": document["warnings"], "alerts": alerts, "alertCount": len(alerts),
+        "reason": (f"{len(report.users)} user(s) this month, top: {top or 'none'}; {len(alerts)} new alert(s)"),
+    }
+
+
+def user_alert_text(alert: Mapping[str, Any]) -> str:
+    spend = alert["spend"]
+    return "\n".join([
+        alert["summary"],
+        "",
+        f"Month so far ({alert['month']}, as of {alert['asOf']}): ${spend['usd']} for {spend['nodeHours']} node-hours "
+        f"({spend['gpuHours']} GPU-hours, {spend['jobs']} job(s)); rates from {', '.join(spend['rateSources']) or 'none'}.",
+        f"Run-rate over the last 24 h: ${spend['runRateUsdPerHour']}/h; projected month end: ${spend['projectedUsd']}.",
+        f"Limit: ${spend['limitUsd']} ({spend['limitSource']}). Each threshold alerts once per month.",
+        "",
+        "From Slurm accounting on the cluster's controller (sacct), priced per instance type; "
+        "`hpops cost` shows every user.",
+    ])
+
+
+def publish_user_alert(config: Any, alert: Mapping[str, Any], *, sns: Any, events: Any) -> dict[str, Any]:
+    """To the platform team's topic, to the users' topic with the user as a message attribute (a
+    user's e-mail subscription filters on it), and as an event on the default bus."""
+    subject = f"[hpops] {alert['cluster']}: {alert['user']} at {alert['thresholdPercent']}% ({alert['kind']})"[:100]
+    text = user_alert_text(alert)
+    attributes = {USER_ATTRIBUTE: {"DataType": "String", "StringValue": alert["user"]},
+                  "kind": {"DataType": "String", "StringValue": "user-spend"}}
+    ids = {}
+    with transient_errors_named("sns:Publish"):
+        ids["platformMessageId"] = sns.publish(TopicArn=config.alert_topic_arn, Subject=subject, Message=text,
+                                               MessageAttributes=attributes)["MessageId"]
+        if config.user_topic_arn:
+            ids["userMessageId"] = sns.publish(TopicArn=config.user_topic_arn, Subject=subject, Message=text,
+                                               MessageAttributes=attributes)["MessageId"]
+    with transient_errors_named("events:PutEvents"):
+        response = events.put_events(Entries=[{"Source": USER_ALERT_SOURCE, "DetailType": USER_ALERT_DETAIL_TYPE,
+                                               "Detail": json.dumps(alert, sort_keys=True), "EventBusName": "default"}])
+    if response.get("FailedEntryCount"):
+        raise AlertDeliveryError("events:PutEvents refused the user spend alert")
+    return {**ids, "summary": alert["summary"]}

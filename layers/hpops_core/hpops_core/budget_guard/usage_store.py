@@ -1,0 +1,136 @@
+"""Where usage reports are kept: one DynamoDB item per report part, in the stack's state table.
+
+Item: pk ``usage#<cluster>#<YYYY-MM>``, sk ``window#<windowStart>#<part>``: a month of one cluster
+is one Query (at most 744 hourly windows). A window is re-sent while it is open; the newer
+collection replaces the older (a condition on collectedAt, so a late retry of an old report never
+wins), and on reading only the parts of a window's newest collection count. One more item,
+sk ``status`` under pk ``usage#<cluster>``, keeps the collector's latest status, so a report can
+say "accounting not enabled" instead of showing zeros.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from hpops_core.budget_guard.usage_reports import UsageRecord, UsageReport
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.node_channel.contract import USAGE_OK
+
+# Kept a good year, so last year's same month can still be charged back.
+USAGE_TTL_SECONDS = 400 * 24 * 3600
+
+
+def month_key(cluster: str, month: str) -> str:
+    return f"usage#{cluster}#{month}"
+
+
+def status_key(cluster: str) -> str:
+    return f"usage#{cluster}"
+
+
+@dataclass(frozen=True)
+class StoredWindow:
+    window_start: str
+    collected_at: str
+    final: bool
+    status: str
+    records: tuple[UsageRecord, ...]
+    partition_groups: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    status: str
+    reason: str
+    collected_at: str
+    window_start: str
+    instance_id: str
+
+
+def _put_if_newer(table: str, item: dict[str, Any], collected_at: str) -> bool:
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            client("dynamodb").put_item(
+                TableName=table, Item=item,
+                ConditionExpression="attribute_not_exists(pk) OR collectedAt <= :collected",
+                ExpressionAttributeValues={":collected": {"S": collected_at}},
+            )
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
+
+
+def store_usage(table: str, report: UsageReport, now_epoch: int) -> dict[str, bool]:
+    """Two conditional writes: the window part, and the collector's status. Re-sending changes nothing.
+
+    Only a report that read sacct stores its window: a collection that failed ("sacct failed",
+    "accounting not enabled") must not replace the usage an earlier collection found."""
+    records = [{"user": r.user, "partition": r.partition, "nodeSeconds": r.node_seconds, "cpuSeconds": r.cpu_seconds,
+                "gpuSeconds": r.gpu_seconds, "jobs": r.jobs} for r in report.records]
+    window = {
+        "pk": {"S": month_key(report.cluster, report.month)},
+        "sk": {"S": f"window#{report.window_start}#{report.part:04d}"},
+        "collectedAt": {"S": report.collected_at},
+        "final": {"BOOL": report.final},
+        "status": {"S": report.status},
+        "part": {"N": str(report.part)},
+        "parts": {"N": str(report.parts)},
+        "records": {"S": json.dumps(records, separators=(",", ":"))},
+        "partitionGroups": {"S": json.dumps(report.partition_groups, sort_keys=True)},
+        "ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)},
+    }
+    status = {
+        "pk": {"S": status_key(report.cluster)}, "sk": {"S": "status"},
+        "collectedAt": {"S": report.collected_at}, "status": {"S": report.status},
+        "reason": {"S": report.reason}, "windowStart": {"S": report.window_start},
+        "instanceId": {"S": report.instance_id},
+        "ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)},
+    }
+    stored = report.status == USAGE_OK and _put_if_newer(table, window, report.collected_at)
+    return {"window": stored, "status": _put_if_newer(table, status, report.collected_at)}
+
+
+def _window_of(items: list[dict[str, Any]]) -> StoredWindow:
+    newest = max(item["collectedAt"]["S"] for item in items)
+    current = [item for item in items if item["collectedAt"]["S"] == newest]
+    records: list[UsageRecord] = []
+    groups: dict[str, str] = {}
+    for item in sorted(current, key=lambda i: int(i["part"]["N"])):
+        for raw in json.loads(item["records"]["S"]):
+            records.append(UsageRecord(raw["user"], raw["partition"], raw["nodeSeconds"], raw["cpuSeconds"],
+                                       raw["gpuSeconds"], raw["jobs"]))
+        groups.update(json.loads(item["partitionGroups"]["S"]))
+    first = current[0]
+    return StoredWindow(first["sk"]["S"].split("#")[1], newest, any(i["final"]["BOOL"] for i in current),
+                        first["status"]["S"], tuple(records), groups)
+
+
+def month_usage(table: str, cluster: str, month: str) -> list[StoredWindow]:
+    """Every window of ``month`` (``YYYY-MM``) as last collected, oldest first."""
+    by_window: dict[str, list[dict[str, Any]]] = {}
+    paginator = client("dynamodb").get_paginator("query")
+    with transient_errors_named("dynamodb:Query"):
+        for page in paginator.paginate(
+            TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :window)",
+            ExpressionAttributeValues={":pk": {"S": month_key(cluster, month)}, ":window": {"S": "window#"}},
+        ):
+            for item in page.get("Items", []):
+                by_window.setdefault(item["sk"]["S"].split("#")[1], []).append(item)
+    return [_window_of(items) for _, items in sorted(by_window.items())]
+
+
+def collector_status(table: str, cluster: str) -> CollectorStatus | None:
+    with transient_errors_named("dynamodb:GetItem"):
+        item = client("dynamodb").get_item(
+            TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": "status"}}, ConsistentRead=True,
+        ).get("Item")
+    if not item:
+        return None
+    return CollectorStatus(item["status"]["S"], item.get("reason", {}).get("S", ""), item["collectedAt"]["S"],
+                           item["windowStart"]["S"], item["instanceId"]["S"])

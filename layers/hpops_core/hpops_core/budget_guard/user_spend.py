@@ -1,0 +1,293 @@
+"""Per-user spend from Slurm accounting, and which per-user alerts to send. PURE: time is an input.
+
+Dollars = allocated node-hours (the controller's sacct, per partition) x the hourly rate of the
+partition's instance type (budget_guard.rates: billed, list or override, each figure names its
+source). The lines add up to the cluster's cost for the month so far:
+
+    users' allocated cost + idle (nodes up, no job on them) + other (storage, ...) = cluster cost
+
+where the cluster cost is Cost Explorer's bill for the complete days so far plus, for the hours
+the bill does not cover yet, the nodes up now x their rate (an estimate, and labelled so).
+
+A user's projection is their month so far plus their run-rate over the last 24 hours until the
+month ends: a user who starts a big allocation today is projected over budget today, not on
+the day the bill says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
+
+from hpops_core.budget_guard.projection import month_bounds
+
+RUN_RATE_HOURS = 24
+_HOUR = Decimal(3600)
+_CENT = Decimal("0.01")
+# Amounts are kept to the micro-dollar, so that lines subtracted and added back are exact.
+_MICRO = Decimal("0.000001")
+KINDS = ("actual", "projected")
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """A default monthly limit for every user, and per-user overrides (None: no limit)."""
+
+    default: Decimal | None = None
+    overrides: Mapping[str, Decimal] = field(default_factory=dict)
+
+    def of(self, user: str) -> tuple[Decimal | None, str | None]:
+        if user in self.overrides:
+            return self.overrides[user], "override"
+        if self.default is not None:
+            return self.default, "default"
+        return None, None
+
+
+@dataclass(frozen=True)
+class UserSpend:
+    user: str
+    node_hours: Decimal
+    gpu_hours: Decimal
+    jobs: int
+    usd: Decimal
+    unpriced_node_hours: Decimal  # in partitions whose instance type or rate is unknown: not in usd
+    run_rate_usd_per_hour: Decimal
+    projected_usd: Decimal
+    limit_usd: Decimal | None
+    limit_source: str | None
+    sources: tuple[str, ...]  # rate sources behind usd ("billed", "list", "override")
+
+    def percent(self, amount: Decimal) -> Decimal | None:
+        if self.limit_usd is None or self.limit_usd <= 0:
+            return None
+        return (amount * 100 / self.limit_usd).quantize(Decimal("0.1"), ROUND_HALF_UP)
+
+
+@dataclass(frozen=True)
+class CostLine:
+    usd: Decimal
+    reason: str
+
+
+@dataclass(frozen=True)
+class SpendReport:
+    cluster: str
+    month: str
+    as_of: str
+    users: tuple[UserSpend, ...]  # highest spend first
+    idle: CostLine
+    other: CostLine
+    cluster_cost: CostLine
+    rates: tuple[dict[str, str], ...]
+    warnings: tuple[dict[str, str], ...]
+    collector: dict[str, str] | None
+
+    @property
+    def users_usd(self) -> Decimal:
+        return sum((u.usd for u in self.users), Decimal(0))
+
+
+@dataclass(frozen=True)
+class UserAlert:
+    user: str
+    kind: str  # "actual" | "projected"
+    threshold: Decimal
+    key: str  # once per user, kind and threshold per month (alert_state.mark_fired)
+    summary: str
+    crossed: tuple[str, ...]  # every key this alert covers (lower thresholds crossed at the same time)
+
+
+def _utc(now: dt.datetime) -> dt.datetime:
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    return now.astimezone(dt.timezone.utc)
+
+
+def _iso_hour(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+
+
+def usd(amount: Decimal) -> str:
+    return f"${amount.quantize(_CENT, ROUND_HALF_UP):,}"
+
+
+def user_alert_key(month: str, user: str, kind: str, threshold: Decimal) -> str:
+    return f"{month}:user:{user}:{kind}:{threshold.normalize():f}"
+
+
+def _partition_types(windows: Sequence[Any], group_types: Mapping[str, str]) -> dict[str, str]:
+    """Partition -> instance type, newest window's mapping winning (partitions can be re-pointed)."""
+    groups: dict[str, str] = {}
+    for window in windows:
+        groups.update(window.partition_groups)
+    return {partition: group_types[group] for partition, group in groups.items() if group in group_types}
+
+
+def _unbilled_capacity(groups: Iterable[Mapping[str, Any]], since: dt.datetime, now: dt.datetime,
+                       rate_of: Any) -> tuple[Decimal, list[str]]:
+    hours = Decimal(max(0, int((now - since).total_seconds()))) / _HOUR
+    total, unpriced = Decimal(0), []
+    for group in groups:
+        count, instance_type = group.get("CurrentCount") or 0, group.get("InstanceType")
+        rate = rate_of(instance_type) if isinstance(instance_type, str) else None
+        if rate is None:
+            if count:
+                unpriced.append(str(group.get("InstanceGroupName")))
+            continue
+        total += Decimal(int(count)) * hours * rate
+    return total.quantize(_MICRO, ROUND_HALF_UP), unpriced
+
+
+def spend_report(
+    cluster: str, now: dt.datetime, windows: Sequence[Any], observed_groups: Sequence[Mapping[str, Any]],
+    rates: Any, billed: Any, limits: UserLimits, collector: Any = None,
+) -> SpendReport:
+    """The month so far, per user, with idle and other lines that make it add up to the cluster's cost.
+
+    ``windows``: usage_store.StoredWindow of this month; ``observed_groups``: DescribeCluster's
+    instance groups (InstanceGroupName, InstanceType, CurrentCount); ``rates``: rates.RateChoice;
+    ``billed``: rates.BilledMonth."""
+    now = _utc(now)
+    month_start, month_end = month_bounds(now)
+    month = f"{month_start:%Y-%m}"
+    group_types = {g["InstanceGroupName"]: g["InstanceType"] for g in observed_groups
+                   if isinstance(g.get("InstanceGroupName"), str) and isinstance(g.get("InstanceType"), str)}
+    partition_types = _partition_types(windows, group_types)
+    run_rate_since = now - dt.timedelta(hours=RUN_RATE_HOURS)
+    warnings: list[dict[str, str]] = []
+
+    totals: dict[str, dict[str, Any]] = {}
+    unmapped: set[str] = set()
+    for window in windows:
+        recent = _iso_hour(window.window_start) >= run_rate_since
+        for record in window.records:
+            row = totals.setdefault(record.user, {"node": 0, "gpu": 0, "jobs": 0, "usd": Decimal(0),
+                                                  "recent_usd": Decimal(0), "unpriced": 0, "sources": set()})
+            row["node"] += record.node_seconds
+            row["gpu"] += record.gpu_seconds
+            row["jobs"] += record.jobs
+            instance_type = partition_types.get(record.partition)
+            rate = rates.rates.get(instance_type) if instance_type else None
+            if rate is None:
+                row["unpriced"] += record.node_seconds
+                unmapped.add(record.partition if instance_type is None else f"{record.partition} ({instance_type})")
+                continue
+            cost = (Decimal(record.node_seconds) / _HOUR * rate.usd_per_hour).quantize(_MICRO, ROUND_HALF_UP)
+            row["usd"] += cost
+            row["sources"].add(rate.source)
+            if recent:
+                row["recent_usd"] += cost
+    if unmapped:
+        warnings.append({"name": "UnpricedPartition", "reason": (
+            f"no instance type or rate for partition(s) {', '.join(sorted(unmapped))}: their node-hours are shown "
+            "but not charged (the controller's provisioning_parameters.json maps partitions to instance groups)")})
+
+    hours_left = Decimal(max(0, int((month_end - now).total_seconds()))) / _HOUR
+    users = []
+    for user, row in totals.items():
+        limit, limit_source = limits.of(user)
+        run_rate = (row["recent_usd"] / RUN_RATE_HOURS).quantize(_MICRO, ROUND_HALF_UP)
+        users.append(UserSpend(
+            user=user, node_hours=Decimal(row["node"]) / _HOUR, gpu_hours=Decimal(row["gpu"]) / _HOUR,
+            jobs=row["jobs"], usd=row["usd"], unpriced_node_hours=Decimal(row["unpriced"]) / _HOUR,
+            run_rate_usd_per_hour=run_rate,
+            projected_usd=(row["usd"] + run_rate * hours_left).quantize(_MICRO, ROUND_HALF_UP),
+            limit_usd=limit, limit_source=limit_source, sources=tuple(sorted(row["sources"])),
+        ))
+    users.sort(key=lambda u: (-u.usd, u.user))
+
+    # The cluster's cost: the bill for the complete days, the nodes up now for the hours after it.
+    billed_instances = sum((b.cost_usd for b in billed.by_instance_type.values()), Decimal(0))
+    billed_until = (dt.datetime.fromisoformat(billed.end).replace(tzinfo=dt.timezone.utc)
+                    if billed.end else month_start)
+    estimate, unpriced_groups = _unbilled_capacity(observed_groups, billed_until, now, rates.usd_per_hour)
+    if unpriced_groups:
+        warnings.append({"name": "UnpricedInstanceGroup", "reason": (
+            f"instance group(s) {', '.join(sorted(unpriced_groups))} have no rate: the cluster's cost since "
+            f"{billed_until:%Y-%m-%d %H:%M} UTC leaves them out")})
+    instance_cost = (billed_instances + estimate).quantize(_MICRO, ROUND_HALF_UP)
+    billed_text = (f"Cost Explorer {billed.start}..{billed.end} (exclusive): {usd(billed_instances + billed.other_cost_usd)}"
+                   if billed.end else "no billed day yet this month")
+    cluster_cost = CostLine(instance_cost + billed.other_cost_usd, (
+        f"{billed_text}; since {billed_until:%Y-%m-%d %H:%M} UTC, estimated from the nodes up now: {usd(estimate)}"))
+    users_usd = sum((u.usd for u in users), Decimal(0))
+    idle = CostLine(instance_cost - users_usd, "node time no job was allocated (cluster instance cost minus users)")
+    if idle.usd < 0:
+        warnings.append({"name": "AllocatedAboveCapacity", "reason": (
+            f"users' allocated cost exceeds the cluster's instance cost by {usd(-idle.usd)}: the bill for today is "
+            "not in yet, or nodes left the cluster during the month (the estimate counts the nodes up now)")})
+    other = CostLine(billed.other_cost_usd, "billed cost of the cluster that is not instance time (storage, ...)")
+    rate_rows = tuple({"instanceType": r.instance_type, "usdPerHour": f"{r.usd_per_hour:f}", "source": r.source,
+                       "detail": r.detail} for r in sorted(rates.rates.values(), key=lambda r: r.instance_type))
+    if collector is not None and collector.status != "ok":
+        warnings.append({"name": "UsageNotCollected", "reason": (
+            f"the controller's collector says {collector.status!r} ({collector.reason}) at {collector.collected_at}: "
+            "users' figures stop at the last window it read")})
+    collector_row = None if collector is None else {
+        "status": collector.status, "reason": collector.reason, "collectedAt": collector.collected_at,
+        "windowStart": collector.window_start}
+    return SpendReport(cluster, month, now.strftime("%Y-%m-%dT%H:%M:%SZ"), tuple(users), idle, other, cluster_cost,
+                       rate_rows, tuple(warnings), collector_row)
+
+
+def decide_user_alerts(report: SpendReport, thresholds: Sequence[Decimal], already_fired: set[str]) -> list[UserAlert]:
+    """Per user and kind, the highest threshold crossed that has not alerted this month (one alert
+    covers lower thresholds crossed at the same time, so a jump from 50 % to 120 % sends one)."""
+    alerts = []
+    for user in report.users:
+        if user.limit_usd is None:
+            continue
+        for kind, amount in (("actual", user.usd), ("projected", user.projected_usd)):
+            percent = user.percent(amount)
+            if percent is None:
+                continue
+            # Compared unrounded: 79.95 % has not crossed 80 %, though it is shown as 80.0 %.
+            crossed = [t for t in sorted(thresholds) if amount * 100 >= t * user.limit_usd]
+            new = [t for t in crossed if user_alert_key(report.month, user.user, kind, t) not in already_fired]
+            if not new:
+                continue
+            top = new[-1]
+            verb = "has spent" if kind == "actual" else "is projected to spend"
+            summary = (f"{user.user} {verb} {usd(amount)} on {report.cluster} in {report.month}: {percent}% of "
+                       f"their {usd(user.limit_usd)} limit ({user.limit_source}); threshold {top.normalize():f}%")
+            alerts.append(UserAlert(user.user, kind, top, user_alert_key(report.month, user.user, kind, top), summary,
+                                    tuple(user_alert_key(report.month, user.user, kind, t) for t in new)))
+    return alerts
+
+
+def report_document(report: SpendReport, thresholds: Sequence[Decimal] = ()) -> dict[str, Any]:
+    """The report as JSON-safe data (Step Functions state, `hpops cost --json`): money as strings."""
+    def money(amount: Decimal) -> str:
+        return f"{amount.quantize(_CENT, ROUND_HALF_UP):f}"
+
+    def hours(amount: Decimal) -> str:
+        return f"{amount.quantize(Decimal('0.01'), ROUND_HALF_UP):f}"
+
+    users = []
+    for u in report.users:
+        actual, projected = u.percent(u.usd), u.percent(u.projected_usd)
+        users.append({
+            "user": u.user, "nodeHours": hours(u.node_hours), "gpuHours": hours(u.gpu_hours), "jobs": u.jobs,
+            "usd": money(u.usd), "unpricedNodeHours": hours(u.unpriced_node_hours),
+            "runRateUsdPerHour": money(u.run_rate_usd_per_hour), "projectedUsd": money(u.projected_usd),
+            "limitUsd": None if u.limit_usd is None else money(u.limit_usd), "limitSource": u.limit_source,
+            "percentOfLimit": None if actual is None else f"{actual:f}",
+            "projectedPercentOfLimit": None if projected is None else f"{projected:f}",
+            "rateSources": list(u.sources),
+        })
+    # Rounded line by line, then idle as what is left, so the printed cents add up to the printed total.
+    users_cents = sum((Decimal(u["usd"]) for u in users), Decimal(0))
+    idle_cents = Decimal(money(report.cluster_cost.usd)) - users_cents - Decimal(money(report.other.usd))
+    return {
+        "cluster": report.cluster, "month": report.month, "asOf": report.as_of, "users": users,
+        "usersUsd": f"{users_cents:f}",
+        "idle": {"usd": f"{idle_cents:f}", "reason": report.idle.reason},
+        "other": {"usd": money(report.other.usd), "reason": report.other.reason},
+        "clusterCost": {"usd": money(report.cluster_cost.usd), "reason": report.cluster_cost.reason},
+        "rates": list(report.rates), "warnings": list(report.warnings), "collector": report.collector,
+        "thresholdsPercent": [f"{t.normalize():f}" for t in thresholds],
+    }

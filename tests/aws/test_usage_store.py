@@ -1,0 +1,232 @@
+"""Usage report parts in DynamoDB (moto): the newest collection of a window wins, months read whole.
+
+Reports are built by the real agent code and parsed by the stack's parser, so what is stored
+is exactly what a controller's report turns into.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from hpops_core.budget_guard.usage_reports import UsageRecord, parse_usage_event
+from hpops_core.budget_guard.usage_store import (
+    USAGE_TTL_SECONDS,
+    collector_status,
+    month_usage,
+    store_usage,
+)
+from hpops_core.common import clients
+from hpops_core.node_channel import contract
+from hpops_node_agent import usage
+
+TABLE = "state"
+CLUSTER = "lab"
+INSTANCE_ID = "i-0123456789abcdef0"
+HOUR = 3600
+PARTITIONS = usage.PartitionGroups({"gpu": "gpu-workers", "cpu": "cpu-workers"}, 0, "")
+
+
+def at(text: str) -> int:
+    return int(datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc).timestamp())
+
+
+W0 = at("2026-11-23T06:00:00")
+
+
+@pytest.fixture
+def table(monkeypatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_SECURITY_TOKEN": "testing", "AWS_SESSION_TOKEN": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        clients.reset_clients()
+        # The keys of template.yaml's SyncStateTable.
+        boto3.client("dynamodb").create_table(
+            TableName=TABLE,
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                                  {"AttributeName": "sk", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        yield TABLE
+        clients.reset_clients()
+
+
+def totals(**node_seconds: int) -> dict:
+    """user_partition=seconds -> the agent's totals (8 CPUs and no GPUs per node, one job each)."""
+    found = {}
+    for name, seconds in node_seconds.items():
+        user, partition = name.rsplit("_", 1)
+        found[(user, partition)] = {"nodeSeconds": seconds, "cpuSeconds": 8 * seconds, "gpuSeconds": 0, "jobs": 1}
+    return found
+
+
+def reports(window_start: int, now: int, found: dict | None = None, status: str = contract.USAGE_OK,
+            reason: str = "", max_bytes: int = contract.MAX_USAGE_REPORT_BYTES):
+    """The parsed parts of one collection, as the stack would receive them."""
+    detail = usage.build_report(CLUSTER, INSTANCE_ID, window_start, now, status, reason, totals=found,
+                                partitions=PARTITIONS)
+    return [parse_usage_event({"source": contract.REPORT_SOURCE, "detail-type": contract.USAGE_DETAIL_TYPE,
+                               "detail": part}) for part in usage.split_report(detail, max_bytes)]
+
+
+def store_all(table: str, parts) -> list[dict]:
+    return [store_usage(table, part, now_epoch=W0) for part in parts]
+
+
+def seconds_by_user(window) -> dict:
+    return {(r.user, r.partition): r.node_seconds for r in window.records}
+
+
+def many_users(count: int, seconds: int) -> dict:
+    return {(f"user{i:04d}", "gpu"): {"nodeSeconds": seconds, "cpuSeconds": 96 * seconds, "gpuSeconds": 8 * seconds,
+                                      "jobs": 1} for i in range(count)}
+
+
+# --------------------------------------------------------------------------- one window
+
+
+def test_storing_the_same_report_twice_leaves_one_window(table):
+    parts = reports(W0, W0 + 1800, totals(alice_gpu=3600, bob_cpu=1800))
+    assert store_all(table, parts) == [{"window": True, "status": True}]
+    # EventBridge delivers at least once: the same report again is accepted and changes nothing.
+    assert store_all(table, parts) == [{"window": True, "status": True}]
+    windows = month_usage(table, CLUSTER, "2026-11")
+    assert len(windows) == 1
+    assert windows[0].window_start == "2026-11-23T06:00:00Z"
+    assert windows[0].collected_at == "2026-11-23T06:30:00Z" and windows[0].final is False
+    assert windows[0].records == (UsageRecord("alice", "gpu", 3600, 8 * 3600, 0, 1),
+                                  UsageRecord("bob", "cpu", 1800, 8 * 1800, 0, 1))
+    assert windows[0].partition_groups == {"cpu": "cpu-workers", "gpu": "gpu-workers"}
+
+
+def test_a_newer_collection_replaces_the_older_and_a_late_retry_of_the_older_does_not(table):
+    early = reports(W0, W0 + 1200, totals(alice_gpu=1200))
+    later = reports(W0, W0 + 1800, totals(alice_gpu=1800, bob_cpu=600))
+    store_all(table, early)
+    assert store_all(table, later) == [{"window": True, "status": True}]
+    [window] = month_usage(table, CLUSTER, "2026-11")
+    assert seconds_by_user(window) == {("alice", "gpu"): 1800, ("bob", "cpu"): 600}
+
+    # The first collection's PutEvents was retried and arrives last: it must not undo the newer one.
+    assert store_all(table, early) == [{"window": False, "status": False}]
+    [window] = month_usage(table, CLUSTER, "2026-11")
+    assert seconds_by_user(window) == {("alice", "gpu"): 1800, ("bob", "cpu"): 600}
+    assert window.collected_at == "2026-11-23T06:30:00Z"
+    assert collector_status(table, CLUSTER).collected_at == "2026-11-23T06:30:00Z"
+
+
+def test_the_final_collection_marks_the_window_final(table):
+    store_all(table, reports(W0, W0 + 1800, totals(alice_gpu=1800)))
+    store_all(table, reports(W0, W0 + HOUR + contract.USAGE_SETTLE_SECONDS, totals(alice_gpu=3600)))
+    [window] = month_usage(table, CLUSTER, "2026-11")
+    assert window.final is True and seconds_by_user(window) == {("alice", "gpu"): 3600}
+
+
+def test_a_window_recollected_into_fewer_parts_reads_back_only_the_newest_parts(table):
+    big = many_users(60, 3600)
+    first = reports(W0, W0 + 1200, big, max_bytes=4000)
+    assert len(first) == 3
+    store_all(table, first)
+    assert len(month_usage(table, CLUSTER, "2026-11")[0].records) == 60
+
+    # Twenty users' jobs turned out to be someone else's: the re-collection has 40 records, in 2 parts.
+    fewer = {key: dict(value, nodeSeconds=1800) for key, value in list(big.items())[:40]}
+    second = reports(W0, W0 + 1800, fewer, max_bytes=4000)
+    assert len(second) == 2
+    store_all(table, second)
+    [window] = month_usage(table, CLUSTER, "2026-11")
+    assert len(window.records) == 40
+    assert seconds_by_user(window) == {key: 1800 for key in fewer}, "no record of the old third part"
+
+    # The old third part's event delivered once more, late: still not part of the window.
+    store_usage(table, first[2], now_epoch=W0)
+    assert seconds_by_user(month_usage(table, CLUSTER, "2026-11")[0]) == {key: 1800 for key in fewer}
+
+
+def test_a_failed_collection_keeps_the_last_good_usage_and_says_why(table):
+    store_all(table, reports(W0, W0 + 1800, totals(alice_gpu=1800)))
+    assert collector_status(table, CLUSTER).status == contract.USAGE_OK
+
+    failed = reports(W0, W0 + 2400, status=contract.USAGE_SACCT_FAILED,
+                     reason="sacct: error: Problem talking to the database: Connection refused")
+    assert store_all(table, failed) == [{"window": False, "status": True}]
+    [window] = month_usage(table, CLUSTER, "2026-11")
+    assert seconds_by_user(window) == {("alice", "gpu"): 1800}, "no zeros for a window sacct could not read"
+    status = collector_status(table, CLUSTER)
+    assert (status.status, status.collected_at, status.window_start, status.instance_id) == (
+        contract.USAGE_SACCT_FAILED, "2026-11-23T06:40:00Z", "2026-11-23T06:00:00Z", INSTANCE_ID)
+    assert "Connection refused" in status.reason
+
+    # sacct answers again: the status recovers and the window moves on.
+    store_all(table, reports(W0, W0 + 3000, totals(alice_gpu=3000)))
+    assert collector_status(table, CLUSTER).status == contract.USAGE_OK
+    assert seconds_by_user(month_usage(table, CLUSTER, "2026-11")[0]) == {("alice", "gpu"): 3000}
+
+
+def test_an_ok_collection_with_no_jobs_replaces_one_that_had_some(table):
+    # Jobs are requeued and their accounting corrected: the newest reading of the window is the truth.
+    store_all(table, reports(W0, W0 + 1200, totals(alice_gpu=1200)))
+    store_all(table, reports(W0, W0 + 1800, {}))
+    [window] = month_usage(table, CLUSTER, "2026-11")
+    assert window.records == ()
+
+
+def test_no_status_before_the_first_report(table):
+    assert collector_status(table, CLUSTER) is None
+    assert month_usage(table, CLUSTER, "2026-11") == []
+
+
+def test_stored_usage_is_kept_long_enough_to_charge_back_last_years_month(table):
+    store_all(table, reports(W0, W0 + 1800, totals(alice_gpu=1800)))
+    items = boto3.client("dynamodb").scan(TableName=TABLE)["Items"]
+    assert len(items) == 2
+    assert {int(item["ttl"]["N"]) for item in items} == {W0 + USAGE_TTL_SECONDS}
+    assert USAGE_TTL_SECONDS > 366 * 24 * HOUR
+
+
+# --------------------------------------------------------------------------- a month
+
+
+def test_a_month_reads_its_own_windows_oldest_first(table):
+    starts = ["2026-10-31T23:00:00", "2026-11-30T23:00:00", "2026-11-01T00:00:00", "2026-12-01T00:00:00",
+              "2026-11-15T12:00:00", "2026-11-01T01:00:00"]
+    for start in starts:
+        store_all(table, reports(at(start), at(start) + 1800, totals(alice_gpu=1800)))
+    # Another cluster's windows in the same month are not this cluster's spend.
+    other = usage.build_report("other", INSTANCE_ID, at("2026-11-02T00:00:00"), at("2026-11-02T00:30:00"),
+                               contract.USAGE_OK, totals=totals(mallory_gpu=3600))
+    store_usage(table, parse_usage_event({"source": contract.REPORT_SOURCE, "detail-type": contract.USAGE_DETAIL_TYPE,
+                                          "detail": other}), now_epoch=W0)
+
+    november = month_usage(table, CLUSTER, "2026-11")
+    assert [w.window_start for w in november] == [
+        "2026-11-01T00:00:00Z", "2026-11-01T01:00:00Z", "2026-11-15T12:00:00Z", "2026-11-30T23:00:00Z"]
+    assert all(seconds_by_user(w) == {("alice", "gpu"): 1800} for w in november)
+    assert [w.window_start for w in month_usage(table, CLUSTER, "2026-10")] == ["2026-10-31T23:00:00Z"]
+    assert [w.window_start for w in month_usage(table, CLUSTER, "2026-12")] == ["2026-12-01T00:00:00Z"]
+    assert [seconds_by_user(w) for w in month_usage(table, "other", "2026-11")] == [{("mallory", "gpu"): 3600}]
+
+
+def test_a_month_larger_than_one_query_page_is_read_whole(table):
+    # DynamoDB returns at most 1 MB per Query page; a busy month is far more than that.
+    query_pages = []
+    clients.client("dynamodb").meta.events.register("after-call.dynamodb.Query",
+                                                     lambda **kwargs: query_pages.append(1))
+    first = at("2026-11-01T00:00:00")
+    windows = 16
+    for index in range(windows):
+        # 1,000 records a window, each window's report in two parts
+        store_all(table, reports(first + index * HOUR, first + index * HOUR + 1800, many_users(1000, 60 + index),
+                                 max_bytes=100_000))
+    november = month_usage(table, CLUSTER, "2026-11")
+    assert len(query_pages) > 1, "the month did not span several pages; this test proves nothing"
+    assert [w.window_start for w in november] == [
+        f"2026-11-01T{hour:02d}:00:00Z" for hour in range(windows)]
+    assert [len(w.records) for w in november] == [1000] * windows
+    assert [w.records[0].node_seconds for w in november] == [60 + index for index in range(windows)]
