@@ -11,11 +11,11 @@ import time
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.common.observability import handler_tools
 from hpops_core.budget_guard import usage_store
 from hpops_core.budget_guard.config import UsageReportConfig
 from hpops_core.budget_guard.usage_reports import UsageReportRejected, check_usage_origin, parse_usage_event
 from hpops_core.cluster.login_group import describe_node
-from hpops_core.common.observability import handler_tools
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
 

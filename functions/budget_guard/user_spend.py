@@ -9,12 +9,12 @@ from __future__ import annotations
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from hpops_core.common.observability import handler_tools
+from hpops_core.common.clients import client
 from hpops_core.budget_guard import spend_check
 from hpops_core.budget_guard.aws_budgets import ce_client
 from hpops_core.budget_guard.config import UserAlertConfig, UserSpendConfig
 from hpops_core.budget_guard.pricing import pricing_client
-from hpops_core.common.clients import client
-from hpops_core.common.observability import handler_tools
 from hpops_core.common.errors import MalformedEventError
 
 logger, tracer, metrics = handler_tools(calls_aws=True)

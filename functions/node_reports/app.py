@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from hpops_core.cluster.login_group import describe_node
 from hpops_core.common.observability import handler_tools
+from hpops_core.cluster.login_group import describe_node
 from hpops_core.node_channel import report_store
 from hpops_core.node_channel.config import NodeReportConfig
 from hpops_core.node_channel.reports import NodeReportRejected, check_report_origin, parse_report_event

@@ -395,8 +395,8 @@ def run_sacct(command: List[str], timeout: float = SACCT_TIMEOUT_SECONDS,
                        result.stderr.decode("utf-8", "replace"), clock() - began)
 
 
-def scontrol_accounting_type(sacct: str, run: Callable[..., Any] = subprocess.run) -> Optional[str]:
-    """AccountingStorageType as slurmctld reports it (scontrol next to sacct); None if unknown."""
+def scontrol_config(sacct: str, run: Callable[..., Any] = subprocess.run) -> Optional[str]:
+    """``scontrol show config`` (scontrol next to sacct) as slurmctld reports it; None if unknown."""
     scontrol = os.path.join(os.path.dirname(sacct), "scontrol")
     try:
         result = run([scontrol, "show", "config"], capture_output=True, timeout=30, env=slurm_env())
@@ -404,7 +404,28 @@ def scontrol_accounting_type(sacct: str, run: Callable[..., Any] = subprocess.ru
         return None
     if result.returncode != 0:
         return None
-    return accounting_type_of(result.stdout.decode("utf-8", "replace"))
+    return result.stdout.decode("utf-8", "replace")
+
+
+def scontrol_accounting_type(sacct: str, run: Callable[..., Any] = subprocess.run) -> Optional[str]:
+    """AccountingStorageType as slurmctld reports it; None if unknown."""
+    config = scontrol_config(sacct, run)
+    return None if config is None else accounting_type_of(config)
+
+
+GPU_NOT_TRACKED = ("GPU-seconds are not tracked: AccountingStorageTRES lacks gres/gpu, so jobs' AllocTRES "
+                   "has no GPUs (node- and CPU-seconds are right)")
+
+
+def gpu_tracking_note(scontrol_config_text: Optional[str]) -> str:
+    """Why GPU-seconds would read 0 though GPUs were used; "" when they are tracked or it is unknown."""
+    if scontrol_config_text is None:
+        return ""
+    for line in scontrol_config_text.splitlines():
+        name, separator, value = line.partition("=")
+        if separator and name.strip() == "AccountingStorageTRES":
+            return "" if "gres/gpu" in value else GPU_NOT_TRACKED
+    return ""
 
 
 def read_partition_groups(path: Optional[str]) -> PartitionGroups:
@@ -467,8 +488,8 @@ class UsageCollector:
         return partitions
 
     def collect(self, window_start: int, now: float, sacct: Optional[str],
-                partitions: Optional[PartitionGroups] = None) -> Dict[str, Any]:
-        """One window's report (unsplit), as of now."""
+                partitions: Optional[PartitionGroups] = None, note: str = "") -> Dict[str, Any]:
+        """One window's report (unsplit), as of now; ``note`` is the reason an ok report carries."""
         partitions = self.partition_groups() if partitions is None else partitions
 
         def report(status: str, reason: str = "", **values: Any) -> Dict[str, Any]:
@@ -489,15 +510,19 @@ class UsageCollector:
             return report(status, reason, sacct_seconds=result.seconds)
         totals, skipped = aggregate(result.stdout.splitlines(), window_start,
                                     window_start + contract.USAGE_WINDOW_SECONDS, now)
-        return report(contract.USAGE_OK, totals=totals, skipped=skipped, sacct_seconds=result.seconds)
+        return report(contract.USAGE_OK, note, totals=totals, skipped=skipped, sacct_seconds=result.seconds)
+
+    def tracking_note(self, sacct: Optional[str]) -> str:
+        """Read once per run: whether slurmdbd records GPUs at all."""
+        return gpu_tracking_note(scontrol_config(sacct, self.run)) if sacct else ""
 
     def collect_range(self, since: float, now: Optional[float] = None) -> List[Dict[str, Any]]:
         """Reports for every window from the one holding ``since`` to the current one; no state, no shipping."""
         now = self.clock() if now is None else now
         sacct = find_sacct(self.sacct_cmd)
         starts = range(window_start_of(since), window_start_of(now) + 1, contract.USAGE_WINDOW_SECONDS)
-        partitions = self.partition_groups()
-        return [self.collect(start, now, sacct, partitions) for start in starts]
+        partitions, note = self.partition_groups(), self.tracking_note(sacct)
+        return [self.collect(start, now, sacct, partitions, note) for start in starts]
 
     # ------------------------------------------------------------------ state
 
@@ -543,10 +568,10 @@ class UsageCollector:
             self.log("usage-windows-dropped", windows=dropped, reason="backlog older than {} h".format(
                 MAX_BACKLOG_WINDOWS * contract.USAGE_WINDOW_SECONDS // 3600))
             self._save_final_through(starts[0])
-        partitions = self.partition_groups()
+        partitions, note = self.partition_groups(), self.tracking_note(sacct)
         reports = []
         for start in starts:
-            report = self.collect(start, now, sacct, partitions)
+            report = self.collect(start, now, sacct, partitions, note)
             if report["status"] != contract.USAGE_OK:
                 # A statement about the cluster, not about that window: sent once, for the current window.
                 report = build_report(self.cluster, self.instance_id, starts[-1], now, report["status"],

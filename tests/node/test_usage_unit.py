@@ -711,3 +711,11 @@ def test_the_bench_times_a_real_sacct_only_when_one_answers(tmp_path, monkeypatc
     assert (real.measured, real.jobs) == (True, 3) and real.seconds >= 0
     calls = (tmp_path / "bin" / "calls.txt").read_text().splitlines()
     assert calls[-1].split()[-4:] == ["-S", "2026-11-23T06:00:00", "-E", "2026-11-23T06:55:00"]  # the collector's command
+
+
+def test_gpu_seconds_that_slurmdbd_does_not_record_are_named_not_reported_as_zero():
+    untracked = "AccountingStorageType   = accounting_storage/slurmdbd\nAccountingStorageTRES   = cpu,mem,energy,node\n"
+    tracked = "AccountingStorageTRES   = cpu,mem,energy,node,billing,gres/gpu\n"
+    assert usage.gpu_tracking_note(untracked) == usage.GPU_NOT_TRACKED
+    assert usage.gpu_tracking_note(tracked) == ""
+    assert usage.gpu_tracking_note(None) == ""  # scontrol unreachable: say nothing rather than guess

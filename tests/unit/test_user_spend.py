@@ -327,3 +327,12 @@ def test_users_above_the_clusters_cost_are_flagged_not_hidden():
 def test_now_must_carry_a_time_zone():
     with pytest.raises(ValueError):
         report(now=dt.datetime(2026, 11, 20, 12))
+
+
+def test_a_collector_note_such_as_untracked_gpus_is_shown_with_an_ok_status():
+    collector = CollectorStatus("ok", "GPU-seconds are not tracked: AccountingStorageTRES lacks gres/gpu",
+                                "2026-11-20T11:55:00Z", "2026-11-20T11:00:00Z", "i-0123456789abcdef0")
+    warnings = {w["name"]: w["reason"] for w in report(collector=collector).warnings}
+    assert "gres/gpu" in warnings["UsageNote"] and "UsageNotCollected" not in warnings
+    assert "UsageNote" not in {w["name"] for w in report(collector=collector.__class__(
+        "ok", "", "2026-11-20T11:55:00Z", "2026-11-20T11:00:00Z", "i-0123456789abcdef0")).warnings}

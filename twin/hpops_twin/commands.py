@@ -1,4 +1,4 @@
-"""The twin's commands behind `hpops demo`, `hpops twin send`, `hpops bench` and `--twin`.
+"""The twin's commands behind `hpops demo`, `hpops twin send`, `hpops bench` and `--twin` (status, repair, cost).
 
 The operator CLI (package hpops) dispatches here only when the twin is installed (the development
 install); an operator's `pip install .` has neither this package nor moto.
@@ -84,6 +84,17 @@ def bench(args: argparse.Namespace) -> int:
     from hpops_twin.bench import run_bench
 
     return run_bench(args.json)
+
+
+def cost(args: argparse.Namespace) -> int:
+    """`hpops cost --twin`: the demo's month (user_spend_demo.py) in a fresh twin, then the report."""
+    from hpops.output import cost_exit_status, print_cost
+    from hpops_twin.user_spend_demo import month_world, play, prepare
+
+    with month_world() as world:
+        document = play(prepare(world))
+    print_cost(document, "json" if args.json else "csv" if args.csv else "table")
+    return cost_exit_status(document)
 
 
 def status(args: argparse.Namespace) -> int:

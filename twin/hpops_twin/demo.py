@@ -240,12 +240,14 @@ class Demo:
 
 def run_demo(json_path: str | None = None, out: Callable[[str], None] = print) -> int:
     from hpops_twin.certificate_demo import run_certificate_chapter
+    from hpops_twin.user_spend_demo import run_user_spend_chapter
 
     random.seed(7)
     with TwinWorld() as world:
         demo = Demo(world, out)
         steps = demo.run()
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
+    run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
     out("")
     out(demo.table())
     all_ok = all(s.ok for s in steps)

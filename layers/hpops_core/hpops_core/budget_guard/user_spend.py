@@ -223,6 +223,8 @@ def spend_report(
     other = CostLine(billed.other_cost_usd, "billed cost of the cluster that is not instance time (storage, ...)")
     rate_rows = tuple({"instanceType": r.instance_type, "usdPerHour": f"{r.usd_per_hour:f}", "source": r.source,
                        "detail": r.detail} for r in sorted(rates.rates.values(), key=lambda r: r.instance_type))
+    if collector is not None and collector.status == "ok" and collector.reason:
+        warnings.append({"name": "UsageNote", "reason": f"the controller's collector notes: {collector.reason}"})
     if collector is not None and collector.status != "ok":
         warnings.append({"name": "UsageNotCollected", "reason": (
             f"the controller's collector says {collector.status!r} ({collector.reason}) at {collector.collected_at}: "
