@@ -36,6 +36,9 @@ def check_user_spend(event: dict, context: LambdaContext) -> dict:
     request, observed, owner = _field(event, "request"), _field(event, "cluster"), _field(event, "owner", str)
     result = spend_check.check_user_spend(config, request, observed, ce=ce_client(), pricing=pricing_client(), owner=owner)
     metrics.add_metric(name="UserSpendAlerts", unit=MetricUnit.Count, value=len(result["alerts"]))
+    # Month-to-date dollars (CloudWatch has no currency unit): the dashboard's spend widget.
+    for name, key in (("ClusterCostUsd", "clusterCostUsd"), ("UsersUsd", "usersUsd"), ("IdleUsd", "idleUsd")):
+        metrics.add_metric(name=name, unit=MetricUnit.NoUnit, value=float(result[key]))
     for warning in result["warnings"]:
         logger.warning(warning["reason"], extra={"warning": warning["name"]})
     logger.info(result["reason"], extra={"usersUsd": result["usersUsd"], "clusterCostUsd": result["clusterCostUsd"]})

@@ -7,9 +7,19 @@ a step that calls no AWS API patches nothing; its handler is still traced.
 
 from __future__ import annotations
 
+import os
+
 from aws_lambda_powertools import Logger, Metrics, Tracer
+
+# Every metric carries the cluster as well as the service: one stack runs per cluster, often
+# several in one account, and the alarms (template.yaml) must not count another cluster's events.
+CLUSTER_DIMENSION = "cluster"
 
 
 def handler_tools(calls_aws: bool) -> tuple[Logger, Tracer, Metrics]:
     tracer = Tracer(patch_modules=["botocore"]) if calls_aws else Tracer(auto_patch=False)
-    return Logger(), tracer, Metrics()
+    metrics = Metrics()
+    cluster = os.environ.get("CLUSTER_NAME", "")
+    if cluster:
+        metrics.set_default_dimensions(**{CLUSTER_DIMENSION: cluster})
+    return Logger(), tracer, metrics

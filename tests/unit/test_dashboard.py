@@ -1,0 +1,64 @@
+"""The stack's CloudWatch dashboard: valid JSON once CloudFormation substitutes it, and every graph
+shows something that exists (a metric a handler emits, a state machine, an alarm of the stack)."""
+
+import json
+import re
+
+from hpops_twin.template_model import REPO_ROOT, TemplateModel
+
+TEMPLATE = TemplateModel()
+RESOURCES = TEMPLATE.raw["Resources"]
+BODY, VARIABLES = RESOURCES["OperatorDashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+
+
+def substituted() -> dict:
+    """The body as CloudFormation would render it, with stand-ins for the values it fills in."""
+    stand_ins = {"AlarmArns": '","'.join(f"arn:aws:cloudwatch:us-east-1:123456789012:alarm:{n}" for n in alarm_names())}
+
+    def value(match: re.Match) -> str:
+        name = match.group(1)
+        return stand_ins.get(name, f"<{name}>")
+    return json.loads(re.sub(r"\$\{([^}]+)\}", value, BODY))
+
+
+def alarm_names() -> list[str]:
+    return [item["Fn::GetAtt"][0] if isinstance(item["Fn::GetAtt"], list) else item["Fn::GetAtt"].split(".")[0]
+            for item in VARIABLES["AlarmArns"]["Fn::Join"][1]]
+
+
+def emitted_metric_names() -> set[str]:
+    names = set()
+    for path in list((REPO_ROOT / "functions").rglob("*.py")) + list((REPO_ROOT / "layers" / "hpops_core").rglob("*.py")):
+        text = path.read_text()
+        names.update(re.findall(r'add_metric\(name="(\w+)"', text))
+        names.update(re.findall(r'\(\s*"(\w+)",\s*"\w+"\)', text))  # (metric, key) pairs looped over
+        names.update(re.findall(r'"(\w+)": len\(', text))  # TaskResult metrics dictionaries
+    return names
+
+
+def test_the_body_is_json_and_names_only_what_exists():
+    widgets = substituted()["widgets"]
+    emitted = emitted_metric_names()
+    state_machines = {k for k, v in RESOURCES.items() if v["Type"] == "AWS::Serverless::StateMachine"}
+    shown_machines = set()
+    for widget in widgets:
+        for metric in widget["properties"].get("metrics", []):
+            if metric[0] == "HyperPodLoginAutopilot":
+                assert metric[1] in emitted, f"{metric[1]} is graphed but no handler emits it"
+                assert metric[2:6] == ["service", metric[3], "cluster", "<ClusterName>"]
+            if metric[0] == "AWS/States":
+                shown_machines.add(metric[3].strip("<>"))
+    assert shown_machines == state_machines
+
+
+def test_the_alarm_widget_lists_every_alarm_that_always_exists():
+    always = {k for k, v in RESOURCES.items() if v["Type"] == "AWS::CloudWatch::Alarm" and "Condition" not in v}
+    assert set(alarm_names()) == always
+    [alarms] = [w for w in substituted()["widgets"] if w["type"] == "alarm"]
+    assert len(alarms["properties"]["alarms"]) == len(always)
+
+
+def test_healthy_targets_are_searched_by_the_target_groups_own_dimension():
+    dimension = VARIABLES["TargetGroupDimension"]["Fn::Select"]
+    assert dimension[0] == 5  # arn:aws:elasticloadbalancing:<region>:<account>:targetgroup/<name>/<id>
+    assert "HealthyHostCount" in BODY and 'TargetGroup=\\"${TargetGroupDimension}\\"' in BODY
