@@ -39,6 +39,8 @@ def check_user_spend(event: dict, context: LambdaContext) -> dict:
     # Month-to-date dollars (CloudWatch has no currency unit): the dashboard's spend widget.
     for name, key in (("ClusterCostUsd", "clusterCostUsd"), ("UsersUsd", "usersUsd"), ("IdleUsd", "idleUsd")):
         metrics.add_metric(name=name, unit=MetricUnit.NoUnit, value=float(result[key]))
+    for row in result.pop("userRows"):
+        logger.info("user spend", extra=row)
     for warning in result["warnings"]:
         logger.warning(warning["reason"], extra={"warning": warning["name"]})
     logger.info(result["reason"], extra={"usersUsd": result["usersUsd"], "clusterCostUsd": result["clusterCostUsd"]})

@@ -62,3 +62,14 @@ def test_healthy_targets_are_searched_by_the_target_groups_own_dimension():
     dimension = VARIABLES["TargetGroupDimension"]["Fn::Select"]
     assert dimension[0] == 5  # arn:aws:elasticloadbalancing:<region>:<account>:targetgroup/<name>/<id>
     assert "HealthyHostCount" in BODY and 'TargetGroup=\\"${TargetGroupDimension}\\"' in BODY
+
+
+def test_the_per_user_table_reads_the_lines_check_user_spend_logs():
+    [table] = [w for w in substituted()["widgets"] if w["type"] == "log"]
+    query = table["properties"]["query"]
+    assert query.startswith("SOURCE '<FunctionsLogGroup>'") and 'message = "user spend"' in query
+    handler = (REPO_ROOT / "functions" / "budget_guard" / "user_spend.py").read_text()
+    assert 'logger.info("user spend", extra=row)' in handler
+    core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "budget_guard" / "spend_check.py").read_text()
+    for field in ("usd", "percentOfLimit", "projectedUsd", "nodeHours", "gpuHours"):
+        assert f"latest({field})" in query and f'"{field}"' in core

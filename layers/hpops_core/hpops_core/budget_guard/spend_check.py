@@ -24,6 +24,9 @@ USER_ALERT_SOURCE = "hpops.budget-guard"
 USER_ALERT_DETAIL_TYPE = "HyperPod User Spend Alert"
 # SNS message attribute a user's subscription filters on ({"user": ["alice"]}): each user gets their own.
 USER_ATTRIBUTE = "user"
+# The highest spenders logged one line each (the dashboard's per-user table reads them); the rest
+# are in `hpops cost`. Bounded so the state stays far below Step Functions' 256 KB.
+MAX_USER_ROWS = 200
 
 
 def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any) -> SpendReport:
@@ -61,7 +64,10 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
                            "summary": alert.summary, "spend": user})
     document = report_document(report)
     top = ", ".join(f"{u['user']} ${u['usd']}" for u in document["users"][:3])
+    rows = [{k: u[k] for k in ("user", "nodeHours", "gpuHours", "usd", "percentOfLimit", "projectedUsd")}
+            for u in document["users"][:MAX_USER_ROWS]]
     return {
+        "userRows": rows,
         "users": len(report.users), "usersUsd": document["usersUsd"], "idleUsd": document["idle"]["usd"],
         "clusterCostUsd": document["clusterCost"]["usd"], "warnings": document["warnings"], "alerts": alerts, "alertCount": len(alerts),
         "reason": (f"{len(report.users)} user(s) this month, top: {top or 'none'}; {len(alerts)} new alert(s)"),
