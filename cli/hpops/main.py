@@ -9,6 +9,8 @@
     hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys (keys mode)
     hpops host-keys ca-generate|ca-show --stack-name S         the host certificate CA (certificate mode)
     hpops lifecycle --stack-name S [--out DIR] [--no-vendor]  the node agent bundle for on_create.sh
+    hpops cost --stack-name S | --twin [--json | --csv]      per-user spend this month (Slurm accounting)
+    hpops cost subscribe --stack-name S USER EMAIL            e-mail USER's own spend alerts to EMAIL
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -17,14 +19,19 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import re
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import boto3
+from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops.output import describe_result, print_targets
+from hpops.output import cost_exit_status, describe_result, print_cost, print_targets
 
 
 def _twin(command: str, args: argparse.Namespace) -> int:
@@ -187,6 +194,169 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- cost
+
+# The hourly check's own function: its environment is the report's configuration (limits,
+# thresholds, rate overrides, table, cluster), so `hpops cost` and the alerts never disagree.
+SPEND_FUNCTION = "CheckUserSpendFunction"
+MONTH_RE = re.compile(r"[0-9]{4}-(0[1-9]|1[0-2])")
+# Enough to catch a swapped or truncated argument; SNS checks the address itself.
+EMAIL_RE = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
+MONTH_HELP = ("only the current UTC month (the default): a closed month cannot be priced correctly yet, the "
+              "cluster's cost would count its last day from the nodes up today")
+
+
+# The agent reports every usageSeconds (15 minutes by default): two hours is several runs missed.
+USAGE_STALE_AFTER = dt.timedelta(hours=2)
+
+
+def _utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _utc(text: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+    except (TypeError, ValueError):
+        return None
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, ClientError):
+        details = error.response.get("Error", {})
+        text = f"{error.operation_name}: {details.get('Code', 'error')}: {details.get('Message', '')}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return " ".join(text.split())[:300]
+
+
+def spend_function_environment(session: Any, stack_name: str) -> dict[str, str]:
+    """The deployed CheckUserSpendFunction's environment variables (CloudFormation -> Lambda)."""
+    resource = session.client("cloudformation").describe_stack_resource(StackName=stack_name, LogicalResourceId=SPEND_FUNCTION)
+    name = resource["StackResourceDetail"]["PhysicalResourceId"]
+    configuration = session.client("lambda").get_function_configuration(FunctionName=name)
+    return dict((configuration.get("Environment") or {}).get("Variables") or {})
+
+
+def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *, sagemaker: Any, ce: Any,
+                        pricing: Any) -> dict[str, Any]:
+    """This month's spend per user as of ``now``, computed as CheckUserSpend computes it.
+
+    ``env``: the function's environment; ``region``: the stack's (Lambda adds AWS_REGION itself, so
+    it is not among the function's variables). Usage is read through hpops_core's shared DynamoDB
+    client (boto3's default session). Returns report_document's JSON plus ``findings``: the users at
+    or over a threshold (what the hourly check alerts on, once each)."""
+    from hpops_core.budget_guard import spend_check
+    from hpops_core.budget_guard.config import UserSpendConfig
+    from hpops_core.budget_guard.guard import observe_cluster
+    from hpops_core.budget_guard.user_spend import decide_user_alerts, report_document
+
+    config = UserSpendConfig.from_env(dict(env) | {"AWS_REGION": region})
+    observed = observe_cluster(sagemaker, config.cluster_name)
+    report = spend_check.gather_report(config, observed, now, ce=ce, pricing=pricing)
+    document = report_document(report, config.thresholds)
+    if observed.get("ClusterStatus") == "NotFound":
+        document["warnings"].append({"name": "ClusterNotFound", "reason": (
+            f"DescribeCluster does not find {config.cluster_name}: no instance type is known, so nothing is priced")})
+    if report.collector is None:
+        document["warnings"].append({"name": "NoUsageReport", "reason": (
+            "no usage report from the controller yet: the node agent must run on the controller group's node "
+            "(ControllerGroupName) with usage collection on (usageSeconds)")})
+    elif (collected := _utc(report.collector["collectedAt"])) is not None and now - collected > USAGE_STALE_AFTER:
+        hours = int((now - collected).total_seconds() // 3600)
+        document["warnings"].append({"name": "UsageReportsStale", "reason": (
+            f"the controller's last usage report was collected at {report.collector['collectedAt']}, {hours} h ago: "
+            "users' figures stop there while the cluster's cost goes on (is its node agent running?)")})
+    document["findings"] = [alert.summary for alert in decide_user_alerts(report, config.thresholds, set())]
+    return document
+
+
+@contextmanager
+def _shared_clients_of(session: Any) -> Iterator[None]:
+    """hpops_core reads usage through one client made from boto3's default session: point that at
+    this command's session (its --region), and put it back afterwards."""
+    from hpops_core.common import clients
+
+    saved = boto3.DEFAULT_SESSION
+    boto3.DEFAULT_SESSION = session
+    clients.reset_clients()
+    try:
+        yield
+    finally:
+        boto3.DEFAULT_SESSION = saved
+        clients.reset_clients()
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    """Exit 0: every user below their thresholds; 1: someone at or over one, or a warning; 2: can't tell."""
+    if getattr(args, "cost_command", None) == "subscribe":
+        return _cost_subscribe(args)
+    if args.twin:
+        return _twin("cost", args)
+    if not args.stack_name:
+        print("hpops cost: give --stack-name S (or --twin)")
+        return 2
+    now = _utc_now()
+    if args.month is not None and args.month != f"{now:%Y-%m}":
+        shape = "" if MONTH_RE.fullmatch(args.month) else " (YYYY-MM)"
+        print(f"hpops cost: --month {args.month}{shape}: {MONTH_HELP} ({now:%Y-%m})")
+        return 2
+    from hpops_core.budget_guard.aws_budgets import ce_client
+    from hpops_core.budget_guard.pricing import pricing_client
+    from hpops_core.common.errors import HpopsError
+
+    try:
+        session = boto3.session.Session(region_name=args.region)
+        if not session.region_name:
+            print("hpops cost: no region: pass --region, or set AWS_REGION or a profile's region")
+            return 2
+        env = spend_function_environment(session, args.stack_name)
+        with _shared_clients_of(session):
+            document = user_spend_document(env, session.region_name, now, sagemaker=session.client("sagemaker"),
+                                           ce=ce_client(session), pricing=pricing_client(session))
+    except (ClientError, BotoCoreError, HpopsError) as error:
+        print(f"hpops cost: {_one_line(error)}")
+        return 2
+    print_cost(document, "json" if args.json else "csv" if args.csv else "table")
+    return cost_exit_status(document)
+
+
+def _cost_subscribe(args: argparse.Namespace) -> int:
+    from hpops_core.common.validation import InvalidValue, check_posix_user, shown
+
+    if not args.stack_name:
+        print("hpops cost subscribe: give --stack-name S")
+        return 2
+    try:
+        check_posix_user(args.user, "USER")
+    except InvalidValue as error:
+        print(f"hpops cost subscribe: {error}")
+        return 2
+    if not EMAIL_RE.fullmatch(args.email):
+        print(f"hpops cost subscribe: EMAIL {shown(args.email)} is not an e-mail address")
+        return 2
+    try:
+        outputs, _, session = _stack(args.stack_name, args.region)
+        topic = outputs.get("UserSpendAlertTopicArn")
+        if not topic:
+            print(f"hpops cost subscribe: stack {args.stack_name} has no output UserSpendAlertTopicArn "
+                  "(deployed before per-user spend alerts: update the stack)")
+            return 2
+        policy = {"user": [args.user]}
+        arn = session.client("sns").subscribe(
+            TopicArn=topic, Protocol="email", Endpoint=args.email, ReturnSubscriptionArn=True,
+            Attributes={"FilterPolicy": json.dumps(policy), "FilterPolicyScope": "MessageAttributes"},
+        )["SubscriptionArn"]
+    except (ClientError, BotoCoreError) as error:
+        print(f"hpops cost subscribe: {_one_line(error)}")
+        return 2
+    print(f"subscribed {args.email} to {args.user}'s spend alerts: {arn}")
+    print(f"  filter policy {json.dumps(policy)}: only alerts about {args.user} reach this address")
+    print(f"AWS has e-mailed {args.email} a confirmation link; nothing is delivered until {args.user} opens it and")
+    print("clicks \"Confirm subscription\" (until then the subscription shows as PendingConfirmation).")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -232,6 +402,31 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle.add_argument("--no-vendor", action="store_true",
                            help="do not bundle boto3 (the nodes' python3 must already have boto3 >= 1.28)")
     lifecycle.set_defaults(func=cmd_lifecycle)
+
+    cost = commands.add_parser(
+        "cost", help="per-user spend this month from Slurm accounting; `cost subscribe` e-mails a user their alerts",
+        description="Per-user spend this month: node-hours, GPU-hours and jobs from the controller's Slurm "
+                    "accounting, priced per instance type (billed, list or override rate), with the idle and other "
+                    "lines that add up to the cluster's cost. Configured by the deployed CheckUserSpendFunction. "
+                    "Exit 0: every user below their thresholds; 1: a user at or over a threshold, or a warning; "
+                    "2: usage or setup error.")
+    where = cost.add_mutually_exclusive_group()
+    where.add_argument("--stack-name", help="the deployed stack")
+    where.add_argument("--twin", action="store_true", help="a demo month in a fresh local twin (development install)")
+    cost.add_argument("--region")
+    cost.add_argument("--month", metavar="YYYY-MM", help=MONTH_HELP)
+    form = cost.add_mutually_exclusive_group()
+    form.add_argument("--json", action="store_true", help="the report as JSON (money as strings)")
+    form.add_argument("--csv", action="store_true", help="one row per user, then idle, other and cluster")
+    cost.set_defaults(func=cmd_cost, cost_command=None)
+    cost_commands = cost.add_subparsers(dest="cost_command", metavar="[subscribe]")
+    subscribe = cost_commands.add_parser(
+        "subscribe", help="e-mail USER's own spend alerts to EMAIL (SNS filter policy on the user)")
+    # SUPPRESS: `hpops cost --stack-name S subscribe ...` works too (the value set before `subscribe` stays).
+    subscribe.add_argument("--stack-name", default=argparse.SUPPRESS)
+    subscribe.add_argument("--region", default=argparse.SUPPRESS)
+    subscribe.add_argument("user", metavar="USER", help="the POSIX user whose alerts to send")
+    subscribe.add_argument("email", metavar="EMAIL")
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")

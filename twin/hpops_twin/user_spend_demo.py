@@ -151,8 +151,9 @@ def run_user_spend_chapter(main: Demo) -> None:
     from hpops.output import print_cost
     from hpops_twin.demo import Demo
 
-    main.say("per-user spend: a third stack, with UserMonthlyBudgetUsd=30000 and UserBudgetOverrides=alice=210000, on "
-             "a cluster with groups " + ", ".join(f"{g} {n} x {t}" for g, (t, n) in GROUPS.items()))
+    limits = ", ".join(f"{name}={PARAMETERS[name]}" for name in ("UserMonthlyBudgetUsd", "UserBudgetOverrides"))
+    main.say(f"per-user spend: a third stack, with {limits}, on a cluster with groups "
+             + ", ".join(f"{g} {n} x {t}" for g, (t, n) in GROUPS.items()))
     with month_world() as world:
         demo = Demo(world, main.out)
         demo.steps, demo.started = main.steps, main.started  # one table, one clock

@@ -35,13 +35,11 @@ import boto3
 from moto.stepfunctions.parser import models as sfn_parser_models
 
 from hpops_core.budget_guard.spend_check import USER_ALERT_DETAIL_TYPE, USER_ALERT_SOURCE, USER_ATTRIBUTE
-from hpops_node_agent import __version__ as agent_version
 from hpops_node_agent import usage
 from hpops_node_agent.agent import NodeAgent, UsageOutcome
 from hpops_node_agent.config import AgentConfig
 
 UTC = dt.timezone.utc
-HOUR = 3600
 CONTROLLER_GROUP = "controller-machine"  # template.yaml's ControllerGroupName default
 SPEND_FUNCTION = "CheckUserSpendFunction"
 
@@ -181,20 +179,12 @@ class ControllerNode:
         with self.world.dispatcher.environment_lock:  # as node_hosts: a node is not a Lambda's environment
             return self.agent.usage_tick()
 
-    def run_agent_between(self, first: dt.datetime, last: dt.datetime, every: dt.timedelta) -> int:
-        """Runs from ``first`` to ``last`` (inclusive), ``every`` apart; returns the windows sent."""
-        sent, when = 0, first
-        while when <= last:
-            sent += self.run_agent(when).windows_sent
-            when += every
-        return sent
-
 
 # --------------------------------------------------------------------------- observing and running
 
 
 class UserSpendTwin:
-    """world.user_spend: inboxes for the user spend alerts, sweeps at a chosen time, `hpops cost`."""
+    """Inboxes for the user spend alerts, the controller node, what RecordUsageReport kept, `hpops cost`."""
 
     def __init__(self, world: Any, users: Iterable[str] = ()):
         self.world = world
@@ -243,13 +233,6 @@ class UserSpendTwin:
     def rejected_reports(self) -> list[dict]:
         """Usage reports RecordUsageReport refused (EventBridge retries them, then the DLQ takes them)."""
         return [f for f in self.world.delivery_failures if f["function"].endswith("RecordUsageReportFunction")]
-
-    # ------------------------------------------------------------------ sweeps
-    def sweep(self, when: dt.datetime, timeout: float = 120) -> Any:
-        """The BudgetSweep schedule's execution, started at ``when``; its result once it ended."""
-        with execution_clock(when):
-            arn = self.world.budget.sweep()
-        return self.world.wait([arn], timeout=timeout)[0]
 
     # ------------------------------------------------------------------ inboxes
     def _drain(self, url: str) -> list[dict]:

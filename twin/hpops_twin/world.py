@@ -64,6 +64,7 @@ STACK_NAME = "hpops-twin"
 NOT_PROVISIONED = {
     "AWS::Serverless::LayerVersion",  # hpops_core is importable in-process
     "AWS::CloudWatch::Alarm",
+    "AWS::CloudWatch::Dashboard",  # what operators look at; nothing in the twin reads it
     "AWS::SQS::QueuePolicy",
     "AWS::SNS::Subscription",
     "AWS::SNS::TopicPolicy",
