@@ -24,8 +24,7 @@ import json
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from typing import Any
 
 import boto3
@@ -206,19 +205,8 @@ MONTH_HELP = ("only the current UTC month (the default): a closed month cannot b
               "cluster's cost would count its last day from the nodes up today")
 
 
-# The agent reports every usageSeconds (15 minutes by default): two hours is several runs missed.
-USAGE_STALE_AFTER = dt.timedelta(hours=2)
-
-
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def _utc(text: str) -> dt.datetime | None:
-    try:
-        return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-    except (TypeError, ValueError):
-        return None
 
 
 def _one_line(error: BaseException) -> str:
@@ -239,12 +227,11 @@ def spend_function_environment(session: Any, stack_name: str) -> dict[str, str]:
 
 
 def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *, sagemaker: Any, ce: Any,
-                        pricing: Any) -> dict[str, Any]:
+                        pricing: Any, dynamodb: Any) -> dict[str, Any]:
     """This month's spend per user as of ``now``, computed as CheckUserSpend computes it.
 
     ``env``: the function's environment; ``region``: the stack's (Lambda adds AWS_REGION itself, so
-    it is not among the function's variables). Usage is read through hpops_core's shared DynamoDB
-    client (boto3's default session). Returns report_document's JSON plus ``findings``: the users at
+    it is not among the function's variables). Returns report_document's JSON plus ``findings``: the users at
     or over a threshold (what the hourly check alerts on, once each)."""
     from hpops_core.budget_guard import spend_check
     from hpops_core.budget_guard.config import UserSpendConfig
@@ -253,38 +240,13 @@ def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *
 
     config = UserSpendConfig.from_env(dict(env) | {"AWS_REGION": region})
     observed = observe_cluster(sagemaker, config.cluster_name)
-    report = spend_check.gather_report(config, observed, now, ce=ce, pricing=pricing)
+    report = spend_check.gather_report(config, observed, now, ce=ce, pricing=pricing, dynamodb=dynamodb)
     document = report_document(report, config.thresholds)
     if observed.get("ClusterStatus") == "NotFound":
         document["warnings"].append({"name": "ClusterNotFound", "reason": (
             f"DescribeCluster does not find {config.cluster_name}: no instance type is known, so nothing is priced")})
-    if report.collector is None:
-        document["warnings"].append({"name": "NoUsageReport", "reason": (
-            "no usage report from the controller yet: the node agent must run on the controller group's node "
-            "(ControllerGroupName) with usage collection on (usageSeconds)")})
-    elif (collected := _utc(report.collector["collectedAt"])) is not None and now - collected > USAGE_STALE_AFTER:
-        hours = int((now - collected).total_seconds() // 3600)
-        document["warnings"].append({"name": "UsageReportsStale", "reason": (
-            f"the controller's last usage report was collected at {report.collector['collectedAt']}, {hours} h ago: "
-            "users' figures stop there while the cluster's cost goes on (is its node agent running?)")})
     document["findings"] = [alert.summary for alert in decide_user_alerts(report, config.thresholds, set())]
     return document
-
-
-@contextmanager
-def _shared_clients_of(session: Any) -> Iterator[None]:
-    """hpops_core reads usage through one client made from boto3's default session: point that at
-    this command's session (its --region), and put it back afterwards."""
-    from hpops_core.common import clients
-
-    saved = boto3.DEFAULT_SESSION
-    boto3.DEFAULT_SESSION = session
-    clients.reset_clients()
-    try:
-        yield
-    finally:
-        boto3.DEFAULT_SESSION = saved
-        clients.reset_clients()
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
@@ -311,9 +273,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
             print("hpops cost: no region: pass --region, or set AWS_REGION or a profile's region")
             return 2
         env = spend_function_environment(session, args.stack_name)
-        with _shared_clients_of(session):
-            document = user_spend_document(env, session.region_name, now, sagemaker=session.client("sagemaker"),
-                                           ce=ce_client(session), pricing=pricing_client(session))
+        document = user_spend_document(env, session.region_name, now, sagemaker=session.client("sagemaker"),
+                                       ce=ce_client(session), pricing=pricing_client(session),
+                                       dynamodb=session.client("dynamodb"))
     except (ClientError, BotoCoreError, HpopsError) as error:
         print(f"hpops cost: {_one_line(error)}")
         return 2

@@ -204,7 +204,9 @@ def seconds_in_window(job: JobAllocation, window_start: int, window_end: int, no
 
 def aggregate(lines: Iterable[str], window_start: int, window_end: int,
               now: float) -> Tuple[Dict[Tuple[str, str], Dict[str, int]], Dict[str, int]]:
-    """({(user, partition): {"nodeSeconds", "cpuSeconds", "gpuSeconds", "jobs"}}, {skip reason: count})."""
+    """({(user, partition): {"nodeSeconds", "cpuSeconds", "gpuSeconds", "jobs"}}, {skip reason: count}).
+
+    "jobs": the jobs that started in this window."""
     totals: Dict[Tuple[str, str], Dict[str, int]] = {}
     skipped: Dict[str, int] = collections.Counter()
     for line in lines:
@@ -225,7 +227,9 @@ def aggregate(lines: Iterable[str], window_start: int, window_end: int,
         entry["nodeSeconds"] += job.nodes * seconds
         entry["cpuSeconds"] += job.cpus * seconds
         entry["gpuSeconds"] += job.gpus * seconds
-        entry["jobs"] += 1
+        # A job spans many windows; it is counted once, in the window it started in, so that a
+        # month's windows add up to the jobs that started in it (not job-hours).
+        entry["jobs"] += 1 if window_start <= job.start < window_end else 0
     return totals, dict(skipped)
 
 

@@ -79,8 +79,9 @@ def test_per_user_per_partition_totals_clip_jobs_to_the_window():
     assert totals == {
         ("alice", "gpu"): {"nodeSeconds": 2 * 1800 + 300, "cpuSeconds": 192 * 1800 + 96 * 300,
                            "gpuSeconds": 16 * 1800 + 8 * 300, "jobs": 2},
-        # the open window ends at now (06:55): 55 of the job's 60 minutes in W0 so far
-        ("bob", "cpu"): {"nodeSeconds": 3300, "cpuSeconds": 4 * 3300, "gpuSeconds": 0, "jobs": 1},
+        # the open window ends at now (06:55): 55 of the job's 60 minutes in W0 so far; the job is
+        # counted in the window it started in (05:00), so a month's jobs are jobs, not job-hours
+        ("bob", "cpu"): {"nodeSeconds": 3300, "cpuSeconds": 4 * 3300, "gpuSeconds": 0, "jobs": 0},
         ("j.doe", "cpu"): {"nodeSeconds": 180, "cpuSeconds": 360, "gpuSeconds": 0, "jobs": 2},
     }
     assert skipped == {usage.SKIP_USER: 2, usage.SKIP_NUMBER: 3, usage.SKIP_TIME: 1, usage.SKIP_PARTITION: 1,
@@ -95,11 +96,12 @@ def test_a_job_spanning_two_windows_is_split_between_them():
     during, _ = totals_at(W0, later, lines)
     assert before[("bob", "cpu")]["nodeSeconds"] == 1800 and during[("bob", "cpu")]["nodeSeconds"] == 3600
     assert before[("bob", "cpu")]["nodeSeconds"] + during[("bob", "cpu")]["nodeSeconds"] == 5400
+    assert (before[("bob", "cpu")]["jobs"], during[("bob", "cpu")]["jobs"]) == (1, 0)  # one job, counted once
     # the running job keeps counting, up to the end of a window that has ended
     assert during[("alice", "gpu")]["nodeSeconds"] == 2 * 1800 + 600
     after, _ = totals_at(W0 + HOUR, later, lines)
     assert after[("alice", "gpu")] == {"nodeSeconds": 1200, "cpuSeconds": 96 * 1200, "gpuSeconds": 8 * 1200,
-                                       "jobs": 1}
+                                       "jobs": 0}  # it started (and was counted) in W0
 
 
 def test_unknown_end_counts_to_now_and_elapsed_caps_suspended_time():

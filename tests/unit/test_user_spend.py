@@ -65,7 +65,11 @@ WINDOWS = [
 # of instances; + $123.45 other = $46,935.45; idle = 46,812 - 248 = $46,564.
 
 
-def report(windows=WINDOWS, limits=UserLimits(), collector=None, rates=RATES, billed=BILLED, observed=OBSERVED,
+# The controller's collector, reporting a few minutes before NOW (the normal case).
+FRESH = CollectorStatus("ok", "", "2026-11-20T11:55:00Z", "2026-11-20T11:00:00Z", "i-0123456789abcdef0")
+
+
+def report(windows=WINDOWS, limits=UserLimits(), collector=FRESH, rates=RATES, billed=BILLED, observed=OBSERVED,
            now=NOW):
     return spend_report("lab", now, windows, observed, rates, billed, limits, collector)
 
@@ -281,7 +285,7 @@ def test_the_document_shows_money_with_two_decimals():
     assert document["thresholdsPercent"] == ["50", "80", "100"]
     assert {r["instanceType"]: (r["usdPerHour"], r["source"]) for r in document["rates"]} == {
         P5: ("50", "billed"), M5: ("0.25", "list")}
-    assert document["collector"] is None
+    assert document["collector"]["status"] == "ok"
 
 
 def test_the_document_rounds_half_a_cent_up():
@@ -336,3 +340,11 @@ def test_a_collector_note_such_as_untracked_gpus_is_shown_with_an_ok_status():
     assert "gres/gpu" in warnings["UsageNote"] and "UsageNotCollected" not in warnings
     assert "UsageNote" not in {w["name"] for w in report(collector=collector.__class__(
         "ok", "", "2026-11-20T11:55:00Z", "2026-11-20T11:00:00Z", "i-0123456789abcdef0")).warnings}
+
+
+def test_no_report_yet_or_a_collector_that_stopped_is_a_warning_not_silence():
+    assert "NoUsageReport" in {w["name"] for w in report(collector=None).warnings}
+    stopped = CollectorStatus("ok", "", "2026-11-20T09:30:00Z", "2026-11-20T09:00:00Z", "i-0123456789abcdef0")
+    warnings = {w["name"]: w["reason"] for w in report(collector=stopped).warnings}  # NOW is 12:00
+    assert "2 h ago" in warnings["UsageReportsStale"]
+    assert "UsageReportsStale" not in {w["name"] for w in report().warnings}

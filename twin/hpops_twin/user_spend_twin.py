@@ -278,5 +278,5 @@ class UserSpendTwin:
 
         aws = self.world.aws
         return user_spend_document(self.spend_environment(), aws.region_name, now, sagemaker=aws.client("sagemaker"),
-                                   ce=ce_client(aws), pricing=pricing_client(aws))
+                                   ce=ce_client(aws), pricing=pricing_client(aws), dynamodb=aws.client("dynamodb"))
 

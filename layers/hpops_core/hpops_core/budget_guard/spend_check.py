@@ -29,11 +29,12 @@ USER_ATTRIBUTE = "user"
 MAX_USER_ROWS = 200
 
 
-def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any) -> SpendReport:
+def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any,
+                  dynamodb: Any = None) -> SpendReport:
     """Everything the report needs, read once: the month's usage, the collector's status, rates."""
     month = f"{now.astimezone(dt.timezone.utc):%Y-%m}"
-    windows = usage_store.month_usage(config.state_table, config.cluster_name, month)
-    collector = usage_store.collector_status(config.state_table, config.cluster_name)
+    windows = usage_store.month_usage(config.state_table, config.cluster_name, month, dynamodb)
+    collector = usage_store.collector_status(config.state_table, config.cluster_name, dynamodb)
     groups = observed.get("InstanceGroups") or []
     types = sorted({g["InstanceType"] for g in groups if isinstance(g.get("InstanceType"), str)})
     rates, billed = rates_for(types, ce=ce, pricing=pricing, cluster_name=config.cluster_name, region=config.region,
@@ -50,6 +51,8 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
     table = alert_table(config.state_table)
     with transient_errors_named("dynamodb:Query"):
         already = fired_keys(table, config.cluster_name, report.month)
+    document = report_document(report)
+    spend_of = {u["user"]: u for u in document["users"]}
     alerts = []
     for alert in decide_user_alerts(report, config.thresholds, already):
         with transient_errors_named("dynamodb:PutItem"):
@@ -58,11 +61,9 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
                 if lower != alert.key:
                     mark_fired(table, config.cluster_name, lower, now, owner=owner)
         if won:
-            user = next(u for u in report_document(report)["users"] if u["user"] == alert.user)
             alerts.append({"cluster": report.cluster, "month": report.month, "asOf": report.as_of, "user": alert.user,
                            "kind": alert.kind, "thresholdPercent": f"{alert.threshold.normalize():f}",
-                           "summary": alert.summary, "spend": user})
-    document = report_document(report)
+                           "summary": alert.summary, "spend": spend_of[alert.user]})
     top = ", ".join(f"{u['user']} ${u['usd']}" for u in document["users"][:3])
     rows = [{k: u[k] for k in ("user", "nodeHours", "gpuHours", "usd", "percentOfLimit", "projectedUsd")}
             for u in document["users"][:MAX_USER_ROWS]]

@@ -111,10 +111,12 @@ def _window_of(items: list[dict[str, Any]]) -> StoredWindow:
                         first["status"]["S"], tuple(records), groups)
 
 
-def month_usage(table: str, cluster: str, month: str) -> list[StoredWindow]:
-    """Every window of ``month`` (``YYYY-MM``) as last collected, oldest first."""
+def month_usage(table: str, cluster: str, month: str, dynamodb: Any = None) -> list[StoredWindow]:
+    """Every window of ``month`` (``YYYY-MM``) as last collected, oldest first.
+
+    ``dynamodb``: a client of the stack's region (the operator CLI's session); the Lambda's own by default."""
     by_window: dict[str, list[dict[str, Any]]] = {}
-    paginator = client("dynamodb").get_paginator("query")
+    paginator = (dynamodb or client("dynamodb")).get_paginator("query")
     with transient_errors_named("dynamodb:Query"):
         for page in paginator.paginate(
             TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :window)",
@@ -125,9 +127,9 @@ def month_usage(table: str, cluster: str, month: str) -> list[StoredWindow]:
     return [_window_of(items) for _, items in sorted(by_window.items())]
 
 
-def collector_status(table: str, cluster: str) -> CollectorStatus | None:
+def collector_status(table: str, cluster: str, dynamodb: Any = None) -> CollectorStatus | None:
     with transient_errors_named("dynamodb:GetItem"):
-        item = client("dynamodb").get_item(
+        item = (dynamodb or client("dynamodb")).get_item(
             TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": "status"}}, ConsistentRead=True,
         ).get("Item")
     if not item:

@@ -25,6 +25,8 @@ from typing import Any
 from hpops_core.budget_guard.projection import month_bounds
 
 RUN_RATE_HOURS = 24
+# The agent reports every 15 minutes by default; two hours without one means it stopped.
+USAGE_STALE_AFTER = dt.timedelta(hours=2)
 _HOUR = Decimal(3600)
 _CENT = Decimal("0.01")
 # Amounts are kept to the micro-dollar, so that lines subtracted and added back are exact.
@@ -105,6 +107,10 @@ def _utc(now: dt.datetime) -> dt.datetime:
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     return now.astimezone(dt.timezone.utc)
+
+
+def _iso_time(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.timezone.utc)
 
 
 def _iso_hour(text: str) -> dt.datetime:
@@ -223,6 +229,15 @@ def spend_report(
     other = CostLine(billed.other_cost_usd, "billed cost of the cluster that is not instance time (storage, ...)")
     rate_rows = tuple({"instanceType": r.instance_type, "usdPerHour": f"{r.usd_per_hour:f}", "source": r.source,
                        "detail": r.detail} for r in sorted(rates.rates.values(), key=lambda r: r.instance_type))
+    if collector is None:
+        warnings.append({"name": "NoUsageReport", "reason": (
+            "no usage report from the controller yet: the node agent must run on the controller group's node "
+            "(ControllerGroupName) with usage collection on (usageSeconds)")})
+    elif now - _iso_time(collector.collected_at) > USAGE_STALE_AFTER:
+        hours = int((now - _iso_time(collector.collected_at)).total_seconds() // 3600)
+        warnings.append({"name": "UsageReportsStale", "reason": (
+            f"the controller's last usage report was collected at {collector.collected_at}, {hours} h ago: "
+            "users' figures stop there while the cluster's cost goes on (is its node agent running?)")})
     if collector is not None and collector.status == "ok" and collector.reason:
         warnings.append({"name": "UsageNote", "reason": f"the controller's collector notes: {collector.reason}"})
     if collector is not None and collector.status != "ok":
