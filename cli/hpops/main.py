@@ -3,7 +3,9 @@
     hpops demo [--json FILE]                 the whole story in the local twin
     hpops twin send EVENT.json [...] [--cluster NAME --cluster-id ID --login-group GROUP]
                                              run saved events through the twin
-    hpops status  --stack-name S | --twin    target group vs login nodes, recent executions
+    hpops status  --stack-name S [--json] | --twin
+                                             one screen: targets vs login nodes, host identity per node,
+                                             last executions, alarms, sessions and spend; exit 1 on a problem
     hpops repair  --stack-name S | --twin [--dry-run]
     hpops bench [--json FILE]                API calls, state transitions, times (the twin)
     hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys (keys mode)
@@ -14,6 +16,8 @@
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
+A problem the command cannot get past (no region or credentials, an unknown stack, access denied,
+a missing or malformed file) is one line naming it and the fix, and exit status 2.
 """
 
 from __future__ import annotations
@@ -21,16 +25,21 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops.output import cost_exit_status, describe_result, print_cost, print_targets
+from hpops.errors import EXIT_USAGE, CliError, explain
+from hpops.event_files import load_event_files
+from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
+from hpops_core.common.errors import HpopsError
 
 
 def _twin(command: str, args: argparse.Namespace) -> int:
@@ -38,37 +47,177 @@ def _twin(command: str, args: argparse.Namespace) -> int:
     try:
         from hpops_twin import commands
     except ImportError as error:
-        print(f"hpops {command}: the local twin is not installed ({error.name} missing). It comes with the "
-              "development install: `make demo` in a clone of the repository, or pip install -e ./twin")
-        return 2
+        raise CliError(f"the local twin is not installed ({error.name} missing): it comes with the development "
+                       "install, `make demo` in a clone of the repository, or pip install -e ./twin") from None
     return getattr(commands, command)(args)
 
 
-def _stack(stack_name: str, region: str | None) -> tuple[dict[str, str], dict[str, str], Any]:
-    session = boto3.session.Session(region_name=region)
+class StackValues(dict):
+    """A stack's outputs or parameters; a missing one is a CliError naming it, not a KeyError."""
+
+    def __init__(self, values: Mapping[str, str], stack_name: str, kind: str) -> None:
+        super().__init__(values)
+        self.stack_name, self.kind = stack_name, kind
+
+    def __missing__(self, name: str) -> str:
+        raise CliError(f"stack {self.stack_name} has no {self.kind} {name}: is it an hpops stack? "
+                       "If so, update it with this version's template.yaml")
+
+
+def _session(region: str | None) -> Any:
+    return boto3.session.Session(region_name=region)
+
+
+def _stack(stack_name: str, region: str | None) -> tuple[StackValues, StackValues, Any]:
+    session = _session(region)
     stack = session.client("cloudformation").describe_stacks(StackName=stack_name)["Stacks"][0]
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
-    parameters = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+    outputs = StackValues({o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}, stack_name, "output")
+    parameters = StackValues({p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])},
+                             stack_name, "parameter")
     return outputs, parameters, session
 
 
+def _output_file(path: str | None, option: str) -> None:
+    """Refuse an output path that cannot be written before a long run, not after it."""
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent
+    if target.is_dir():
+        raise CliError(f"{option} {path}: is a folder: give a file name")
+    if not folder.is_dir():
+        raise CliError(f"{option} {path}: folder {folder} does not exist: create it, or choose another path")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise CliError(f"{option} {path}: not writable: choose a path you can write")
+
+
+def _output_folder(path: str, option: str) -> None:
+    """A folder to create (with its parents) or replace: the nearest existing part must be a writable folder."""
+    existing = Path(path)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise CliError(f"{option} {path}: {existing} is a file, not a folder: choose another path")
+    if not os.access(existing, os.W_OK):
+        raise CliError(f"{option} {path}: {existing} is not writable: choose a path you can write")
+
+
+def cmd_twin_send(args: argparse.Namespace) -> int:
+    # Files, JSON and shapes are checked here, before the twin starts. Sizes are not: the twin
+    # refuses an oversized event itself, per event, the way PutEvents does (and goes on with the rest).
+    load_event_files(args.events, size_limit=None)
+    return _twin("send", args)
+
+
+def _twin_with_output(command: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        _output_file(args.json, "--json")
+        return _twin(command, args)
+    return run
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    """Exit 0: targets in sync and no alarm in ALARM; 1: out of sync or an alarm in ALARM; 2: can't tell."""
     if args.twin:
+        if args.json:
+            raise CliError("--json needs --stack-name (the twin's status is text only)")
         return _twin("status", args)
+    from hpops_core.host_identity.identity_record import read_expected
+
+    now = _utc_now()
     outputs, parameters, session = _stack(args.stack_name, args.region)
-    elbv2, sfn, sagemaker = session.client("elbv2"), session.client("stepfunctions"), session.client("sagemaker")
-    health = elbv2.describe_target_health(TargetGroupArn=outputs["TargetGroupArn"])["TargetHealthDescriptions"]
-    targets = [{"ip": d["Target"]["Id"], "port": d["Target"].get("Port"), "state": d["TargetHealth"]["State"]} for d in health]
-    group = parameters.get("LoginGroupName", "login")
-    pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=parameters["ClusterName"], InstanceGroupNameContains=group)
-    running = [s for p in pages for s in p["ClusterNodeSummaries"]
+    # Every output status needs, before the first call: a stack of another shape fails here, naming it.
+    target_group, table = outputs["TargetGroupArn"], outputs["SyncStateTableName"]
+    machines = {"LoginNodeSync": outputs["LoginNodeSyncStateMachineArn"],
+                "SessionLimits": outputs.get("SessionLimitsStateMachineArn"),
+                "BudgetGuard": outputs.get("BudgetGuardStateMachineArn")}
+    cluster, group = parameters["ClusterName"], parameters.get("LoginGroupName", "login")
+    login_nodes = _running_login_nodes(session.client("sagemaker"), cluster, group)
+    dynamodb, sfn = session.client("dynamodb"), session.client("stepfunctions")
+    document = status_document(
+        stack=args.stack_name, region=session.region_name, cluster=cluster, login_group=group, now=now,
+        targets=_target_health(session.client("elbv2"), target_group), login_nodes=login_nodes,
+        reports=_node_reports(dynamodb, table, cluster), published=read_expected(dynamodb, table, cluster),
+        executions={name: _last_execution(sfn, arn) if arn else "absent" for name, arn in machines.items()},
+        alarms=_stack_alarms(session, args.stack_name), dashboard=outputs.get("DashboardName"),
+        sessions=_optional(lambda: _active_sessions(session.client("ssm"), group, login_nodes), session.region_name),
+        spend=_optional(lambda: top_spenders(_spend_document(session, args.stack_name, now)), session.region_name),
+    )
+    print_status(document, as_json=args.json)
+    return document["exitStatus"]
+
+
+def _target_health(elbv2: Any, target_group_arn: str) -> list[dict]:
+    health = elbv2.describe_target_health(TargetGroupArn=target_group_arn)["TargetHealthDescriptions"]
+    return [{"ip": d["Target"]["Id"], "port": d["Target"].get("Port"), "state": d["TargetHealth"]["State"],
+             "reason": d["TargetHealth"].get("Reason")} for d in health]
+
+
+def _running_login_nodes(sagemaker: Any, cluster: str, group: str) -> list[dict]:
+    """The login group's Running nodes with their private IPs (the group name filter is a substring match)."""
+    pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster, InstanceGroupNameContains=group)
+    running = [s["InstanceId"] for p in pages for s in p["ClusterNodeSummaries"]
                if s["InstanceGroupName"] == group and s["InstanceStatus"]["Status"] == "Running"]
-    truth = sorted(sagemaker.describe_cluster_node(ClusterName=parameters["ClusterName"], NodeId=s["InstanceId"])["NodeDetails"]["PrivatePrimaryIp"] for s in running)
-    print_targets(targets, truth)
-    print("\nrecent executions:")
-    for execution in sfn.list_executions(stateMachineArn=outputs["LoginNodeSyncStateMachineArn"], maxResults=10)["executions"]:
-        print(f"  {execution['startDate']:%Y-%m-%d %H:%M:%S}  {execution['status']:<10} {execution['name']}")
-    return 0
+    return [{"instanceId": node, "ip": sagemaker.describe_cluster_node(ClusterName=cluster, NodeId=node)
+             ["NodeDetails"]["PrivatePrimaryIp"]} for node in running]
+
+
+def _node_reports(dynamodb: Any, table: str, cluster: str) -> dict[str, dict]:
+    """Instance id -> the latest report its agent sent (one item per node, report_store's layout)."""
+    from hpops_core.common.state_table import lease_item_key
+    from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
+
+    pages = dynamodb.get_paginator("query").paginate(
+        TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
+        ExpressionAttributeValues={":pk": lease_item_key(cluster)["pk"], ":sk": {"S": SK_PREFIX}})
+    return {item["sk"]["S"][len(SK_PREFIX):]: report_from_item(item) for page in pages for item in page["Items"]}
+
+
+def _last_execution(sfn: Any, state_machine_arn: str) -> dict | None:
+    executions = sfn.list_executions(stateMachineArn=state_machine_arn, maxResults=1)["executions"]
+    return executions[0] if executions else None
+
+
+def _stack_alarms(session: Any, stack_name: str) -> list[dict]:
+    """The stack's own CloudWatch alarms with their state. ListStackResources, not DescribeStackResources:
+    the latter returns only a stack's first 100 resources, and SAM expands this template past that."""
+    pages = session.client("cloudformation").get_paginator("list_stack_resources").paginate(StackName=stack_name)
+    names = [r["PhysicalResourceId"] for page in pages for r in page["StackResourceSummaries"]
+             if r["ResourceType"] == "AWS::CloudWatch::Alarm" and r.get("PhysicalResourceId")]
+    cloudwatch, alarms = session.client("cloudwatch"), []
+    for start in range(0, len(names), 100):  # DescribeAlarms takes at most 100 names
+        for page in cloudwatch.get_paginator("describe_alarms").paginate(AlarmNames=names[start:start + 100]):
+            alarms += page["MetricAlarms"]
+    return alarms
+
+
+def _active_sessions(ssm: Any, group: str, login_nodes: list[dict]) -> dict:
+    """Active Session Manager sessions on the Running login nodes, per IAM principal. The run-as user
+    needs the account's Run As preferences and the principals' tags (what SessionLimits resolves);
+    the principal's session or user name is what DescribeSessions itself tells."""
+    from collections import Counter
+
+    from hpops_core.session_limits.identity import principal_name
+    from hpops_core.session_limits.targets import parse_target
+
+    nodes, counts = {n["instanceId"] for n in login_nodes}, Counter()
+    for page in ssm.get_paginator("describe_sessions").paginate(State="Active"):
+        for record in page["Sessions"]:
+            parsed = parse_target(record.get("Target"))
+            if parsed and parsed[1] == group and parsed[2] in nodes:
+                owner = str(record.get("Owner") or "")
+                counts[principal_name(owner) or owner or "unknown"] += 1
+    return {"available": True, "active": sum(counts.values()), "groupedBy": "IAM principal",
+            "topUsers": [{"user": user, "sessions": n} for user, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:5]]}
+
+
+def _optional(section: Callable[[], dict], region: str | None) -> dict:
+    """A section status can show without (sessions, spend): its failure is its one-line reason."""
+    try:
+        return section()
+    # NotImplementedError: what an AWS stand-in (moto) raises for an API it lacks, DescribeSessions among them.
+    except (ClientError, BotoCoreError, HpopsError, NotImplementedError) as error:
+        return {"available": False, "reason": explain(error, region)}
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
@@ -96,11 +245,11 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 def cmd_host_keys(args: argparse.Namespace) -> int:
     """Generate, adopt or rotate the canonical host keys (an explicit operator action)."""
-    from pathlib import Path
-
-    from hpops_core.host_identity.keys import HostIdentityError, adopt_bundle, generate_bundle
+    from hpops_core.host_identity.keys import generate_bundle
     from hpops_core.host_identity.operator import install_canonical_bundle
 
+    # adopt reads the files first: nothing on AWS changes for a folder that cannot be adopted.
+    bundle = _adopt_from(args.from_dir) if args.action == "adopt" else None
     outputs, parameters, session = _stack(args.stack_name, args.region)
     if args.action.startswith("ca-"):
         return _host_ca(args, outputs, parameters, session)
@@ -119,18 +268,7 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         for key_type, value in expected["fingerprints"].items():
             print(f"{key_type:<22} {value}")
         return 0
-    if args.action == "adopt":
-        if not args.from_dir:
-            print("adopt needs --from-dir: a copy of a login node's /etc/ssh/ssh_host_*_key files")
-            return 2
-        files = {p.name: p.read_bytes() for p in Path(args.from_dir).glob("ssh_host_*_key")}
-        try:
-            bundle = adopt_bundle(files)
-        except HostIdentityError as error:  # its messages name files and key types, never key material
-            print(f"hpops host-keys adopt: {error} (in {args.from_dir})")
-            return 1
-    else:  # generate, rotate
-        bundle = generate_bundle()
+    bundle = bundle or generate_bundle()  # generate, rotate
     fingerprints = install_canonical_bundle(
         session.client("secretsmanager"), session.client("dynamodb"), outputs["HostIdentitySecretArn"],
         outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
@@ -144,6 +282,27 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         print("now run: hpops repair --stack-name", args.stack_name,
               "(publishes the new keys; every login node's agent applies them and is re-verified)")
     return 0
+
+
+def _adopt_from(folder: str | None) -> Any:
+    from hpops_core.host_identity.keys import HostIdentityError, adopt_bundle
+
+    fix = "copy a login node's /etc/ssh/ssh_host_{ed25519,ecdsa,rsa}_key files into a folder and pass it"
+    if not folder:
+        raise CliError(f"adopt needs --from-dir: {fix}")
+    if not Path(folder).is_dir():
+        raise CliError(f"--from-dir {folder}: {'not a folder' if Path(folder).exists() else 'no such folder'}: {fix}")
+    files = {}
+    for path in sorted(Path(folder).glob("ssh_host_*_key")):
+        try:
+            files[path.name] = path.read_bytes()
+        except OSError as error:
+            raise CliError(f"{path}: cannot read it ({error.strerror or type(error).__name__}): "
+                           "copy it readable (sudo cp, then chown it to you)") from None
+    try:
+        return adopt_bundle(files)
+    except HostIdentityError as error:  # its messages name files and key types, never key material
+        raise CliError(f"{error} (in {folder}): {fix}") from None
 
 
 def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session: Any) -> int:
@@ -174,19 +333,20 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
 
 def cmd_lifecycle(args: argparse.Namespace) -> int:
     """Write the node agent bundle, configured from the stack's outputs, for the lifecycle S3 prefix."""
-    from pathlib import Path
-
     from hpops_node_agent.bundle import build_bundle
 
+    _output_folder(args.out, "--out")
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         cluster, bus, region = parameters["ClusterName"], outputs["NodeReportBusName"], session.region_name
     elif args.cluster and args.report_bus and args.region:
         cluster, bus, region = args.cluster, args.report_bus, args.region
     else:
-        print("lifecycle needs --stack-name, or --cluster, --report-bus and --region")
-        return 2
-    folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
+        raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region")
+    try:
+        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
+    except ValueError as error:  # a cluster name or region the agent would refuse
+        raise CliError(f"{error} ({cluster!r}, {region!r}): give the HyperPod cluster's name and region") from None
     print(f"wrote {folder}")
     print(f"copy it next to on_create.sh:  aws s3 sync {folder} s3://<lifecycle-bucket>/<prefix>/hpops/")
     print("and add this line to on_create.sh (after sshd is configured):  bash ./hpops/install.sh")
@@ -207,15 +367,6 @@ MONTH_HELP = ("only the current UTC month (the default): a closed month cannot b
 
 def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def _one_line(error: BaseException) -> str:
-    if isinstance(error, ClientError):
-        details = error.response.get("Error", {})
-        text = f"{error.operation_name}: {details.get('Code', 'error')}: {details.get('Message', '')}"
-    else:
-        text = f"{type(error).__name__}: {error}"
-    return " ".join(text.split())[:300]
 
 
 def spend_function_environment(session: Any, stack_name: str) -> dict[str, str]:
@@ -256,62 +407,48 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.twin:
         return _twin("cost", args)
     if not args.stack_name:
-        print("hpops cost: give --stack-name S (or --twin)")
-        return 2
+        raise CliError("give --stack-name S (or --twin)")
     now = _utc_now()
     if args.month is not None and args.month != f"{now:%Y-%m}":
         shape = "" if MONTH_RE.fullmatch(args.month) else " (YYYY-MM)"
-        print(f"hpops cost: --month {args.month}{shape}: {MONTH_HELP} ({now:%Y-%m})")
-        return 2
-    from hpops_core.budget_guard.aws_budgets import ce_client
-    from hpops_core.budget_guard.pricing import pricing_client
-    from hpops_core.common.errors import HpopsError
-
-    try:
-        session = boto3.session.Session(region_name=args.region)
-        if not session.region_name:
-            print("hpops cost: no region: pass --region, or set AWS_REGION or a profile's region")
-            return 2
-        env = spend_function_environment(session, args.stack_name)
-        document = user_spend_document(env, session.region_name, now, sagemaker=session.client("sagemaker"),
-                                       ce=ce_client(session), pricing=pricing_client(session),
-                                       dynamodb=session.client("dynamodb"))
-    except (ClientError, BotoCoreError, HpopsError) as error:
-        print(f"hpops cost: {_one_line(error)}")
-        return 2
+        raise CliError(f"--month {args.month}{shape}: {MONTH_HELP} ({now:%Y-%m})")
+    document = _spend_document(_session(args.region), args.stack_name, now)
     print_cost(document, "json" if args.json else "csv" if args.csv else "table")
     return cost_exit_status(document)
+
+
+def _spend_document(session: Any, stack_name: str, now: dt.datetime) -> dict[str, Any]:
+    """`hpops cost`'s document for the deployed stack (also the spend lines of `hpops status`)."""
+    from hpops_core.budget_guard.aws_budgets import ce_client
+    from hpops_core.budget_guard.pricing import pricing_client
+
+    env = spend_function_environment(session, stack_name)
+    return user_spend_document(env, session.region_name, now, sagemaker=session.client("sagemaker"),
+                               ce=ce_client(session), pricing=pricing_client(session),
+                               dynamodb=session.client("dynamodb"))
 
 
 def _cost_subscribe(args: argparse.Namespace) -> int:
     from hpops_core.common.validation import InvalidValue, check_posix_user, shown
 
     if not args.stack_name:
-        print("hpops cost subscribe: give --stack-name S")
-        return 2
+        raise CliError("give --stack-name S")
     try:
         check_posix_user(args.user, "USER")
     except InvalidValue as error:
-        print(f"hpops cost subscribe: {error}")
-        return 2
+        raise CliError(str(error)) from None
     if not EMAIL_RE.fullmatch(args.email):
-        print(f"hpops cost subscribe: EMAIL {shown(args.email)} is not an e-mail address")
-        return 2
-    try:
-        outputs, _, session = _stack(args.stack_name, args.region)
-        topic = outputs.get("UserSpendAlertTopicArn")
-        if not topic:
-            print(f"hpops cost subscribe: stack {args.stack_name} has no output UserSpendAlertTopicArn "
-                  "(deployed before per-user spend alerts: update the stack)")
-            return 2
-        policy = {"user": [args.user]}
-        arn = session.client("sns").subscribe(
-            TopicArn=topic, Protocol="email", Endpoint=args.email, ReturnSubscriptionArn=True,
-            Attributes={"FilterPolicy": json.dumps(policy), "FilterPolicyScope": "MessageAttributes"},
-        )["SubscriptionArn"]
-    except (ClientError, BotoCoreError) as error:
-        print(f"hpops cost subscribe: {_one_line(error)}")
-        return 2
+        raise CliError(f"EMAIL {shown(args.email)} is not an e-mail address")
+    outputs, _, session = _stack(args.stack_name, args.region)
+    topic = outputs.get("UserSpendAlertTopicArn")
+    if not topic:
+        raise CliError(f"stack {args.stack_name} has no output UserSpendAlertTopicArn "
+                       "(deployed before per-user spend alerts: update the stack)")
+    policy = {"user": [args.user]}
+    arn = session.client("sns").subscribe(
+        TopicArn=topic, Protocol="email", Endpoint=args.email, ReturnSubscriptionArn=True,
+        Attributes={"FilterPolicy": json.dumps(policy), "FilterPolicyScope": "MessageAttributes"},
+    )["SubscriptionArn"]
     print(f"subscribed {args.email} to {args.user}'s spend alerts: {arn}")
     print(f"  filter policy {json.dumps(policy)}: only alerts about {args.user} reach this address")
     print(f"AWS has e-mailed {args.email} a confirmation link; nothing is delivered until {args.user} opens it and")
@@ -325,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = commands.add_parser("demo", help="play the whole story in the local twin")
     demo.add_argument("--json", metavar="FILE", help="write the steps and their outcome here")
-    demo.set_defaults(func=lambda a: _twin("demo", a))
+    demo.set_defaults(func=_twin_with_output("demo"))
 
     twin = commands.add_parser("twin", help="the local twin")
     twin_commands = twin.add_subparsers(dest="twin_command", required=True)
@@ -334,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--cluster", default="ml-research", help="twin cluster name (the saved events use ml-research)")
     send.add_argument("--cluster-id", help="twin cluster id, the last segment of its ARN (default: derived from the name)")
     send.add_argument("--login-group", default="login", help="the twin cluster's login instance group (default login)")
-    send.set_defaults(func=lambda a: _twin("send", a))
+    send.add_argument("--parameter", action="append", metavar="NAME=VALUE",
+                      help="a template.yaml parameter of the twin's stack (repeatable), as sam deploy --parameter-overrides")
+    send.set_defaults(func=cmd_twin_send)
 
     for name, func, text in (("status", cmd_status, "target group vs Running login nodes"),
                              ("repair", cmd_repair, "start a manual repair execution")):
@@ -343,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
         where.add_argument("--stack-name", help="the deployed stack")
         where.add_argument("--twin", action="store_true", help="use a fresh local twin (development install)")
         sub.add_argument("--region")
+        if name == "status":
+            sub.add_argument("--json", action="store_true", help="the same as one JSON document")
         if name == "repair":
             sub.add_argument("--dry-run", action="store_true", help="report the plan, change nothing")
             sub.add_argument("--timeout", type=float, default=300)
@@ -392,13 +533,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")
-    bench.set_defaults(func=lambda a: _twin("bench", a))
+    bench.set_defaults(func=_twin_with_output("bench"))
     return parser
 
 
+def _label(args: argparse.Namespace) -> str:
+    """`hpops cost subscribe`, `hpops host-keys adopt`, `hpops twin send`: what an error line starts with."""
+    words = ["hpops", args.command]
+    for name in ("twin_command", "action", "cost_command"):
+        if getattr(args, name, None):
+            words.append(getattr(args, name))
+    return " ".join(words)
+
+
+def _region(args: argparse.Namespace) -> str | None:
+    """Where the command looked, for an error line (None when no region is configured at all)."""
+    try:
+        return getattr(args, "region", None) or boto3.session.Session().region_name
+    except BotoCoreError:  # a broken profile: the error line already says so
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: the command's, or 2 with one line (stdout) when it could not get past a problem."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `hpops status | head`: the reader left; nothing left to say
+        raise
+    except (CliError, ClientError, BotoCoreError, HpopsError, OSError) as error:
+        print(f"{_label(args)}: {explain(error, _region(args))}")
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import json
 import sys
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
+from typing import Any
+
+
+# Registered means taking (or about to take) connections: a draining target is on its way out.
+NOT_REGISTERED_STATES = frozenset({"draining"})
 
 
 def print_targets(targets: list[dict], truth: list[str] | None) -> None:
@@ -12,7 +20,7 @@ def print_targets(targets: list[dict], truth: list[str] | None) -> None:
     for t in sorted(targets, key=lambda t: t["ip"]):
         print(f"{t['ip']:<18} {t['port']:>5}  {t['state']}")
     if truth is not None:
-        registered = sorted(t["ip"] for t in targets if t["state"] != "draining")
+        registered = sorted(t["ip"] for t in targets if t["state"] not in NOT_REGISTERED_STATES)
         print(f"Running login nodes: {', '.join(truth) or '(none)'}")
         print("in sync" if registered == truth else "OUT OF SYNC: start `hpops repair`")
 
@@ -115,3 +123,211 @@ def print_cost(document: dict, form: str = "table") -> None:
         print(f"warning {warning['name']}: {warning['reason']}")
     for finding in document.get("findings", []):
         print(f"over a threshold: {finding}")
+
+
+# ---------------------------------------------------------------------------- hpops status
+
+STATUS_FORMAT = "hpops.status.v1"
+
+
+def _ip_key(ip: str) -> tuple:
+    parts = ip.split(".")
+    return tuple(int(p) for p in parts) if len(parts) == 4 and all(p.isdigit() for p in parts) else (999, ip)
+
+
+def _utc(value: Any) -> str | None:
+    """An AWS timestamp (datetime) or stored ISO text as `2026-05-01T10:00:00Z`."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def execution_console_url(region: str, execution_arn: str) -> str:
+    return f"https://{region}.console.aws.amazon.com/states/home?region={region}#/v2/executions/details/{execution_arn}"
+
+
+def dashboard_console_url(region: str, name: str) -> str:
+    return f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#dashboards/dashboard/{name}"
+
+
+def status_document(*, stack: str, region: str, cluster: str, login_group: str, now: dt.datetime,
+                    targets: Sequence[Mapping], login_nodes: Sequence[Mapping], reports: Mapping[str, Mapping],
+                    published: Mapping | None, executions: Mapping[str, Any], alarms: Sequence[Mapping],
+                    dashboard: str | None, sessions: Mapping, spend: Mapping) -> dict:
+    """Pure: what `hpops status` shows, as one JSON-safe document (text and --json print the same).
+
+    ``targets``: {ip, port, state, reason}; ``login_nodes``: the login group's Running nodes
+    {instanceId, ip}; ``reports``: instance id -> latest node report (report_store.report_from_item);
+    ``executions``: state machine -> its last execution (ListExecutions item), None when it has none,
+    or the string "absent" when the stack has no such output; ``alarms``: DescribeAlarms items."""
+    registered = {t["ip"] for t in targets if t["state"] not in NOT_REGISTERED_STATES}
+    running = {n["ip"] for n in login_nodes}
+    extra, missing = sorted(registered - running, key=_ip_key), sorted(running - registered, key=_ip_key)
+    by_ip = {t["ip"]: t for t in targets}
+    published_version = (published or {}).get("version")
+    nodes = []
+    for node in sorted(login_nodes, key=lambda n: _ip_key(n["ip"])):
+        report = reports.get(node["instanceId"]) or {}
+        identity = report.get("hostIdentity")
+        target = by_ip.get(node["ip"])
+        nodes.append({
+            "instanceId": node["instanceId"], "ip": node["ip"],
+            "target": None if target is None else {"state": target["state"], "reason": target.get("reason")},
+            "hostIdentity": None if identity is None else {
+                "mode": identity.get("mode"), "result": identity.get("result"), "version": identity.get("version"),
+                "reason": identity.get("reason") or "",
+                "current": None if published_version is None else identity.get("version") == published_version},
+            "agentVersion": report.get("agentVersion"), "receivedAt": report.get("receivedAt"),
+        })
+    others = [{"ip": t["ip"], "port": t.get("port"), "state": t["state"], "reason": t.get("reason"),
+               "extra": t["ip"] in extra}
+              for t in sorted(targets, key=lambda t: _ip_key(t["ip"])) if t["ip"] not in running]
+    machines = {}
+    for name, last in executions.items():
+        if last == "absent" or last is None:
+            machines[name] = {"present": last != "absent", "last": None}
+            continue
+        machines[name] = {"present": True, "last": {
+            "name": last.get("name") or last["executionArn"].rsplit(":", 1)[-1], "status": last["status"],
+            "startDate": _utc(last.get("startDate")), "stopDate": _utc(last.get("stopDate")),
+            "executionArn": last["executionArn"], "consoleUrl": execution_console_url(region, last["executionArn"])}}
+    in_alarm = [{"name": a["AlarmName"], "reason": a.get("StateReason", ""), "since": _utc(a.get("StateUpdatedTimestamp"))}
+                for a in sorted(alarms, key=lambda a: a["AlarmName"]) if a.get("StateValue") == "ALARM"]
+    problems = []
+    if extra or missing:
+        problems.append("OUT OF SYNC")
+    if in_alarm:
+        problems.append(f"{len(in_alarm)} alarm{'s' if len(in_alarm) > 1 else ''} in ALARM")
+    return {
+        "format": STATUS_FORMAT, "stack": stack, "region": region, "cluster": cluster, "loginGroup": login_group,
+        "asOf": _utc(now), "problems": problems, "exitStatus": 1 if problems else 0,
+        "sync": {"inSync": not (extra or missing), "extra": extra, "missing": missing,
+                 "runningLoginNodes": len(running), "registeredTargets": len(registered)},
+        "loginNodes": nodes, "otherTargets": others,
+        "hostIdentity": None if not published else {"mode": published.get("mode"), "version": published_version},
+        "executions": machines,
+        "alarms": {"total": len(alarms), "inAlarm": in_alarm},
+        "dashboard": None if not dashboard else {"name": dashboard, "url": dashboard_console_url(region, dashboard)},
+        "sessions": dict(sessions), "spend": dict(spend),
+    }
+
+
+def _short(version: str | None) -> str:
+    """Secret version ids are UUIDs: 8 characters tell them apart on screen (--json has them whole)."""
+    if not version:
+        return "-"
+    return version if len(version) <= 12 else version[:8] + "…"
+
+
+def _age(received_at: str | None, now: dt.datetime) -> str:
+    if not received_at:
+        return "never"
+    seconds = int((now - dt.datetime.fromisoformat(received_at.replace("Z", "+00:00"))).total_seconds())
+    if seconds < 120:
+        return f"{max(seconds, 0)} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    return f"{seconds // 3600} h ago" if seconds < 172800 else f"{seconds // 86400} days ago"
+
+
+def _date(iso: str | None) -> str:
+    return "-" if not iso else iso.replace("T", " ")
+
+
+def status_text(document: Mapping) -> list[str]:
+    """`hpops status` for a person: the verdict first, then why, one screen."""
+    d = document
+    now = dt.datetime.fromisoformat(d["asOf"].replace("Z", "+00:00"))
+    lines = [f"stack {d['stack']} ({d['region']}): cluster {d['cluster']}, login group {d['loginGroup']}, "
+             f"as of {_date(d['asOf'])}"]
+    lines.append(("PROBLEM: " + ", ".join(d["problems"]) if d["problems"] else "OK: targets in sync, no alarm in ALARM")
+                 + f" (exit {d['exitStatus']})")
+    sync = d["sync"]
+    lines.append("")
+    head = f"login nodes: {sync['runningLoginNodes']} Running, {sync['registeredTargets']} registered targets: "
+    if sync["inSync"]:
+        lines.append(head + "in sync")
+    else:
+        why = [f"extra {', '.join(sync['extra'])}"] if sync["extra"] else []
+        why += [f"missing {', '.join(sync['missing'])}"] if sync["missing"] else []
+        lines.append(head + f"OUT OF SYNC ({'; '.join(why)}): run hpops repair --stack-name {d['stack']}")
+    lines.append(f"  {'instance':<21} {'ip':<15} {'target':<14} {'host identity':<13} {'version':<21} report")
+    for node in d["loginNodes"]:
+        target = node["target"]
+        state = "not registered" if target is None else target["state"]
+        identity = node["hostIdentity"]
+        if identity is None:
+            result, version = "no report", "-"
+        else:
+            result = identity["result"] or "-"
+            mark = {True: " (current)", False: " (behind)", None: ""}[identity["current"]]
+            version = _short(identity["version"]) + mark
+        lines.append(f"  {node['instanceId']:<21} {node['ip']:<15} {state:<14} {result:<13} {version:<21} "
+                     f"{_age(node['receivedAt'], now)}")
+        if target is not None and target.get("reason") and target["state"] != "healthy":
+            lines.append(f"      target {target['state']}: {target['reason']}")
+        if identity is not None and identity["result"] == "failed" and identity["reason"]:
+            lines.append(f"      host identity failed: {identity['reason']}")
+    for other in d["otherTargets"]:
+        note = "extra: no Running login node has this IP" if other["extra"] else "not a Running login node's IP"
+        lines.append(f"  {'-':<21} {other['ip']:<15} {other['state']:<14} {note}")
+    if d["hostIdentity"]:
+        lines.append(f"  host identity published: {d['hostIdentity']['mode']}, version {d['hostIdentity']['version']}")
+    else:
+        lines.append("  host identity published: none yet (hpops host-keys generate|adopt, or ca-generate)")
+
+    lines += ["", "last executions:"]
+    for name, machine in d["executions"].items():
+        last = machine["last"]
+        if last is None:
+            lines.append(f"  {name:<14} " + ("none yet" if machine["present"] else "not in this stack's outputs"))
+        else:
+            lines.append(f"  {name:<14} {last['status']:<10} {_date(last['startDate'])}  {last['consoleUrl']}")
+
+    alarms = d["alarms"]
+    lines += ["", f"alarms: {len(alarms['inAlarm'])} of {alarms['total']} in ALARM"]
+    for alarm in alarms["inAlarm"]:
+        lines.append(f"  ALARM {alarm['name']} since {_date(alarm['since'])}: {alarm['reason']}")
+    if d["dashboard"]:
+        lines.append(f"dashboard: {d['dashboard']['name']}  {d['dashboard']['url']}")
+    else:
+        lines.append("dashboard: not in this stack's outputs")
+
+    sessions = d["sessions"]
+    if not sessions.get("available"):
+        lines += ["", f"sessions: unavailable ({sessions.get('reason', 'unknown')})"]
+    else:
+        top = ", ".join(f"{u['user']} {u['sessions']}" for u in sessions["topUsers"]) or "none"
+        lines += ["", f"sessions: {sessions['active']} active on login nodes; by {sessions['groupedBy']}: {top}"]
+    spend = d["spend"]
+    if not spend.get("available"):
+        lines.append(f"spend: unavailable ({spend.get('reason', 'unknown')})")
+    else:
+        lines.append(f"spend {spend['month']}, top {len(spend['topUsers'])} of {spend['users']} users "
+                     f"(all: hpops cost --stack-name {d['stack']}):")
+        for u in spend["topUsers"]:
+            share = f"  {u['percentOfLimit']} % of {_money(u['limitUsd'])}" if u.get("percentOfLimit") else ""
+            lines.append(f"  {u['user'][:16]:<16} {_money(u['usd']):>12} USD{share}")
+        if not spend["topUsers"]:
+            lines.append("  (no Slurm usage this month)")
+    return lines
+
+
+def print_status(document: Mapping, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return
+    for line in status_text(document):
+        print(line)
+
+
+def top_spenders(document: Mapping, count: int = 5) -> dict:
+    """The spend section of `hpops status` from a `hpops cost` document: the ``count`` highest."""
+    users = sorted(document["users"], key=lambda u: (-Decimal(u["usd"]), u["user"]))
+    return {"available": True, "month": document["month"], "asOf": document["asOf"], "users": len(users),
+            "topUsers": [{"user": u["user"], "usd": u["usd"], "limitUsd": u["limitUsd"],
+                          "percentOfLimit": u["percentOfLimit"], "projectedUsd": u["projectedUsd"]}
+                         for u in users[:count]],
+            "warnings": [w["name"] for w in document.get("warnings", [])]}

@@ -1,6 +1,6 @@
 """The operator CLI against a (moto) deployment: `status`, `repair`, `host-keys generate|adopt|rotate|show`
 and `lifecycle`, each reading a CloudFormation stack that carries template.yaml's output and parameter
-names and points at real moto resources (target group, state machine, table, secret, event bus).
+names and points at real moto resources (target group, state machines, table, alarms, secret, event bus).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import boto3
@@ -20,8 +20,12 @@ from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 
 from hpops.main import main
-from hpops_core.host_identity.identity_record import read_expected
+from hpops.output import top_spenders
+from hpops_core.host_identity.identity_record import publish_expected, read_expected
 from hpops_core.host_identity.keys import HostKeyBundle
+from hpops_core.node_channel import contract
+from hpops_core.node_channel.report_store import report_item
+from hpops_core.node_channel.reports import parse_report_event
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.template_model import TemplateModel
 
@@ -32,6 +36,9 @@ LB_DNS = "login-nlb-0123456789.elb.us-east-1.amazonaws.com"
 ROLE_ARN = f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/hpops-login-sync"
 CLI_SOURCE = Path(__file__).resolve().parents[2] / "cli" / "hpops" / "main.py"
 EXECUTING = {"stepfunctions": {"execute_state_machine": True}}
+NOW = datetime(2026, 11, 20, 12, 0, tzinfo=timezone.utc)  # status's clock (report ages)
+DASHBOARD = "hpops-ml-operator"
+ALARMS = ("hpops-ml-SyncExecutionsFailed", "hpops-ml-EventDeliveryDlqNotEmpty", "hpops-ml-HostIdentityRejected")
 
 # A stand-in for LoginNodeSync that answers like it: a dry run plans, a repair applies.
 REPAIR_DEFINITION = {
@@ -133,6 +140,7 @@ def test_every_output_and_parameter_the_cli_reads_exists_in_template_yaml():
     assert {"TargetGroupArn", "LoginNodeSyncStateMachineArn", "SyncStateTableName", "HostIdentitySecretArn",
             "HostCertificateAuthoritySecretArn", "NodeReportBusName"} <= outputs_required
     assert "LoadBalancerDnsName" in outputs_optional
+    assert {"DashboardName", "SessionLimitsStateMachineArn", "BudgetGuardStateMachineArn"} <= outputs_optional
     assert {"ClusterName"} <= parameters_required and {"LoginGroupName", "HostCertificatePrincipals"} <= parameters_optional
     assert outputs_required | outputs_optional <= set(template["Outputs"])
     assert parameters_required | parameters_optional <= set(template["Parameters"])
@@ -144,11 +152,63 @@ def test_every_output_and_parameter_the_cli_reads_exists_in_template_yaml():
 # --------------------------------------------------------------------------- status
 
 
+def _alarm(name: str) -> dict:
+    return {"AlarmName": name, "Namespace": "HyperPodLoginAutopilot", "MetricName": name.rsplit("-", 1)[1],
+            "Statistic": "Sum", "Period": 300, "EvaluationPeriods": 1, "Threshold": 1,
+            "ComparisonOperator": "GreaterThanOrEqualToThreshold"}
+
+
+def _state_machine(name: str) -> dict:
+    return {"Type": "AWS::StepFunctions::StateMachine", "Properties": {
+        "StateMachineName": name, "RoleArn": ROLE_ARN, "DefinitionString": json.dumps(REPAIR_DEFINITION)}}
+
+
+class SessionHooks:
+    """The CLI's boto3 sessions (hpops.main._session), with botocore event hooks added: the answers
+    moto cannot give. Every call without a hook goes to moto."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.hooks: list[tuple[str, object]] = []
+        monkeypatch.setattr("hpops.main._session", self.session)
+
+    def session(self, region_name=None):
+        made = boto3.session.Session(region_name=region_name)
+        for event, handler in self.hooks:
+            made.events.register(event, handler)
+        return made
+
+    def answer(self, service: str, operation: str, response: dict) -> None:
+        """The operation answers ``response`` (HTTP 200) without reaching moto."""
+        from botocore.awsrequest import AWSResponse
+
+        self.hooks.append((f"before-call.{service}.{operation}", lambda **_: (
+            AWSResponse(f"https://{service}", 200, {}, None), response | {"ResponseMetadata": {"HTTPStatusCode": 200}})))
+
+
 @pytest.fixture
-def deployment(region):
+def session_hooks(monkeypatch) -> SessionHooks:
+    return SessionHooks(monkeypatch)
+
+
+@pytest.fixture
+def deployment(region, monkeypatch, session_hooks):
     """A HyperPod cluster (moto, nodes with IPs via the twin's simulator) and a stack with a real
-    IP target group and state machine. Login group `login`: 3 nodes, one of them being replaced
-    (old ShuttingDown, new Pending); group `login-staging` (its name contains "login") and `gpu`."""
+    IP target group, two of the three state machines (no BudgetGuard output, as in a stack from
+    before it), the state table, three alarms and the dashboard's name. Login group `login`: 3
+    nodes, one of them being replaced (old ShuttingDown, new Pending); group `login-staging` (its
+    name contains "login") and `gpu`. An alarm outside the stack is in ALARM all along.
+
+    moto's CloudFormation cannot create alarms: they are made with PutMetricAlarm, and added to
+    the stack's ListStackResources answer as CloudFormation would list them."""
+    monkeypatch.setattr("hpops.main._utc_now", lambda: NOW)
+
+    def list_alarms_too(parsed, **_):
+        if "NextToken" not in parsed:
+            parsed["StackResourceSummaries"] += [
+                {"LogicalResourceId": f"Alarm{number}", "PhysicalResourceId": name, "ResourceType": "AWS::CloudWatch::Alarm",
+                 "ResourceStatus": "CREATE_COMPLETE", "LastUpdatedTimestamp": NOW} for number, name in enumerate(ALARMS)]
+
+    session_hooks.hooks.append(("after-call.cloudformation.ListStackResources", list_alarms_too))
     with mock_aws():
         sim = HyperPodSimulator(REGION, DEFAULT_ACCOUNT_ID, clock=lambda: datetime.now(timezone.utc))
         sim.create_cluster(CLUSTER, {"login": ("ml.m5.xlarge", 3), "login-staging": ("ml.m5.xlarge", 1),
@@ -161,13 +221,19 @@ def deployment(region):
                 "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.1.0.0/16"}},
                 "LoginTargetGroup": {"Type": "AWS::ElasticLoadBalancingV2::TargetGroup", "Properties": {
                     "Name": "hpops-login", "Protocol": "TCP", "Port": 22, "TargetType": "ip", "VpcId": {"Ref": "Vpc"}}},
-                "LoginNodeSyncStateMachine": {"Type": "AWS::StepFunctions::StateMachine", "Properties": {
-                    "StateMachineName": "hpops-login-sync", "RoleArn": ROLE_ARN,
-                    "DefinitionString": json.dumps(REPAIR_DEFINITION)}},
+                "LoginNodeSyncStateMachine": _state_machine("hpops-login-sync"),
+                "SessionLimitsStateMachine": _state_machine("hpops-session-limits"),
+                "SyncStateTable": STATE_TABLE,
             },
             outputs={"TargetGroupArn": {"Ref": "LoginTargetGroup"},
-                     "LoginNodeSyncStateMachineArn": {"Ref": "LoginNodeSyncStateMachine"}},
+                     "LoginNodeSyncStateMachineArn": {"Ref": "LoginNodeSyncStateMachine"},
+                     "SessionLimitsStateMachineArn": {"Ref": "SessionLimitsStateMachine"},
+                     "SyncStateTableName": {"Ref": "SyncStateTable"}, "DashboardName": DASHBOARD},
         )
+        cloudwatch = boto3.client("cloudwatch")
+        for name in (*ALARMS, "other-stack-Failed"):
+            cloudwatch.put_metric_alarm(**_alarm(name))
+        cloudwatch.set_alarm_state(AlarmName="other-stack-Failed", StateValue="ALARM", StateReason="not this stack's")
         yield sim
 
 
@@ -178,49 +244,248 @@ def _by_status(sim: HyperPodSimulator, group: str) -> dict[str, list[str]]:
     return {status: sorted(ips) for status, ips in found.items()}
 
 
+def _running_login(sim: HyperPodSimulator) -> list[tuple[str, str]]:
+    """(instance id, ip) of the Running login nodes, by IP."""
+    return sorted(((n.instance_id, n.ip) for n in sim.nodes(CLUSTER, "login") if n.status == "Running"),
+                  key=lambda node: [int(part) for part in node[1].split(".")])
+
+
 def _register(ips: list[str]) -> None:
     boto3.client("elbv2").register_targets(TargetGroupArn=stack_outputs()["TargetGroupArn"],
                                            Targets=[{"Id": ip, "Port": 22} for ip in ips])
 
 
-def _target_rows(out: str) -> list[tuple[str, str, str]]:
-    return re.findall(r"^(\d+\.\d+\.\d+\.\d+)\s+(\d+)\s+(\S+)$", out, flags=re.MULTILINE)
+def _report(instance_id: str, ip: str, result: str, version: str, reason: str = "", minutes_ago: int = 2) -> None:
+    """What RecordNodeReport stores for a report the agent sent ``minutes_ago`` before NOW."""
+    detail = {"format": contract.REPORT_FORMAT, "cluster": CLUSTER, "instanceId": instance_id, "ip": ip,
+              "role": "login", "agentVersion": "1.4.0", "reportedAt": "2026-11-20T11:58:00Z", "trigger": "change",
+              "hostIdentity": {"mode": "keys", "result": result, "version": version, "reason": reason}}
+    report = parse_report_event({"source": contract.REPORT_SOURCE, "detail-type": contract.REPORT_DETAIL_TYPE,
+                                 "detail": detail})
+    received = (NOW - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    boto3.client("dynamodb").put_item(TableName=stack_outputs()["SyncStateTableName"],
+                                      Item=report_item(CLUSTER, report, received, int(NOW.timestamp())))
 
 
-def test_status_in_sync_lists_targets_running_login_nodes_and_recent_executions(deployment, capsys):
-    login = _by_status(deployment, "login")
-    assert len(login["Running"]) == 2 and len(login["Pending"]) == 1 and len(login["ShuttingDown"]) == 1
-    _register(login["Running"])
+def _publish(version: str) -> None:
+    publish_expected(boto3.client("dynamodb"), stack_outputs()["SyncStateTableName"], CLUSTER,
+                     {"ssh-ed25519": "SHA256:" + "A" * 43}, version)
+
+
+def _node_rows(out: str) -> dict[str, list[str]]:
+    """The status table's rows by IP: [instance, target, host identity, version...]."""
+    rows = {}
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and re.fullmatch(r"\d+\.\d+\.\d+\.\d+", fields[1]):
+            rows[fields[1]] = [fields[0], *fields[2:]]
+    return rows
+
+
+def _section(out: str, title: str) -> list[str]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i]), len(lines))
+    return lines[start:end]
+
+
+def test_status_in_sync_shows_each_node_its_host_identity_the_last_executions_and_exits_0(deployment, capsys):
+    (first_id, first_ip), (second_id, second_ip) = _running_login(deployment)
+    _register([first_ip, second_ip])
+    _publish("v2")
+    _report(first_id, first_ip, "unchanged", "v2")
+    _report(second_id, second_ip, "changed", "v2", minutes_ago=15)
     sfn = boto3.client("stepfunctions")
     machine = stack_outputs()["LoginNodeSyncStateMachineArn"]
     sfn.start_execution(stateMachineArn=machine, name="sweep-0001", input="{}")
-    stopped = sfn.start_execution(stateMachineArn=machine, name="repair-0002", input="{}")["executionArn"]
-    sfn.stop_execution(executionArn=stopped)
+    latest = sfn.start_execution(stateMachineArn=machine, name="repair-0002", input="{}")["executionArn"]
+    sfn.stop_execution(executionArn=latest)
 
-    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+    status, out, err = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
 
-    assert status == 0
-    assert _target_rows(out) == [(ip, "22", "healthy") for ip in login["Running"]]
-    # Running nodes of the exact login group only: not the Pending/ShuttingDown ones, not login-staging or gpu.
-    assert f"Running login nodes: {', '.join(login['Running'])}" in out.splitlines()
-    assert "in sync" in out.splitlines() and "OUT OF SYNC" not in out
-    executions = out.split("recent executions:", 1)[1]
-    assert re.search(r"^  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  RUNNING\s+sweep-0001$", executions, re.MULTILINE)
-    assert re.search(r"^  \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  ABORTED\s+repair-0002$", executions, re.MULTILINE)
+    assert (status, err) == (0, ""), out
+    lines = out.splitlines()
+    assert lines[1] == "OK: targets in sync, no alarm in ALARM (exit 0)"
+    assert "login nodes: 2 Running, 2 registered targets: in sync" in lines
+    # Only the exact login group's Running nodes: not the Pending/ShuttingDown ones, not login-staging or gpu.
+    assert _node_rows(out) == {first_ip: [first_id, "healthy", "unchanged", "v2", "(current)", "2", "min", "ago"],
+                               second_ip: [second_id, "healthy", "changed", "v2", "(current)", "15", "min", "ago"]}
+    assert "  host identity published: keys, version v2" in lines
+    executions = _section(out, "last executions:")
+    url = f"https://{REGION}.console.aws.amazon.com/states/home?region={REGION}#/v2/executions/details/{latest}"
+    assert re.fullmatch(rf"  LoginNodeSync  ABORTED    \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\dZ  {re.escape(url)}", executions[1])
+    assert executions[2:] == ["  SessionLimits  none yet", "  BudgetGuard    not in this stack's outputs"]
+    assert "sweep-0001" not in out  # the last execution only
+    # The other stack's alarm is in ALARM; this stack's three are not.
+    assert _section(out, "alarms:") == [
+        "alarms: 0 of 3 in ALARM",
+        f"dashboard: {DASHBOARD}  https://{REGION}.console.aws.amazon.com/cloudwatch/home?region={REGION}"
+        f"#dashboards/dashboard/{DASHBOARD}"]
 
 
-def test_status_out_of_sync_when_a_shutting_down_node_is_registered_and_a_running_one_is_not(deployment, capsys):
+def test_status_out_of_sync_names_the_extra_and_missing_ips_and_exits_1(deployment, capsys):
     login = _by_status(deployment, "login")
-    registered = sorted([login["Running"][0], login["ShuttingDown"][0]])
-    _register(registered)
+    (_, kept), (missing_id, missing) = _running_login(deployment)
+    extra = login["ShuttingDown"][0]
+    _register(sorted([kept, extra]))
+
+    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+
+    assert status == 1
+    assert out.splitlines()[1] == "PROBLEM: OUT OF SYNC (exit 1)"
+    assert (f"login nodes: 2 Running, 2 registered targets: OUT OF SYNC (extra {extra}; missing {missing}): "
+            f"run hpops repair --stack-name {STACK_NAME}") in out.splitlines()
+    rows = _node_rows(out)
+    assert rows[missing][:4] == [missing_id, "not", "registered", "no"]  # "not registered", "no report"
+    assert rows[extra] == ["-", "healthy", "extra:", "no", "Running", "login", "node", "has", "this", "IP"]
+    assert "  host identity published: none yet (hpops host-keys generate|adopt, or ca-generate)" in out.splitlines()
+
+
+def test_status_shows_a_failed_and_a_behind_host_identity_per_node(deployment, capsys):
+    (first_id, first_ip), (second_id, second_ip) = _running_login(deployment)
+    _register([first_ip, second_ip])
+    new_version = "3f1c9a2e-5d4b-4c1a-9e8f-0a1b2c3d4e5f"  # a secret version id: shown by its first 8 characters
+    _publish(new_version)
+    _report(first_id, first_ip, "changed", new_version)
+    _report(second_id, second_ip, "failed", "v1", reason="sshd -t rejected the new host keys", minutes_ago=1)
+
+    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+
+    assert status == 0  # in sync and no alarm: a node's identity is shown, the sync decides who serves
+    rows = _node_rows(out)
+    assert rows[first_ip][:5] == [first_id, "healthy", "changed", "3f1c9a2e…", "(current)"]
+    assert rows[second_ip][:5] == [second_id, "healthy", "failed", "v1", "(behind)"]
+    lines = out.splitlines()
+    assert lines[lines.index(next(line for line in lines if line.startswith(f"  {second_id}"))) + 1] == \
+        "      host identity failed: sshd -t rejected the new host keys"
+    assert f"  host identity published: keys, version {new_version}" in lines
+
+
+def test_status_exits_1_when_one_of_the_stacks_alarms_is_in_alarm(deployment, capsys):
+    _register([ip for _, ip in _running_login(deployment)])
+    boto3.client("cloudwatch").set_alarm_state(AlarmName=ALARMS[0], StateValue="ALARM",
+                                               StateReason="Threshold Crossed: 1 datapoint [2.0] >= 1.0")
+
+    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+
+    assert status == 1
+    assert out.splitlines()[1] == "PROBLEM: 1 alarm in ALARM (exit 1)"
+    alarms = _section(out, "alarms:")
+    assert alarms[0] == "alarms: 1 of 3 in ALARM"
+    assert re.fullmatch(rf"  ALARM {ALARMS[0]} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\dZ: "
+                        r"Threshold Crossed: 1 datapoint \[2\.0\] >= 1\.0", alarms[1])
+    assert "other-stack-Failed" not in out
+
+
+def test_status_json_is_one_document_with_the_same_facts(deployment, capsys):
+    (first_id, first_ip), (second_id, second_ip) = _running_login(deployment)
+    _register([first_ip])
+    _publish("v2")
+    _report(first_id, first_ip, "unchanged", "v2")
+    boto3.client("cloudwatch").set_alarm_state(AlarmName=ALARMS[1], StateValue="ALARM", StateReason="1 message")
+    machine = stack_outputs()["SessionLimitsStateMachineArn"]
+    execution = boto3.client("stepfunctions").start_execution(stateMachineArn=machine, name="limits-1")["executionArn"]
+
+    status, out, err = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION, "--json")
+
+    assert (status, err) == (1, "")
+    document = json.loads(out)
+    assert document["format"] == "hpops.status.v1" and document["exitStatus"] == 1
+    assert (document["stack"], document["region"], document["cluster"], document["loginGroup"], document["asOf"]) == (
+        STACK_NAME, REGION, CLUSTER, "login", "2026-11-20T12:00:00Z")
+    assert document["problems"] == ["OUT OF SYNC", "1 alarm in ALARM"]
+    assert document["sync"] == {"inSync": False, "extra": [], "missing": [second_ip], "runningLoginNodes": 2,
+                                "registeredTargets": 1}
+    assert document["loginNodes"] == [
+        {"instanceId": first_id, "ip": first_ip, "target": {"state": "healthy", "reason": None},
+         "hostIdentity": {"mode": "keys", "result": "unchanged", "version": "v2", "reason": "", "current": True},
+         "agentVersion": "1.4.0", "receivedAt": "2026-11-20T11:58:00.000Z"},
+        {"instanceId": second_id, "ip": second_ip, "target": None, "hostIdentity": None, "agentVersion": None,
+         "receivedAt": None}]
+    assert document["hostIdentity"] == {"mode": "keys", "version": "v2"}
+    assert document["executions"]["LoginNodeSync"] == {"present": True, "last": None}
+    assert document["executions"]["BudgetGuard"] == {"present": False, "last": None}
+    last = document["executions"]["SessionLimits"]["last"]
+    assert (last["name"], last["status"], last["executionArn"]) == ("limits-1", "RUNNING", execution)
+    assert last["consoleUrl"].endswith(f"#/v2/executions/details/{execution}")
+    assert document["alarms"]["total"] == 3
+    assert [a["name"] for a in document["alarms"]["inAlarm"]] == [ALARMS[1]]
+    assert document["dashboard"]["name"] == DASHBOARD
+    assert document["sessions"]["available"] is False and document["spend"]["available"] is False
+
+
+def test_status_says_why_sessions_and_spend_are_unavailable_and_still_answers(deployment, capsys):
+    _register([ip for _, ip in _running_login(deployment)])
 
     status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
 
     assert status == 0
-    assert _target_rows(out) == [(ip, "22", "healthy") for ip in registered]
-    assert f"Running login nodes: {', '.join(login['Running'])}" in out.splitlines()
-    assert "OUT OF SYNC: start `hpops repair`" in out.splitlines() and "in sync" not in out.splitlines()
-    assert out.rstrip().endswith("recent executions:")  # none started yet
+    # moto implements no DescribeSessions; this stack has no CheckUserSpendFunction.
+    assert ("sessions: unavailable (NotImplementedError: The describe_sessions action has not been implemented)"
+            in out.splitlines())
+    assert ("spend: unavailable (DescribeStackResource: ValidationError: Resource CheckUserSpendFunction does not "
+            f"exist for stack {STACK_NAME})") in out.splitlines()
+
+
+def test_status_counts_active_sessions_on_the_login_nodes_per_principal(deployment, session_hooks, capsys):
+    (first_id, first_ip), (second_id, second_ip) = _running_login(deployment)
+    _register([first_ip, second_ip])
+    staging = next(n.instance_id for n in deployment.nodes(CLUSTER, "login-staging"))
+    owner = f"arn:aws:sts::{DEFAULT_ACCOUNT_ID}:assumed-role/Researchers/"
+    sessions = [{"SessionId": f"{user}-0{n}", "Target": f"sagemaker-cluster:abc123def456_{group}-{node}",
+                 "Status": "Connected", "Owner": owner + user}
+                for n, (user, group, node) in enumerate([
+                    ("alice", "login", first_id), ("alice", "login", second_id), ("bob", "login", first_id),
+                    ("carol", "login-staging", staging)])]  # not a login node: not counted
+    session_hooks.answer("ssm", "DescribeSessions", {"Sessions": sessions})
+
+    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+
+    assert status == 0
+    assert "sessions: 3 active on login nodes; by IAM principal: alice 2, bob 1" in out.splitlines()
+
+
+def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):
+    """The figures are `hpops cost`'s (tests/aws/test_cost_cli.py computes them against a deployment);
+    here, that status shows the five highest of them."""
+    _register([ip for _, ip in _running_login(deployment)])
+    users = [{"user": name, "usd": usd, "limitUsd": limit, "percentOfLimit": pct, "projectedUsd": usd}
+             for name, usd, limit, pct in [("bob", "12.50", None, None), ("alice", "5120.00", "10000.00", "51.2"),
+                                           ("carol", "0.00", "1000.00", "0.0")]]
+    asked = []
+
+    def cost_document(session, stack_name, now):
+        asked.append((session.region_name, stack_name, now))
+        return {"month": "2026-11", "asOf": "2026-11-20T12:00:00Z", "users": users, "warnings": []}
+
+    monkeypatch.setattr("hpops.main._spend_document", cost_document)
+
+    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+
+    assert status == 0 and asked == [(REGION, STACK_NAME, NOW)]
+    assert _section(out, "spend 2026-11") == [
+        f"spend 2026-11, top 3 of 3 users (all: hpops cost --stack-name {STACK_NAME}):",
+        "  alice                5,120.00 USD  51.2 % of 10,000.00",
+        "  bob                     12.50 USD",
+        "  carol                    0.00 USD  0.0 % of 1,000.00"]
+
+
+def test_top_spenders_are_the_five_highest_with_their_limits():
+    users = [{"user": name, "usd": usd, "limitUsd": "1000.00", "percentOfLimit": pct, "projectedUsd": usd}
+             for name, usd, pct in [("ann", "10.00", "1.0"), ("bob", "900.50", "90.1"), ("cy", "0.00", "0.0"),
+                                    ("dee", "45.25", "4.5"), ("eve", "1200.00", "120.0"), ("fay", "45.25", "4.5"),
+                                    ("gus", "3.10", "0.3")]]
+    section = top_spenders({"month": "2026-11", "asOf": "2026-11-20T12:00:00Z", "users": users, "warnings": []})
+
+    assert [u["user"] for u in section["topUsers"]] == ["eve", "bob", "dee", "fay", "ann"]
+    assert section["users"] == 7 and section["available"] is True
+    assert section["topUsers"][0] == {"user": "eve", "usd": "1200.00", "limitUsd": "1000.00", "percentOfLimit": "120.0",
+                                      "projectedUsd": "1200.00"}
+
+
+def test_status_json_with_the_twin_is_refused_in_one_line(capsys):
+    status, out, err = run(capsys, "status", "--twin", "--json")
+    assert status == 2 and err == "" and out.count("\n") == 1 and "--json needs --stack-name" in out
 
 
 # --------------------------------------------------------------------------- repair
@@ -442,12 +707,12 @@ def test_adopt_publishes_exactly_the_fingerprints_of_the_nodes_keys(keys_stack, 
 
 def test_adopt_without_from_dir_exits_2_and_changes_nothing(keys_stack, capsys):
     status, out, _ = run(capsys, "host-keys", "adopt", "--stack-name", STACK_NAME, "--region", REGION)
-    assert status == 2 and "--from-dir" in out
+    assert status == 2 and out.count("\n") == 1 and "--from-dir" in out
     assert "uninitialized" in boto3.client("secretsmanager").get_secret_value(SecretId=keys_stack)["SecretString"]
     assert _published() is None
 
 
-def test_adopt_from_a_folder_missing_a_key_exits_1_naming_the_file(keys_stack, capsys, tmp_path):
+def test_adopt_from_a_folder_missing_a_key_exits_2_naming_the_file(keys_stack, capsys, tmp_path):
     node_keys = tmp_path / "incomplete"
     _ssh_host_keys(node_keys)
     (node_keys / "ssh_host_rsa_key").unlink()
@@ -455,7 +720,8 @@ def test_adopt_from_a_folder_missing_a_key_exits_1_naming_the_file(keys_stack, c
     status, out, err = run(capsys, "host-keys", "adopt", "--stack-name", STACK_NAME, "--region", REGION,
                            "--from-dir", str(node_keys))
 
-    assert status == 1 and "ssh_host_rsa_key" in out
+    assert status == 2 and out.count("\n") == 1
+    assert out.startswith("hpops host-keys adopt: missing host key files: ssh_host_rsa_key")
     assert "PRIVATE KEY" not in out + err
     assert "uninitialized" in boto3.client("secretsmanager").get_secret_value(SecretId=keys_stack)["SecretString"]
 

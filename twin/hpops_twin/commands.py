@@ -9,10 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
+import warnings
 from typing import Any
 
 from hpops.output import describe_result, print_targets
-from hpops_twin.world import StuckExecutionError, TwinWorld
+from hpops_twin.explain import Route, did, first_line, matches, nearest_rule, routes
+from hpops_twin.template_model import TemplateModel
+from hpops_twin.world import StuckExecutionError, TwinWorld, entry_of
+from hpops_twin.world_diff import AlertInbox, changes, login_nodes, snapshot
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -21,63 +26,121 @@ def demo(args: argparse.Namespace) -> int:
     return run_demo(args.json)
 
 
-def _cluster_hints(event: dict, world: Any) -> list[str]:
-    """Why an event may have matched no rule: it names another cluster, cluster id or login group."""
-    detail = event.get("detail") if isinstance(event.get("detail"), dict) else {}
-    named = detail.get("EventDetails") if isinstance(detail.get("EventDetails"), dict) else detail
-    hints = []
-    if named.get("ClusterName") and named["ClusterName"] != world.cluster_name:
-        hints.append(f"it names cluster {named['ClusterName']}, the twin's is {world.cluster_name} (--cluster)")
-    target = str((detail.get("requestParameters") or {}).get("target") or "")
-    session = re.fullmatch(r"sagemaker-cluster:([^_]+)_(.+)-(i-[^-]+)", target)
-    if session and (session[1], session[2]) != (world.cluster_id, world.login_group):
-        hints.append(f"its target is cluster id {session[1]}, group {session[2]}; the twin's are "
-                     f"{world.cluster_id}, {world.login_group} (--cluster-id, --login-group)")
-    return hints
+# The cluster's identity is the simulator's too, so it is set with --cluster, --cluster-id, --login-group.
+IDENTITY_PARAMETERS = {"ClusterName": "--cluster", "ClusterArn": "--cluster-id", "LoginGroupName": "--login-group"}
+
+
+def _parameters(settings: list[str], world_template: Any) -> dict[str, str]:
+    """NAME=VALUE stack parameters (as `sam deploy --parameter-overrides`), checked as CloudFormation
+    would: the name must be the template's and the value within its AllowedPattern/AllowedValues."""
+    parameters = {}
+    for setting in settings:
+        name, equals, value = setting.partition("=")
+        declared = world_template.raw["Parameters"].get(name)
+        if not equals or declared is None:
+            raise ValueError(f"--parameter {setting}: expected NAME=VALUE with NAME a parameter of template.yaml")
+        if name in IDENTITY_PARAMETERS:
+            raise ValueError(f"--parameter {setting}: set it with {IDENTITY_PARAMETERS[name]}")
+        allowed = [str(v) for v in declared.get("AllowedValues", [])]
+        if (allowed and value not in allowed) or not re.fullmatch(declared.get("AllowedPattern", ".*"), value):
+            raise ValueError(f"--parameter {setting}: template.yaml allows "
+                             f"{', '.join(allowed) if allowed else declared['AllowedPattern']}")
+        parameters[name] = value
+    return parameters
+
+
+def _labelled_events(paths: list[str]) -> list[tuple[str, dict]]:
+    labelled = []
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            loaded = json.load(handle)
+        if isinstance(loaded, list):
+            labelled += [(f"{path}[{number}]", event) for number, event in enumerate(loaded)]
+        else:
+            labelled.append((path, loaded))
+    return labelled
 
 
 def send(args: argparse.Namespace) -> int:
-    events = []
-    for path in args.events:
-        with open(path, encoding="utf-8") as handle:
-            loaded = json.load(handle)
-        events.extend(loaded if isinstance(loaded, list) else [loaded])
+    """Every event through one twin, in order (each sees what the previous ones did): per event the
+    rules it matched, what each execution or function did, and what changed in the world.
+    Exit 0 when every event matched a rule and everything it started succeeded, else 1."""
+    labelled = _labelled_events(args.events)
     try:
+        template = TemplateModel()
         twin = TwinWorld(cluster_name=args.cluster, cluster_id=args.cluster_id, login_group=args.login_group,
-                         worker_group="workers" if args.login_group == "gpu" else "gpu")
+                         worker_group="workers" if args.login_group == "gpu" else "gpu", template=template,
+                         parameters=_parameters(getattr(args, "parameter", None) or [], template))
     except ValueError as error:
         print(f"twin send: {error}")
         return 2
-    with twin as world:
+    print("twin send: building the twin from template.yaml ...", file=sys.stderr, flush=True)
+    # Powertools warns on every invocation that publishes no metric; it says nothing about the event.
+    with warnings.catch_warnings(), twin as world:
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
         running = sorted(n.ip for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running")
         print(f"twin cluster {world.cluster_name} (id {world.cluster_id}), login group {world.login_group}: "
               f"Running login nodes {', '.join(running)}")
-        failed = 0
-        for event in events:  # one at a time, so each plan reads the previous one's result
-            label = f"event {event.get('id', '?')} ({event.get('detail-type', 'input')})"
-            if "detail-type" in event:
-                outcome = world.put_events([event])
-                refused = outcome.entries[0]
-                if "ErrorCode" in refused:
-                    print(f"{label}: refused, not delivered: {refused['ErrorCode']}: {refused['ErrorMessage']}")
-                    failed += 1
-                    continue
-                started = outcome.started
-            else:
-                started = [world.start_raw(event)]
-            if not started:
-                print(f"{label}: matched no rule" + "".join(f"; {hint}" for hint in _cluster_hints(event, world)))
-            try:
-                results = world.wait(started)
-            except StuckExecutionError as error:
-                print(f"{label}: {error}")
-                failed += 1
-                continue
-            for result in results:
-                failed += result.status != "SUCCEEDED"
-                describe_result(vars(result))
-        print_targets(world.targets(), world.login_truth())
-        return 1 if failed else 0
+        inbox = AlertInbox(world)
+        inbox.new()  # what the world's setup sent is no event's doing
+        succeeded = [_replay(world, inbox, label, event) for label, event in labelled]
+        for line in login_nodes(world):
+            print(line)
+    return 0 if all(succeeded) else 1
+
+
+def _replay(world: TwinWorld, inbox: AlertInbox, label: str, event: dict) -> bool:
+    """One event (or state machine input) through the world; prints what happened; True if all succeeded."""
+    before = snapshot(world)
+    print(f"{label}: {event.get('detail-type') or 'state machine input'}")
+    functions: list[Route] = []
+    if "detail-type" in event:
+        by_name = {r.source_name: r for r in routes(world) if r.kind == "state machine"}
+        first_route, first_failure = len(world.routes), len(world.delivery_failures)
+        entry = world.put_events([event]).entries[0]
+        if "ErrorCode" in entry:
+            print(f"  refused, not delivered: {entry['ErrorCode']}: {entry['ErrorMessage']}")
+            return False
+        started = [(by_name[r.rule].describe(), r.execution_arn) for r in world.routes[first_route:]]
+        # EventBridge also delivers to the function targets, on whichever bus their rule listens.
+        functions = [r for r in routes(world) if r.kind == "function" and matches(r.pattern, event)]
+        for bus in dict.fromkeys(r.bus for r in functions):
+            world.deliver_to_functions(bus, entry_of(event))
+        failures = world.delivery_failures[first_failure:]
+    else:
+        started = [("input -> state machine LoginNodeSyncStateMachine (StartExecution)", world.start_raw(event))]
+    if not started and not functions:
+        nearest = nearest_rule(event, world)
+        print("  matched no rule")
+        print("  " + (nearest.describe() if nearest else
+                      f"no rule takes source {event.get('source')} with detail-type {event.get('detail-type')}"))
+        return False
+    ok = True
+    for described, arn in started:
+        try:
+            result = world.wait([arn])[0]
+        except StuckExecutionError as error:
+            print(f"  {described}: {error}")
+            ok = False
+            continue
+        line = f"  {described}: execution {result.name[:8]} {result.status}"
+        if result.status == "SUCCEEDED":
+            summary = did(result.output)
+            print(line + (f": {summary}" if summary else ""))
+        else:
+            print(f"{line}: {result.error}: {first_line(result.cause)}")
+            ok = False
+    for route in functions:
+        name = world.function_rules[route.source_name]["function"]
+        failure = next((f for f in failures if f["function"] == name), None)
+        if failure:
+            print(f"  {route.describe()}: {failure['error']}: {first_line(failure['message'])} (event to the DLQ)")
+            ok = False
+        else:
+            print(f"  {route.describe()}: invoked")
+    for line in changes(before, snapshot(world), inbox.new()) or ["nothing changed in the world"]:
+        print(f"  {line}")
+    return ok
 
 
 def bench(args: argparse.Namespace) -> int:

@@ -603,7 +603,8 @@ class TwinWorld:
                                                EventBusName=props.get("EventBusName", "default"),
                                                EventPattern=json.dumps(props["Pattern"]))
             self.function_rules[source.name] = {"pattern": props["Pattern"], "bus": props.get("EventBusName", "default"),
-                                                "function": name, "dlq": props.get("DeadLetterConfig", {}).get("Arn")}
+                                                "function": name, "dlq": props.get("DeadLetterConfig", {}).get("Arn"),
+                                                "logical_id": f"{logical_id}{source.name}", "target": logical_id}
 
     def _provision_StateMachine(self, logical_id: str, props: dict) -> None:
         spec = self.template.state_machines()[logical_id]
@@ -622,7 +623,8 @@ class TwinWorld:
             rule_name = self._physical_name(f"{logical_id}{source.name}")
             if source.kind == "EventBridgeRule":
                 events.put_rule(Name=rule_name, EventPattern=json.dumps(props["Pattern"]))
-                self.rules[source.name] = {"kind": source.kind, "pattern": props["Pattern"], "state_machine": arn}
+                self.rules[source.name] = {"kind": source.kind, "pattern": props["Pattern"], "state_machine": arn,
+                                           "logical_id": f"{logical_id}{source.name}", "target": logical_id}
             elif source.kind in ("Schedule", "ScheduleV2"):
                 schedule = props.get("Schedule") or props.get("ScheduleExpression")
                 state = props.get("State", "ENABLED")

@@ -20,6 +20,7 @@ def handler_tools(calls_aws: bool) -> tuple[Logger, Tracer, Metrics]:
     tracer = Tracer(patch_modules=["botocore"]) if calls_aws else Tracer(auto_patch=False)
     metrics = Metrics()
     cluster = os.environ.get("CLUSTER_NAME", "")
-    if cluster:
+    # Metrics instances share their dimensions: set once per process, not once per handler module.
+    if cluster and metrics.default_dimensions.get(CLUSTER_DIMENSION) != cluster:
         metrics.set_default_dimensions(**{CLUSTER_DIMENSION: cluster})
     return Logger(), tracer, metrics
