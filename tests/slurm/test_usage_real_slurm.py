@@ -62,6 +62,35 @@ def per_user(reports: list) -> dict:
     return {user: dict(values) for user, values in totals.items()}
 
 
+def stack_node_hours(reports: list) -> dict:
+    """Per-user node-hours as CheckUserSpend computes them from the reports the agent sent."""
+    from decimal import Decimal
+
+    from hpops_core.budget_guard.rates import Rate, RateChoice, no_billed_month
+    from hpops_core.budget_guard.usage_reports import parse_usage_event
+    from hpops_core.budget_guard.usage_store import StoredWindow
+    from hpops_core.budget_guard.user_spend import UserLimits, spend_report
+
+    windows = []
+    for report in reports:
+        for part in usage.split_report(report):
+            parsed = parse_usage_event({"source": contract.REPORT_SOURCE, "detail-type": contract.USAGE_DETAIL_TYPE,
+                                        "detail": part})
+            # the test cluster has no provisioning_parameters.json: map its one partition by hand
+            windows.append(StoredWindow(parsed.window_start, parsed.collected_at, parsed.final, parsed.status,
+                                        parsed.records, {"batch": "compute"}))
+    rate = Rate("ml.c5.4xlarge", Decimal("1"), "override", "test rate: $1 per node-hour")
+    rates = RateChoice({"ml.c5.4xlarge": rate}, ())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    report = spend_report("hpopsusage", now, windows,
+                          [{"InstanceGroupName": "compute", "InstanceType": "ml.c5.4xlarge", "CurrentCount": 1}],
+                          rates, no_billed_month(), UserLimits())
+    spend = {u.user: u for u in report.users}
+    # at $1 per node-hour, dollars are node-hours (kept to the micro-dollar per record)
+    assert all(abs(u.usd - u.node_hours) < Decimal("0.0001") for u in spend.values())
+    return {user: u.node_hours for user, u in spend.items()}
+
+
 def tres(text: str, name: str) -> int:
     return sum(int(item.split("=", 1)[1]) for item in text.split(",") if item.split("=", 1)[0] == name)
 
@@ -110,6 +139,13 @@ def test_per_user_usage_equals_sacct_and_sreport_and_a_rerun_changes_nothing(slu
             assert abs(found[user][name] - expected[user][name]) <= tolerance[user][name], (
                 user, name, found, dict(expected))
 
+    # What the stack makes of those reports: each part through the Lambda's validation, then the
+    # per-user figures the budget guard prices, against sacct's own totals.
+    stack_hours = stack_node_hours(reports)
+    for user in (ALICE, BOB):
+        assert abs(stack_hours[user] * 3600 - expected[user]["nodeSeconds"]) <= tolerance[user]["nodeSeconds"], (
+            user, stack_hours, dict(expected))
+
     # A window that cuts through the longest job: the module's own sacct call still finds every job
     # overlapping it (those that started before it too) and clips each to it.
     def epoch(text: str) -> int:
@@ -128,8 +164,10 @@ def test_per_user_usage_equals_sacct_and_sreport_and_a_rerun_changes_nothing(slu
         user, _, nodes, cpus, alloc_tres, _, end, _, start = rows[job]
         inside = min(epoch(end), cut_end) - max(epoch(start), cut_start)
         if inside > 0:
+            # a job is counted in the window it started in, not in every window it overlaps
             oracle[(user, "batch")].update({"nodeSeconds": int(nodes) * inside, "cpuSeconds": int(cpus) * inside,
-                                            "gpuSeconds": tres(alloc_tres, "gres/gpu") * inside, "jobs": 1})
+                                            "gpuSeconds": tres(alloc_tres, "gres/gpu") * inside,
+                                            "jobs": int(cut_start <= epoch(start) < cut_end)})
     assert clipped == {key: dict(values) for key, values in oracle.items()}
     assert clipped[(rows[longest][0], "batch")]["nodeSeconds"] >= 2
 
