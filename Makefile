@@ -6,14 +6,41 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test unit twin ssh slurm checks lint build checkov bench chaos clean lifecycle
 
+# pip stays quiet, so each bootstrap step says what it starts, "N s so far" every 15 s, and its
+# seconds when it ends: a fresh clone would otherwise sit silent for a minute. The ticker's sleep
+# writes to /dev/null, so once the ticker is killed nothing holds a pipe (make ... | tee) open.
+STEP_FUNCTION = step() { \
+	  what=$$1; shift; echo "$$what ..."; start=$$(date +%s); \
+	  ( while sleep 15 >/dev/null 2>&1; do echo "  ... $$(( $$(date +%s) - start )) s so far"; done ) & ticker=$$!; \
+	  "$$@"; status=$$?; kill $$ticker 2>/dev/null; \
+	  if [ $$status -ne 0 ]; then echo "$$what: failed after $$(( $$(date +%s) - start )) s"; exit $$status; fi; \
+	  echo "$$what: done in $$(( $$(date +%s) - start )) s"; \
+	}
+
+# The direct requirements pip is about to resolve, read from the pyproject files it installs.
+REQUIREMENTS = $(PYTHON) -c 'import re, tomllib; \
+	main = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+	twin = tomllib.load(open("twin/pyproject.toml", "rb"))["project"]; \
+	wanted = main["dependencies"] + main["optional-dependencies"]["dev"] + twin["dependencies"]; \
+	print(", ".join(n for n in (re.split(r"[^A-Za-z0-9_.-]", r)[0] for r in wanted) if n != main["name"]))'
+
 $(STAMP): pyproject.toml twin/pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]' -e ./twin
+	@$(STEP_FUNCTION); began=$$(date +%s); \
+	step "venv: creating $(VENV) with $(PYTHON)" $(PYTHON) -m venv $(VENV) && \
+	step "venv: upgrading pip" $(BIN)/pip install --quiet --upgrade pip && \
+	echo "venv: hpops[dev] and ./twin need $$($(REQUIREMENTS))" && \
+	step "venv: installing them and what they depend on (pip install -e '.[dev]' -e ./twin)" \
+	  $(BIN)/pip install --quiet -e '.[dev]' -e ./twin && \
+	echo "venv: ready in $$(( $$(date +%s) - began )) s, $$($(BIN)/pip list --format=freeze 2>/dev/null | wc -l) packages in $(VENV)"
 	@touch $(STAMP)
 
+# Unbuffered (python -u): through a pipe or a CI log the demo's steps and the bench's sections
+# would otherwise arrive in blocks, or only at the end.
+demo bench: export PYTHONUNBUFFERED = 1
+
 demo: $(STAMP)
+	@echo "hpops demo: loading the twin (moto); each step prints as it starts, with the seconds since the start"
 	$(BIN)/hpops demo $(if $(JSON),--json $(JSON))
 
 test: $(STAMP) checks
@@ -47,13 +74,17 @@ build: $(STAMP)
 CHECKOV := .venv-checkov
 $(CHECKOV)/.installed:
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
-	$(PYTHON) -m venv $(CHECKOV)
-	$(CHECKOV)/bin/pip install --quiet checkov==3.3.30
+	@$(STEP_FUNCTION); \
+	step "checkov venv: creating $(CHECKOV) with $(PYTHON)" $(PYTHON) -m venv $(CHECKOV) && \
+	step "checkov venv: installing checkov==3.3.30 and what it depends on" \
+	  $(CHECKOV)/bin/pip install --quiet checkov==3.3.30
 	@touch $@
 
 checkov: $(CHECKOV)/.installed
 	$(CHECKOV)/bin/checkov --config-file .checkov.yaml
 
+# Progress (each section as it starts, its seconds when it ends) goes to stderr; the tables to stdout.
+# make bench JSON=docs/bench.json refreshes the figures the README quotes (tests/unit/test_readme.py).
 bench: $(STAMP)
 	$(BIN)/hpops bench $(if $(JSON),--json $(JSON))
 

@@ -10,12 +10,22 @@ key rotation take, from the agents' own call counts and the state machines'.
 Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports against `import boto3`
 in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
 Slurm usage (hpops_twin/usage_bench.py): one collection sweep over a synthetic month of 10,000 jobs.
+
+Progress goes to stderr, flushed: one line when a section starts, one with its seconds when it ends.
+The tables (stdout) are unchanged. `--json FILE` also records each section's seconds and the machine,
+which is what docs/bench.json (the figures the README quotes) is made with.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import os
+import platform
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 from hpops_twin.world import StuckExecutionError, TwinWorld
@@ -33,6 +43,8 @@ class Row:
     calls: dict
     state_transitions: int
     seconds: float
+    executions: int = 0  # LoginNodeSync executions the scenario started
+    coalesced: int = 0  # of which found the lease taken, set pending and ended
 
 
 def _sync_functions(world: TwinWorld) -> set[str]:
@@ -59,8 +71,10 @@ def _measure(world: TwinWorld, scenario: str, size: int, start) -> Row:
         by_service[key.split(".", 1)[0]] += count
     sync_arns = [arn for arn in arns if ":LoginNodeSync" in arn or "LoginNodeSyncStateMachine" in arn]
     transitions = sum(world.state_transitions(arn) for arn in sync_arns)
+    coalesced = sum(1 for r in results if r.arn in sync_arns and ((r.output or {}).get("lease") or {}).get("acquired") is False)
     return Row(scenario, size, by_service.get("sagemaker", 0) + by_service.get("elastic-load-balancing-v2", 0),
-               by_service.get("dynamodb", 0), dict(sorted(calls.items())), transitions, seconds)
+               by_service.get("dynamodb", 0), dict(sorted(calls.items())), transitions, seconds,
+               len(sync_arns), coalesced)
 
 
 def bench_size(size: int) -> list[Row]:
@@ -170,6 +184,40 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+class Progress:
+    """Section lines on stderr, flushed as they happen: without them the first table appears after
+    minutes of silence (it prints once every cluster size is measured). stderr keeps stdout, the
+    tables, exactly what it was for anyone who redirects or compares it."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.number = total, 0
+        self.stream = stream
+        self.began = time.perf_counter()
+        self.sections: list[dict] = []
+
+    def say(self, text: str) -> None:
+        print(f"bench [{self.elapsed():>4}] {text}", file=self.stream or sys.stderr, flush=True)
+
+    def elapsed(self) -> str:
+        minutes, seconds = divmod(int(time.perf_counter() - self.began), 60)
+        return f"{minutes}:{seconds:02d}"
+
+    @contextmanager
+    def section(self, title: str) -> Iterator[None]:
+        self.number += 1
+        label = f"{self.number}/{self.total} {title}"
+        self.say(f"{label} ...")
+        began = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            self.say(f"{label}: stopped after {time.perf_counter() - began:.1f} s")
+            raise
+        seconds = time.perf_counter() - began
+        self.sections.append({"section": title, "seconds": round(seconds, 2)})
+        self.say(f"{label}: {seconds:.1f} s")
+
+
 def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> int:
     """Print the tables and the targets; 0 when every target is met, 1 when one is missed, 2 when
     a scenario could not be measured (one line says which and why, instead of a hang)."""
@@ -181,10 +229,15 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
 
 
 def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
-    rows = [row for size in sizes for row in bench_size(size)]
-    certificate_rows = certificate_mode_rows()
+    progress = Progress(total=len(sizes) + 6)
+    rows = []
+    for size in sizes:
+        with progress.section(f"LoginNodeSync at {size:,} cluster nodes: idle sweep, replacement, 20-event burst"):
+            rows += bench_size(size)
+    with progress.section("LoginNodeSync in certificate mode: replacement, daily check"):
+        certificate_rows = certificate_mode_rows()
     rows += certificate_rows
-    print(render(rows))
+    print(render(rows), flush=True)
     single = [r for r in rows if r.scenario.startswith("replacement: one")]
     idle = [r for r in rows if r.scenario == "idle sweep"]
     verdicts = {
@@ -197,36 +250,56 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
         "cert mode daily check with nothing due: no signature":
             "ssm.PutParameter" not in certificate_rows[1].calls,
     }
-    channel_rows = node_channel_rows()
+    with progress.section("node channel: node join, host key rotation"):
+        channel_rows = node_channel_rows()
     print()
-    print(render_channel(channel_rows))
+    print(render_channel(channel_rows), flush=True)
     join, rotation = channel_rows[0], channel_rows[1]
     verdicts |= {
         "node join: keys applied at on_create, registered with no wait for a report": join.waits == 0,
         "rotation: every login node acknowledged within 2 agent polls": rotation.max_polls_per_node <= 2,
     }
+    from hpops_twin import session_bench
     from hpops_twin.session_bench import session_limits_section
 
-    session_rows, session_verdicts = session_limits_section()
+    with progress.section(f"session limits: {session_bench.SESSIONS:,} sessions of {session_bench.USERS} users"):
+        session_rows, session_verdicts = session_limits_section()
     verdicts |= session_verdicts
     from hpops_twin.budget_bench import budget_guard_section
 
-    verdicts |= budget_guard_section()[1]
-    from hpops_twin.footprint import footprint_section
+    with progress.section("budget guard: budget created, state change, scale-out alert, hourly sweep"):
+        budget_rows, budget_verdicts = budget_guard_section()
+    verdicts |= budget_verdicts
+    from hpops_twin.footprint import RUNS, footprint_section
 
-    footprint, footprint_verdicts = footprint_section()
+    with progress.section(f"footprint: layer sizes, each function's cold-start import ({RUNS} rounds)"):
+        footprint, footprint_verdicts = footprint_section(progress=progress.say)
     verdicts |= footprint_verdicts
-    from hpops_twin.usage_bench import usage_section
+    from hpops_twin.usage_bench import JOBS, usage_section
 
-    usage_result, usage_verdicts = usage_section()
+    with progress.section(f"Slurm usage: collection sweeps over a synthetic month of {JOBS:,} jobs"):
+        usage_result, usage_verdicts = usage_section()
     verdicts |= usage_verdicts
     print()
     for text, ok in verdicts.items():
-        print(f"{'ok  ' if ok else 'MISS'} {text}")
+        print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
+    progress.say(f"done: {sum(ok for ok in verdicts.values())} of {len(verdicts)} targets met")
     if json_path:
         with open(json_path, "w", encoding="utf-8") as handle:
             json.dump({"rows": [asdict(r) for r in rows], "targets": verdicts,
                        "node_channel": [asdict(r) for r in channel_rows],
                        "session_limits": [asdict(r) for r in session_rows],
-                       "footprint": asdict(footprint), "usage": asdict(usage_result)}, handle, indent=2)
+                       "budget_guard": [asdict(r) for r in budget_rows],
+                       "footprint": asdict(footprint), "usage": asdict(usage_result),
+                       "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
+                                  "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
+                       "run": _run_record(progress)}, handle, indent=2)
+            handle.write("\n")
     return 0 if all(verdicts.values()) else 1
+
+
+def _run_record(progress: Progress) -> dict:
+    """Where and when the figures were measured: the README quotes times from one such run."""
+    return {"finished": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "seconds": round(time.perf_counter() - progress.began, 1), "sections": progress.sections}

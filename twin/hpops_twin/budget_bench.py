@@ -58,7 +58,7 @@ def budget_guard_section() -> tuple[list[BudgetRow], dict[str, bool]]:
         calls = ", ".join(f"{k}={v}" for k, v in r.calls.items())
         render.append(f"{r.scenario:<38} {r.total_calls:>5} {r.state_transitions:>11} {r.seconds:8.2f}  {calls}")
     print()
-    print("\n".join(render))
+    print("\n".join(render), flush=True)
 
     by_name = {r.scenario: r for r in rows}
     quiet = [by_name["state change, no scale-out"], by_name["same scale-out event again"]]

@@ -3,10 +3,14 @@
 Every step runs the real state machine and handlers. A step passes when, after all executions
 have finished, the target group equals the Running login nodes (and the step's own expectation
 holds); the demo exits non-zero otherwise.
+
+Each line carries the seconds since the demo started (building the first twin included) and is
+flushed at once, so a pipe or a CI log shows each step as it starts.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -16,6 +20,9 @@ from typing import Any
 
 from hpops_twin.node_hosts import rotation_bundle
 from hpops_twin.world import ExecutionResult, TwinWorld
+
+# A pipe or CI log block-buffers print(): the timeline would arrive in lumps, or at the end.
+say_now = functools.partial(print, flush=True)
 
 
 @dataclass
@@ -73,11 +80,11 @@ def summarize(results: list[ExecutionResult]) -> dict[str, Any]:
 
 
 class Demo:
-    def __init__(self, world: TwinWorld, out: Callable[[str], None] = print):
+    def __init__(self, world: TwinWorld, out: Callable[[str], None] = say_now, started: float | None = None):
         self.world = world
         self.out = out
         self.steps: list[StepOutcome] = []
-        self.started = time.perf_counter()
+        self.started = time.perf_counter() if started is None else started
 
     def say(self, text: str) -> None:
         self.out(f"[{time.perf_counter() - self.started:6.2f}s] {text}")
@@ -238,13 +245,16 @@ class Demo:
         return "\n".join(lines)
 
 
-def run_demo(json_path: str | None = None, out: Callable[[str], None] = print) -> int:
+def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
     from hpops_twin.certificate_demo import run_certificate_chapter
     from hpops_twin.user_spend_demo import run_user_spend_chapter
 
     random.seed(7)
+    started = time.perf_counter()
+    out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
+        "a node agent per login node")
     with TwinWorld() as world:
-        demo = Demo(world, out)
+        demo = Demo(world, out, started)
         steps = demo.run()
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
     run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters

@@ -34,6 +34,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -145,7 +146,11 @@ def function_imports(template: TemplateModel, code_root: Path | None = BUILD_DIR
     found = []
     for logical_id, spec in template.functions().items():
         built = code_root / logical_id if code_root else None
-        code_dir = built if built is not None and (built / f"{spec.handler.rsplit('.', 1)[0]}.py").exists() else spec.code_uri
+        module = f"{spec.handler.rsplit('.', 1)[0]}.py"
+        # A `sam build` older than the source would measure yesterday's code: use the source then.
+        fresh = (built is not None and (built / module).exists()
+                 and (built / module).read_bytes() == (spec.code_uri / module).read_bytes())
+        code_dir = built if fresh else spec.code_uri
         found.append(FunctionImport(logical_id, spec.handler, code_dir, function_layers(template, logical_id),
                                     handler_statements(code_dir, spec.handler)))
     return found
@@ -259,12 +264,17 @@ def unzipped_size(path: Path) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- the measurement
 
-def measure(runs: int = RUNS, template: TemplateModel | None = None) -> Footprint:
+def measure(runs: int = RUNS, template: TemplateModel | None = None,
+            progress: Callable[[str], None] = lambda text: None) -> Footprint:
+    """progress: told when the layers are read or built and when each import round starts (a first
+    run builds the layers with pip, and each round starts two interpreters per function: minutes
+    with nothing else to show)."""
     template = template or TemplateModel()
     notes: list[str] = []
     sources = layer_sources(template)
 
     layer_rows = []
+    progress("  footprint: layers (built with pip first if `sam build` has not run or their inputs changed)")
     for layer_id, source in sources.items():
         out = deployed_layer(layer_id, source, notes)
         size, files = unzipped_size(out)
@@ -293,6 +303,7 @@ def measure(runs: int = RUNS, template: TemplateModel | None = None) -> Footprin
     boto3_samples: list[float] = []
     boto3_env = lambda_environment("Boto3Baseline", "none.none", REPO_ROOT, [importable[l] for l in baseline_layers])
     for round_number in range(runs):
+        progress(f"  footprint: import round {round_number + 1}/{runs}, {len(targets)} functions, each after `import boto3`")
         # Each function's run follows an `import boto3` run against the layers every function has:
         # the ratio is taken pair by pair, so a slow spell on the machine weighs on both sides. The
         # order turns each round, so such a spell does not land on the same functions every time.
@@ -361,9 +372,9 @@ def render(result: Footprint) -> str:
     return "\n".join(lines)
 
 
-def footprint_section(runs: int = RUNS) -> tuple[Footprint, dict[str, bool]]:
+def footprint_section(runs: int = RUNS, progress: Callable[[str], None] = lambda text: None) -> tuple[Footprint, dict[str, bool]]:
     """For bench.py: measure, print, and return the verdicts."""
-    result = measure(runs)
+    result = measure(runs, progress=progress)
     print()
     print(render(result), flush=True)
     return result, result.verdicts()

@@ -87,7 +87,7 @@ def session_limits_section() -> tuple[list[SessionRow], dict[str, bool]]:
     """Run, print the table, and return the rows and the targets for run_bench's verdicts."""
     rows = session_limits_rows()
     print()
-    print(render(rows))
+    print(render(rows), flush=True)
     by_name = {r.scenario: r for r in rows}
     under = [r for r in rows if r.scenario.startswith("StartSession, user under limit")]
     cold, warm = by_name["sweep, cold run-as tag cache"], by_name["sweep, warm tag cache (< 5 min later)"]

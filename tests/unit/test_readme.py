@@ -1,0 +1,448 @@
+"""The README stays true: its commands run (or say why not) and its bench figures are measured ones.
+
+Commands: every command line the README shows, in its code blocks and as inline `hpops ...`-style
+spans, is either run here offline (OFFLINE) or listed with the reason it is not (SKIPPED, and
+MENTIONS for a command the prose names without its arguments). A command in none of them fails
+test_every_readme_command_is_run_or_skipped, so a new one gets a decision. Run or not, each is
+checked against what it names: hpops's own argument parser, the Makefile's targets and
+variables, a module's --help.
+
+Figures: what the README quotes from `make bench` is compared with docs/bench.json, the JSON of one
+real `make bench JSON=docs/bench.json` run. Counts must be equal. Times and import ratios vary from
+run to run, so for them the README's section must say they come from that file, and they must be
+near the file's values (no machine's timing is asserted here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+README = REPO_ROOT / "README.md"
+BENCH = REPO_ROOT / "docs" / "bench.json"
+
+# A line (or inline span of two words or more) that starts with one of these is a command.
+PROGRAMS = {"hpops", "make", "python", "python3", "pip", "sam", "aws", "bash", "sh", "journalctl", "sshd",
+            "ssh-keygen", "ssh", "systemctl", "sacct", "curl"}
+# Code blocks that are not commands and have no box-drawing to show it, by their first word.
+NOT_COMMANDS = {
+    "@cert-authority": "a known_hosts line for users",
+    "template.yaml": "the repository's layout (test_architecture.py checks its paths)",
+}
+FIGURE = re.compile(r"[─│►◄→└┐┘┼]")
+
+
+@dataclass(frozen=True)
+class Offline:
+    exit_code: int = 0
+    says: str = ""  # text its output must contain
+    why_exit: str = "success"
+
+
+# Run here, from the repository root, as the README shows them; each starts a local twin (no AWS).
+OFFLINE = {
+    "hpops twin send events/hyperpod-node-health.json events/repair-dry-run.json": Offline(0, "in sync"),
+    "hpops cost --twin": Offline(1, "(users + idle + other = cluster cost)",
+                                 "the demo month's alice is projected past 80 % of her limit, and a threshold crossed exits 1"),
+}
+
+AWS = "needs a deployed stack and AWS credentials"
+ON_A_NODE = "runs on a HyperPod login node, not on the operator's machine"
+TOO_LONG = "too long for a unit test"
+SKIPPED = {
+    "make demo": f"{TOO_LONG} (a minute or more); what its steps show is tested in tests/twin",
+    "make test": f"{TOO_LONG}: the whole suite, this test included",
+    "make bench": f"{TOO_LONG} (minutes); docs/bench.json is its output and the figures are checked below",
+    "make bench JSON=docs/bench.json": f"{TOO_LONG} (minutes); it writes docs/bench.json, checked below",
+    "make chaos": f"{TOO_LONG} (minutes); tests/twin/test_chaos.py runs a reduced version",
+    "make checkov": "installs checkov into its own venv and scans the template; part of make test",
+    "make lifecycle STACK=S": AWS,
+    "hpops demo [--json FILE]": f"{TOO_LONG}: it is make demo",
+    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3]": f"{TOO_LONG}: it is make chaos",
+    "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
+    "hpops host-keys generate --stack-name S": AWS,
+    "hpops host-keys rotate --stack-name S": AWS,
+    "hpops repair --stack-name S": AWS,
+    "hpops host-keys ca-generate --stack-name S": AWS,
+    "hpops host-keys ca-show --stack-name S": AWS,
+    "hpops lifecycle --stack-name S --out dist/lifecycle": AWS,
+    "aws s3 sync dist/lifecycle/hpops s3://<your-lifecycle-bucket>/<prefix>/hpops/": AWS,
+    "bash ./hpops/install.sh": f"{ON_A_NODE}, as root, from the lifecycle scripts (tests/node runs the agent)",
+    "sam build": "builds the layers with pip for arm64 (network, minutes); make test runs it (make build)",
+    "sam deploy": AWS,
+    "sam deploy --config-env prod": AWS,
+    "aws stepfunctions start-execution --state-machine-arn \"$(aws cloudformation describe-stacks --stack-name "
+    "hpops-login-autopilot --query \"Stacks[0].Outputs[?OutputKey=='LoginNodeSyncStateMachineArn'].OutputValue\" "
+    "--output text)\" --input '{\"cluster\": \"ml-research\", \"mode\": \"repair\", \"dryRun\": true}'": AWS,
+    "hpops repair --stack-name hpops-login-autopilot --dry-run": AWS,
+    "hpops repair --stack-name hpops-login-autopilot": AWS,
+    "hpops status --stack-name hpops-login-autopilot": AWS,
+    "hpops status --stack-name S [--region R] [--json]": AWS,
+    "hpops cost --stack-name S [--json | --csv]": AWS,
+    "hpops cost subscribe --stack-name S USER EMAIL": AWS,
+    "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
+    "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
+    "journalctl -u hpops-node-agent": ON_A_NODE,
+}
+# Commands the prose names without their arguments: skipped as well (they need AWS), and only
+# checked to be commands hpops has.
+MENTIONS = {
+    "hpops cost": f"{AWS}; `hpops cost --twin` runs above",
+    "hpops repair": AWS,
+}
+
+
+# ---------------------------------------------------------------- the README's commands
+
+def code_blocks(text: str) -> list[str]:
+    return re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+
+
+def block_commands(block: str) -> list[str]:
+    """The commands of one code block: continuations joined, `a && b` split, comments dropped
+    except an alternative they offer (`# or: make lifecycle STACK=S`)."""
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        line, _, comment = line.partition(" # ")
+        alternative = comment.strip().removeprefix("or:") if comment.strip().startswith("or:") else ""
+        for part in [*line.strip().split(" && "), alternative]:
+            words = part.split()
+            if words and words[0] in PROGRAMS:
+                commands.append(" ".join(words))
+    return commands
+
+
+def inline_commands(text: str) -> list[str]:
+    """Spans of two words or more that start with a program; `hpops status: access denied ...` is
+    a message the program prints, not a command."""
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    spans = [span.split() for span in re.findall(r"`([^`\n]+)`", prose)]
+    return [" ".join(words) for words in spans
+            if len(words) > 1 and words[0] in PROGRAMS and not words[1].endswith(":")]
+
+
+def readme_commands() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    found = [c for block in code_blocks(text) for c in block_commands(block)] + inline_commands(text)
+    return list(dict.fromkeys(found))
+
+
+def test_every_code_block_is_commands_or_a_figure():
+    """A block with commands holds nothing else, so no command hides behind an unknown program name."""
+    unclear = []
+    for block in code_blocks(README.read_text(encoding="utf-8")):
+        lines = [re.sub(r"\s+#\s.*$", "", line).strip() for line in block.replace("\\\n", " ").splitlines()]
+        lines = [line for line in lines if line]
+        if not lines:
+            continue
+        first_words = [line.split()[0] for line in lines]
+        if any(word in PROGRAMS for word in first_words):
+            unclear += [line for line, word in zip(lines, first_words) if word not in PROGRAMS]
+        elif not FIGURE.search(block) and first_words[0] not in NOT_COMMANDS:
+            unclear.append(lines[0])
+    assert not unclear, (f"README code lines that are neither a command of {sorted(PROGRAMS)} nor part of a figure: "
+                         f"{unclear}; add the program to PROGRAMS or the block to NOT_COMMANDS")
+
+
+def test_every_readme_command_is_run_or_skipped():
+    commands = readme_commands()
+    assert "hpops cost --twin" in commands  # the extraction itself works
+    undecided = [c for c in commands if c not in OFFLINE and c not in SKIPPED and c not in MENTIONS]
+    assert not undecided, f"README commands neither run by this test (OFFLINE) nor skipped with a reason (SKIPPED): {undecided}"
+    twice = (set(OFFLINE) & set(SKIPPED)) | (set(OFFLINE) & set(MENTIONS)) | (set(SKIPPED) & set(MENTIONS))
+    assert not twice, f"listed twice: {twice}"
+
+
+def test_no_stale_entries():
+    shown = set(readme_commands())
+    stale = [c for c in [*OFFLINE, *SKIPPED, *MENTIONS] if c not in shown]
+    assert not stale, f"no longer in the README, drop them here: {stale}"
+
+
+def synopsis_variants(command: str) -> list[list[str]]:
+    """argv lists for a synopsis: each `[a | b]` group absent or one of its choices."""
+    groups = re.findall(r"\[([^\]]*)\]", command)
+    fixed = re.sub(r"\s*\[[^\]]*\]", "", command)
+    choices = [[""] + [choice.strip() for choice in group.split("|")] for group in groups]
+    return [shlex.split(" ".join([fixed, *picked])) for picked in itertools.product(*choices)]
+
+
+def hpops_parse_error(argv: list[str]) -> str | None:
+    from hpops.main import build_parser
+
+    try:
+        build_parser().parse_args(argv)
+    except SystemExit as stop:
+        return None if stop.code == 0 else f"hpops {' '.join(argv)}: exit {stop.code}"
+    return None if "--help" not in argv else f"hpops {' '.join(argv)}: no help"
+
+
+def make_targets_and_variables() -> tuple[set[str], set[str]]:
+    text = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = {m for line in re.findall(r"^([A-Za-z][\w .-]*):(?!=)", text, re.M) for m in line.split()}
+    return targets, set(re.findall(r"\$\((\w+)\)", text))
+
+
+def checkable(command: str) -> bool:
+    """Commands whose program this test can hold them against: hpops, make, python -m."""
+    words = command.split()
+    return words[0] in ("hpops", "make") or words[:2] in (["python", "-m"], ["python3", "-m"])
+
+
+@pytest.mark.parametrize("command", sorted(c for c in [*OFFLINE, *SKIPPED, *MENTIONS] if checkable(c)))
+def test_command_line_fits_what_it_names(command, capsys):
+    """Skipped or not, the command line must be one its program accepts: a renamed option or target
+    fails here even though the command itself is not run."""
+    words = shlex.split(re.sub(r"\s*\[[^\]]*\]", "", command))
+    program = words[0]
+    if program == "hpops":
+        variants = [words + ["--help"]] if command in MENTIONS else synopsis_variants(command)
+        errors = [e for argv in variants if (e := hpops_parse_error(argv[1:]))]
+        assert not errors, f"{errors}: {capsys.readouterr().err.strip()}"
+    elif program == "make":
+        targets, variables = make_targets_and_variables()
+        named = [w for w in words[1:] if "=" not in w]
+        assigned = [w.split("=", 1)[0] for w in words[1:] if "=" in w]
+        assert set(named) <= targets, f"no such make target: {set(named) - targets}"
+        assert set(assigned) <= variables, f"the Makefile never reads {set(assigned) - variables}"
+    else:
+        options = set(re.findall(r"--[\w-]+", command))
+        shown = subprocess.run([sys.executable, "-m", words[2], "--help"], capture_output=True, text=True,
+                               cwd=REPO_ROOT, timeout=120)
+        assert shown.returncode == 0, shown.stderr[-500:]
+        missing = {o for o in options if o not in shown.stdout}
+        assert not missing, f"python -m {words[2]} --help does not offer {missing}"
+
+
+@pytest.mark.parametrize("command", sorted(OFFLINE))
+def test_offline_command_runs(command):
+    """As the README shows it, from the repository root, with the hpops next to this interpreter."""
+    expected = OFFLINE[command]
+    argv = shlex.split(command)
+    argv[0] = str(Path(sys.executable).with_name(argv[0]))
+    done = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    output = done.stdout + done.stderr
+    assert done.returncode == expected.exit_code, \
+        f"{command}: exit {done.returncode}, expected {expected.exit_code} ({expected.why_exit})\n{output[-3000:]}"
+    assert expected.says in done.stdout, output[-3000:]
+
+
+# ---------------------------------------------------------------- the figures the README quotes
+
+@pytest.fixture(scope="module")
+def bench() -> dict:
+    return json.loads(BENCH.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def readme() -> str:
+    return " ".join(README.read_text(encoding="utf-8").split())  # one line: claims wrap anywhere
+
+
+def section(title: str) -> str:
+    """One `## ` section of the README, whitespace collapsed."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return " ".join(text[start:end if end > 0 else None].split())
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def claim(text: str, pattern: str) -> tuple[str, ...]:
+    found = re.search(pattern, text)
+    assert found, f"the README no longer says /{pattern}/: update it or this test"
+    return found.groups()
+
+
+def near(quoted: float, measured: float, share: float = 0.25) -> bool:
+    """Timing figures: within a quarter of the measured value (or half a unit of what the README rounds to)."""
+    return abs(quoted - measured) <= max(share * measured, 0.5 if quoted == int(quoted) else 0.005)
+
+
+def rows_of(bench: dict, key: str, scenario: str) -> list[dict]:
+    rows = [r for r in bench[key] if r["scenario"] == scenario]
+    assert rows, f"docs/bench.json has no {key} row {scenario!r}"
+    return rows
+
+
+def span(text: str) -> tuple[int, int]:
+    """'7' -> (7, 7); '7–9' -> (7, 9): a figure that differs between the cluster sizes of one run."""
+    low, _, high = text.partition("–")
+    return int(number(low)), int(number(high or low))
+
+
+def measured_span(values) -> tuple[int, int]:
+    values = list(values)
+    return min(values), max(values)
+
+
+def named_calls(cell: str) -> dict[str, tuple[int, int]]:
+    """'1 `GetParameter`, 2–3 `ListClusterNodes`, `DescribeVpcs` (CA)' -> {'GetParameter': (1, 1), ...}."""
+    return {name: span(count or "1") for count, name in re.findall(r"(?:(\d+(?:–\d+)?) )?`(\w+)`", cell)}
+
+
+def operations(calls: dict, services: tuple[str, ...] | None = None, exclude: tuple[str, ...] = ()) -> dict[str, int]:
+    kept = {}
+    for key, count in calls.items():
+        service, name = key.split(".", 1)
+        if (services is None or service in services) and service not in exclude:
+            kept[name] = kept.get(name, 0) + count
+    return kept
+
+
+def table(text: str, header: str) -> list[list[str]]:
+    """The rows of the markdown table whose header row starts with `header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+# README row label -> the bench's scenario name
+SYNC_SCENARIOS = {
+    "idle sweep": "idle sweep",
+    "one login node replaced, one event → verified, registered": "replacement: one event -> converged",
+    "replacement as a 20-event burst": "replacement: 20-event burst",
+    "certificate mode: one replacement → certified, verified, registered": "cert mode: replacement -> converged",
+    "certificate mode: daily check, nothing due": "cert mode: daily check, nothing due",
+}
+CHANNEL_SCENARIOS = {
+    "node join: Running → verified → registered": "node join: Running -> verified -> registered",
+    "rotation: repair publishes → all 4 nodes acknowledged → re-verified": "rotation: publish -> all acknowledged",
+}
+SYNC_SERVICES = ("sagemaker", "elastic-load-balancing-v2", "dynamodb")
+
+
+def test_login_node_sync_table(bench):
+    """A figure is the same at every cluster size, or the README gives the run's range (`7–9`)."""
+    rows = table(README.read_text(encoding="utf-8"), "scenario | cluster nodes")
+    assert [r[0] for r in rows] == list(SYNC_SCENARIOS), "a row was added or renamed: map it in SYNC_SCENARIOS"
+    for label, sizes, sm_elb, ddb, other, transitions in rows:
+        measured = rows_of(bench, "rows", SYNC_SCENARIOS[label])
+        assert sorted(r["cluster_nodes"] for r in measured) == sorted(int(number(s)) for s in sizes.split("/")), label
+        assert span(sm_elb) == measured_span(r["sagemaker_elb_calls"] for r in measured), label
+        assert span(ddb.split()[0]) == measured_span(r["dynamodb_calls"] for r in measured), label
+        for name, quoted in named_calls(ddb).items():
+            assert quoted == measured_span(operations(r["calls"], ("dynamodb",)).get(name, 0) for r in measured), f"{label}: {name}"
+        others = [operations(r["calls"], exclude=SYNC_SERVICES) for r in measured]
+        assert set(named_calls(other)) == {name for calls in others for name in calls}, label
+        for name, quoted in named_calls(other).items():
+            assert quoted == measured_span(calls.get(name, 0) for calls in others), f"{label}: {name}"
+        assert span(transitions) == measured_span(r["state_transitions"] for r in measured), label
+
+
+def test_node_channel_table(bench):
+    rows = table(README.read_text(encoding="utf-8"), "scenario | agent polls per node")
+    assert [r[0] for r in rows] == list(CHANNEL_SCENARIOS), "a row was added or renamed: map it in CHANNEL_SCENARIOS"
+    for label, polls, reads, agent, transitions in rows:
+        (r,) = rows_of(bench, "node_channel", CHANNEL_SCENARIOS[label])
+        assert int(polls.split()[0]) == r["max_polls_per_node"], label
+        assert int(reads) == r["waits"], label
+        per_node = agent.startswith("per node:")
+        calls = {name: count / (r["nodes"] if per_node else 1) for name, count in operations(r["agent_calls"]).items()}
+        assert named_calls(agent) == {name: (count, count) for name, count in calls.items()}, label
+        assert int(transitions) == r["state_transitions"], label
+        nodes = re.search(r"all (\d+) nodes", label)
+        assert nodes is None or int(nodes[1]) == r["nodes"], label
+
+
+def test_login_node_sync_sentences(bench, readme):
+    idle = {r["state_transitions"] for r in rows_of(bench, "rows", "idle sweep")}
+    (transitions,) = claim(readme, r"\((\d+) state transitions, `make bench`")
+    assert {int(transitions)} == idle
+    (login_nodes,) = claim(readme, r"Measured in the twin with (\d+) login nodes")
+    assert int(login_nodes) == bench["config"]["login_nodes"]
+    (channel_nodes,) = claim(readme, r"The node channel \(keys mode, (\d+) login nodes")
+    assert int(channel_nodes) == bench["config"]["login_nodes"]
+    coalesced, executions = claim(readme, r"In a burst, (\d+) of (\d+) executions only touch the lease")
+    for r in rows_of(bench, "rows", "replacement: 20-event burst"):
+        assert (int(coalesced), int(executions)) == (r["coalesced"], r["executions"]), r["cluster_nodes"]
+
+
+def test_footprint_table(bench, readme):
+    footprint = bench["footprint"]
+    functions = footprint["functions"]
+    (runs,) = claim(readme, r"(\d+) runs per function")
+    assert {len(f["samples_ms"]) for f in functions} == {int(runs)}
+    (machine,) = claim(readme, r"imports timed on this (\S+) machine")
+    assert machine == bench["run"]["machine"]
+    (cpus,) = claim(readme, r"on a noisy (\d+)-CPU machine")
+    assert int(cpus) == bench["run"]["cpus"]
+    within, total, low, high = claim(readme, r"(\d+) of (\d+) within: ([\d.]+)–([\d.]+)x")
+    assert (int(within), int(total)) == (sum(f["ok"] for f in functions), len(functions))
+    ratios = [f["ratio"] for f in functions]
+    assert near(float(low), min(ratios)) and near(float(high), max(ratios)), (low, high, min(ratios), max(ratios))
+    release, record = claim(readme, r"ReleaseLeaseOfEndedSync ([\d.]+)x and RecordNodeReport ([\d.]+)x")
+    for name, ratio in (("ReleaseLeaseOfEndedSync", release), ("RecordNodeReport", record)):
+        (measured,) = [f["ratio"] for f in functions if f["function"] == f"{name}Function"]
+        assert near(float(ratio), measured), (name, ratio, measured)
+    layers = {layer["layer"]: layer["megabytes"] for layer in footprint["layers"]}
+    (shared,) = claim(readme, r"`SharedCodeLayer` unzipped, [^|]*\| ([\d.]+) MB")
+    assert float(shared) == round(layers["SharedCodeLayer"], 1)
+    libs, loaded = claim(readme, r"`HostIdentityLibsLayer` unzipped [^|]*\| ([\d.]+) MB \(those functions load ([\d.]+) MB in all\)")
+    assert float(libs) == round(layers["HostIdentityLibsLayer"], 1)
+    assert {float(loaded)} == {round(mb, 1) for mb in footprint["loaded_by_function"].values()}
+    (how_many,) = claim(readme, r"the (\w+) host-identity functions only")
+    assert how_many == ["one", "two", "three", "four", "five", "six", "seven"][len(footprint["loaded_by_function"]) - 1]
+    targets = " ".join(bench["targets"])
+    for target in re.findall(r"\| ≤ ([\d.]+ ?(?:x|MB)) \|", readme):
+        assert f"<= {target}" in targets, f"no bench target <= {target}"
+
+
+def test_session_limits_cost(bench):
+    text = section("Session limits per user")
+    sessions, users = claim(text, r"`make bench`, ([\d,]+) active sessions of (\d+) users")
+    assert (int(number(sessions)), int(users)) == (bench["config"]["active_sessions"], bench["config"]["session_users"])
+    rows = {r["scenario"]: r for r in bench["session_limits"]}
+    (under,) = claim(text, r"a `StartSession` for a user under the limit costs (\d+) call")
+    assert {r["total_calls"] for name, r in rows.items() if name.startswith("StartSession, user under limit")} == {int(under)}
+    (over,) = claim(text, r"one over the limit (\d+) \(")
+    assert int(over) == rows["StartSession, user over limit (1 ended)"]["total_calls"]
+    cold, warm = rows["sweep, cold run-as tag cache"], rows["sweep, warm tag cache (< 5 min later)"]
+    (pages,) = claim(text, r"A sweep costs (\d+) `DescribeSessions` pages")
+    assert int(pages) == cold["calls"]["ssm.DescribeSessions"] == warm["calls"]["ssm.DescribeSessions"]
+    tags, cold_seconds = claim(text, r"\((\d+) calls; about ([\d.]+) s in the twin\)")
+    assert int(tags) == cold["calls"]["iam.ListRoleTags"]
+    assert not [k for k in warm["calls"] if k.startswith("iam.")]
+    (warm_seconds,) = claim(text, r"nothing more when warm \(([\d.]+) s\)")
+    claim(text, r"times from the run in `docs/bench\.json`")
+    assert near(float(cold_seconds), cold["execution_seconds"]) and near(float(warm_seconds), warm["execution_seconds"])
+
+
+def test_budget_guard_cost(bench):
+    text = section("Budget guardrails")
+    rows = {r["scenario"]: r for r in bench["budget_guard"]}
+    quiet = rows["state change, no scale-out"]
+    calls, names, transitions = claim(text, r"a state change without a scale-out costs (\d+) calls \(([^)]*)\) and (\d+) state transitions")
+    assert int(calls) == quiet["total_calls"]
+    assert sorted(n.strip() for n in names.split(",")) == sorted(operations(quiet["calls"]))
+    assert int(transitions) == quiet["state_transitions"]
+    alert = rows["scale-out -> projected overrun alert"]
+    alerts, in_all = claim(text, r"a scale-out that alerts (\d+), one of them the Cost Explorer request.*?\((\d+) calls in all in the bench")
+    assert alert["calls"]["cost-explorer.GetCostAndUsage"] == 1
+    assert int(alerts) == alert["total_calls"] - alert["calls"].get("pricing.GetProducts", 0)
+    assert int(in_all) == alert["total_calls"]
+    (sweep,) = claim(text, r"the hourly sweep (\d+)")
+    assert int(sweep) == rows["hourly sweep (DescribeCluster)"]["total_calls"]
+
+
+def test_readme_says_where_the_figures_come_from_and_how_to_refresh_them(bench):
+    performance = section("Performance (`make bench`)")
+    assert "`docs/bench.json`" in performance and "`make bench JSON=docs/bench.json`" in performance
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", bench["run"]["finished"])  # bench.py's own record
