@@ -49,8 +49,8 @@ def _state(event: Any, key: str) -> dict[str, Any]:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def ensure_budgets(event: dict, context: LambdaContext) -> dict:
-    """{"request"} -> cluster and user budgets created/updated/unchanged (or removed/kept for a
-    deleted cluster), the limit in force, the cluster state (DescribeCluster for a sweep)."""
+    """{"request"} -> the cluster budget created/updated/unchanged (or removed/kept for a deleted
+    cluster), old per-user budgets deleted, the limit in force, the cluster state (DescribeCluster for a sweep)."""
     config = EnsureBudgetsConfig.from_env()
     request = _state(event, "request")
     sagemaker = client("sagemaker")
@@ -58,6 +58,8 @@ def ensure_budgets(event: dict, context: LambdaContext) -> dict:
     result = guard.ensure_budgets(config, observed, sagemaker=sagemaker, budgets=budgets_client())
     changed = [b for b in result["budgets"] if b["action"] not in ("unchanged", "kept", "absent")]
     metrics.add_metric(name="BudgetsChanged", unit=MetricUnit.Count, value=len(changed))
+    if result["limit"] is not None:  # the limit in force, beside the month's cost on the dashboard
+        metrics.add_metric(name="ClusterBudgetUsd", unit=MetricUnit.NoUnit, value=float(result["limit"]))
     for budget in result["budgets"]:
         logger.info(budget["reason"], extra={"budget": budget["name"], "action": budget["action"]})
     _report_warnings(result["warnings"])

@@ -4,8 +4,9 @@ Each function below is one Step Functions task of statemachines/budget_guard.asl
 thin handlers in functions/budget_guard/app.py parse their input, read their config and call
 one of these). Clients and tables are passed in; time is passed in.
 
-    ensure_budgets   cluster (+ user) budgets exist with the right limit, or are removed/kept
-                     when the cluster is deleted; named warnings instead of crashes
+    ensure_budgets   the cluster budget exists with the right limit, or is removed/kept when
+                     the cluster is deleted; per-user budgets of earlier versions are deleted
+                     (per-user spend is spend_check's); named warnings instead of crashes
     project_spend    on a scale-out since the last state seen: month-to-date (Cost Explorer)
                      + rate x nodes x hours left, each rate billed, list or override (pricing,
                      rates); which thresholds fire (once per month)
@@ -15,7 +16,7 @@ one of these). Clients and tables are passed in; time is passed in.
 
 Warnings are plain dicts ``{"warning": <name>, "reason": <text>}``; the names are stable so
 operators can search logs for them: NoBudgetLimit, MalformedBudgetTag, ClusterTagMissing,
-NoUserBudgetLimit, MissingHourlyPrice.
+MissingHourlyPrice.
 """
 
 from __future__ import annotations
