@@ -8,8 +8,13 @@ a step that calls no AWS API patches nothing; its handler is still traced.
 from __future__ import annotations
 
 import os
+import warnings
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+
+# Many steps count something only when it happens (an alert sent, a lease released): an invocation
+# with nothing to count is normal, and Powertools' warning for it would be a line of noise per call.
+warnings.filterwarnings("ignore", message="No application metrics to publish", category=UserWarning)
 
 # Every metric carries the cluster as well as the service: one stack runs per cluster, often
 # several in one account, and the alarms (template.yaml) must not count another cluster's events.
