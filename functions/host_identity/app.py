@@ -20,6 +20,7 @@ certificate mode, where HostIdentityConfig needs certificates.py's CertificatePo
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -31,7 +32,7 @@ from hpops_core.common.clients import client
 from hpops_core.cluster.login_group import describe_private_ip
 from hpops_core.host_identity.config import HostIdentityConfig, node_of
 from hpops_core.common.errors import MalformedEventError
-from hpops_core.host_identity import certificate_delivery
+from hpops_core.host_identity import certificate_delivery, notices
 from hpops_core.host_identity.gate import gate_registrations
 from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
 from hpops_core.node_channel import contract, desired_state, report_store
@@ -137,10 +138,25 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     gated = gate_registrations(plan, verdicts, repair=event.get("mode") == "repair")
     metrics.add_metric(name="HostIdentityRejected", unit=MetricUnit.Count, value=len(gated.rejected))
     metrics.add_metric(name="HostCertificateRenewalFailed", unit=MetricUnit.Count, value=len(gated.renewal_failed))
+    notice = _notice(gated, config.cluster_name)
+    if notice is not None:
+        subject, message = notice
+        # The same message at most once an hour, however many executions see it (host_identity.notices).
+        key, now = notices.notice_key(config.cluster_name, subject, message), int(time.time())
+        if not notices.sent_recently(config.state_table, key, now):
+            client("sns").publish(TopicArn=config.alert_topic_arn, Subject=subject, Message=message)
+            notices.record_sent(config.state_table, key, now)
+        logger.warning("host identity problems", extra={"rejected": list(gated.rejected),
+                                                         "renewalFailed": list(gated.renewal_failed)})
+    return gated.to_state()
+
+
+def _notice(gated, cluster: str) -> tuple[str, str] | None:
+    """(subject, message) telling the operator which nodes were kept out or not renewed; None if none."""
     sections = []
     if gated.rejected:
         sections.append(
-            f"{len(gated.rejected)} login node(s) of cluster {config.cluster_name} were kept out of the SSH load "
+            f"{len(gated.rejected)} login node(s) of cluster {cluster} were kept out of the SSH load "
             "balancer because they do not present the canonical host identity:\n" + _node_lines(gated.rejected)
         )
     if gated.renewal_failed:
@@ -148,17 +164,11 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
             f"{len(gated.renewal_failed)} login node(s) could not get renewed host certificates. They keep serving "
             "until their current certificates expire; renewal is retried daily:\n" + _node_lines(gated.renewal_failed)
         )
-    if sections:
-        message = "\n\n".join(sections) + "\n\nTo retry now: hpops repair --stack-name <stack>."
-        subject = "login node kept out" if gated.rejected else "host certificate renewal failed"
-        client("sns").publish(
-            TopicArn=config.alert_topic_arn,
-            Subject=f"HyperPod {config.cluster_name}: {subject} (host identity)"[:100],
-            Message=message,
-        )
-        logger.warning("host identity problems", extra={"rejected": list(gated.rejected),
-                                                         "renewalFailed": list(gated.renewal_failed)})
-    return gated.to_state()
+    if not sections:
+        return None
+    subject = "login node kept out" if gated.rejected else "host certificate renewal failed"
+    return (f"HyperPod {cluster}: {subject} (host identity)"[:100],
+            "\n\n".join(sections) + "\n\nTo retry now: hpops repair --stack-name <stack>.")
 
 
 def _node_lines(nodes) -> str:

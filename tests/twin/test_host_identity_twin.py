@@ -220,3 +220,18 @@ def test_no_fresh_node_ever_starts_with_the_canonical_keys(world):
         from hpops_twin.node_hosts import node_bundle
 
         assert node_bundle(index).public_fingerprints() != canonical
+
+
+def test_a_node_kept_out_is_notified_once_though_several_executions_see_it(synced_world):
+    world = synced_world
+    world.notifications()  # drain
+    cluster, login = world.cluster_name, world.login_group
+    world.wait(world.publish(world.sim.scale_group(cluster, login, len(login_nodes(world)) + 1)))
+    broken = next(n for n in login_nodes(world) if n.status == "Pending")
+    world.hosts.stopped.add(broken.instance_id)  # its agent is down: it never reports
+    world.wait(world.publish(world.sim.finish_provisioning(cluster)))
+    gates = sum(1 for i in world.dispatcher.invocations
+                if i.function.endswith("GateTargetChangesFunction") and (i.result or {}).get("rejected"))
+    assert broken.ip not in world.target_ips() and gates >= 2, "several executions kept the node out"
+    kept_out = [n for n in world.notifications() if "kept out" in (n["subject"] or "")]
+    assert len(kept_out) == 1 and broken.instance_id in kept_out[0]["message"]

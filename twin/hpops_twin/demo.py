@@ -109,7 +109,7 @@ class Demo:
             if invocation.function.endswith("PlanTargetChangesFunction"):
                 lines = [r for r in result.get("reasons", []) if not r.startswith("register ")] if world.resolver.parameters["HostIdentityMode"] != "off" else result.get("reasons", [])
             elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
-                lines = [f"verify {result['ip']}: {result['reason'][:90]}"]
+                lines = [f"verify {result['ip']}: {result['reason']}"]
             elif invocation.function.endswith("PublishHostIdentityFunction") and result.get("published"):
                 lines = [f"publish desired host identity {result['version'][:24]} for the node agents"]
             elif invocation.function.endswith("RecordNodeReportFunction") and isinstance(invocation.event, dict):
