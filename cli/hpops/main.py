@@ -10,7 +10,8 @@
     hpops bench [--json FILE]                API calls, state transitions, times (the twin)
     hpops host-keys generate|adopt|rotate|show --stack-name S   the canonical SSH host keys (keys mode)
     hpops host-keys ca-generate|ca-show --stack-name S         the host certificate CA (certificate mode)
-    hpops lifecycle --stack-name S [--out DIR] [--no-vendor]  the node agent bundle for on_create.sh
+    hpops lifecycle --stack-name S [--out DIR] [--no-vendor] [--patch on_create.sh]
+                                             the node agent bundle, and the line that installs it
     hpops cost --stack-name S | --twin [--json | --csv]      per-user spend this month (Slurm accounting)
     hpops cost subscribe --stack-name S USER EMAIL            e-mail USER's own spend alerts to EMAIL
 
@@ -332,9 +333,15 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
 
 
 def cmd_lifecycle(args: argparse.Namespace) -> int:
-    """Write the node agent bundle, configured from the stack's outputs, for the lifecycle S3 prefix."""
+    """Write the node agent bundle, configured from the stack's outputs, for the lifecycle S3 prefix;
+    with --patch, put the install line into an on_create.sh."""
     from hpops_node_agent.bundle import build_bundle
 
+    from . import lifecycle_script
+
+    wants_bundle = bool(args.stack_name or args.cluster or args.report_bus)
+    if args.patch and not wants_bundle:
+        return _patch_on_create(args.patch)
     _output_folder(args.out, "--out")
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -342,14 +349,41 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     elif args.cluster and args.report_bus and args.region:
         cluster, bus, region = args.cluster, args.report_bus, args.region
     else:
-        raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region")
+        raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region (or only --patch FILE)")
     try:
         folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
     except ValueError as error:  # a cluster name or region the agent would refuse
         raise CliError(f"{error} ({cluster!r}, {region!r}): give the HyperPod cluster's name and region") from None
     print(f"wrote {folder}")
     print(f"copy it next to on_create.sh:  aws s3 sync {folder} s3://<lifecycle-bucket>/<prefix>/hpops/")
-    print("and add this line to on_create.sh (after sshd is configured):  bash ./hpops/install.sh")
+    if args.patch:
+        return _patch_on_create(args.patch)
+    print("and add this line to on_create.sh, after the Slurm setup (AWS's reference script runs it in "
+          "lifecycle_script.py) and before the script's final exit (a line after it never runs):")
+    print(f"  {lifecycle_script.INSTALL_LINE}")
+    print("or let hpops put it there:  hpops lifecycle --patch on_create.sh")
+    return 0
+
+
+def _patch_on_create(path: str) -> int:
+    from . import lifecycle_script
+
+    script = Path(path)
+    try:
+        text = script.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CliError(f"cannot read {path}: {getattr(error, 'strerror', None) or error}") from None
+    try:
+        patched, what = lifecycle_script.patch(text)
+    except lifecycle_script.LifecycleScriptError as error:
+        raise CliError(f"{path}: {error}") from None
+    if patched != text:
+        mode = script.stat().st_mode
+        temporary = script.with_name(script.name + ".hpops-tmp")
+        temporary.write_text(patched)
+        temporary.chmod(mode)
+        temporary.replace(script)
+    print(f"{path}: {what}")
     return 0
 
 
@@ -502,6 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle.add_argument("--cluster", help="without a stack: the HyperPod cluster name")
     lifecycle.add_argument("--report-bus", help="without a stack: the stack's NodeReportBusName output")
     lifecycle.add_argument("--out", default="dist/lifecycle", help="folder to write (default dist/lifecycle)")
+    lifecycle.add_argument("--patch", metavar="ON_CREATE_SH",
+                           help="put the install line into this on_create.sh, before its final exit")
     lifecycle.add_argument("--no-vendor", action="store_true",
                            help="do not bundle boto3 (the nodes' python3 must already have boto3 >= 1.28)")
     lifecycle.set_defaults(func=cmd_lifecycle)

@@ -20,7 +20,9 @@ identity).
 import sys
 
 EX_CONFIG = 78
-MIN_PYTHON = (3, 8)
+# What the bundled botocore needs (its Requires-Python; tests/node keep the two equal). install.sh
+# checks the same version, written into it by the bundle builder.
+MIN_PYTHON = (3, 10)
 MIN_BOTO3 = (1, 28)
 
 
@@ -42,7 +44,8 @@ def parse_args(argv):
     parser.add_argument("--config", default="/etc/hpops/node-agent.json", help="agent config file (JSON)")
     parser.add_argument("--once", action="store_true", help="run one poll/apply/report cycle and exit")
     parser.add_argument("--print-role", action="store_true",
-                        help="print this node's role (login, controller, compute) and exit; needs no boto3")
+                        help="print this node's role (login, controller, compute) and exit; needs boto3 only "
+                             "where no provisioning_parameters.json names the groups (DescribeCluster)")
     parser.add_argument("--print", dest="print_reports", action="store_true",
                         help="usage: print the reports as JSON instead of sending them; needs no boto3")
     parser.add_argument("--since", help="usage --print: first window is the one holding this UTC time "
@@ -100,12 +103,14 @@ def boto3_problem():
 
 def main(argv=None):
     if sys.version_info < MIN_PYTHON:
-        return fail("needs Python 3.8 or newer, found " + sys.version.split()[0]
-                    + "; install python3 >= 3.8 (the HyperPod DLAMI's /usr/bin/python3 is 3.10)")
+        wanted = "{}.{}".format(*MIN_PYTHON)
+        return fail("needs Python " + wanted + " or newer (the bundled botocore does), found "
+                    + sys.version.split()[0] + "; use the HyperPod Slurm AMI (Ubuntu 22.04, Python 3.10) "
+                    "or install python3 >= " + wanted)
     args = parse_args(argv)
 
     from .config import ConfigError, load_config
-    from .identity import IdentityError, resolve
+    from .identity import IdentityError, describe_groups_with, resolve
 
     try:
         config = load_config(args.config)
@@ -113,12 +118,18 @@ def main(argv=None):
         return fail(str(error))
     if args.command == "usage" and args.print_reports:
         return print_usage(config, args.since)
+    def new_session():
+        import boto3
+
+        return boto3.session.Session()
+
+    describe = describe_groups_with(new_session, config)
     try:
+        role = resolve(config, need_instance_id=False, describe_groups=describe).role
         if args.print_role:
-            print(resolve(config, need_instance_id=False).role)
+            print(role)
             return 0
-        role = resolve(config, need_instance_id=False).role
-        identity = resolve(config) if role == "login" else None
+        identity = resolve(config, describe_groups=describe) if role == "login" else None
     except IdentityError as error:
         return fail(str(error))
 

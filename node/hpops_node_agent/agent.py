@@ -46,7 +46,7 @@ from hpops_core.node_channel import contract
 
 from . import __version__, host_keys, login_limits, usage
 from .config import AgentConfig
-from .identity import IdentityError, NodeIdentity, resolve
+from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 
 FAILURE_RETRY_SECONDS = 600  # a failed install of one desired version is retried at most this often
 JITTER = 0.2
@@ -549,10 +549,15 @@ class NodeAgent:
                 self.config.cluster, None,
                 state_path=os.path.join(self.config.under_root(self.config.state_dir), usage.STATE_FILE),
                 sacct_cmd=self.config.sacct_cmd, agent_version=__version__, clock=self.clock, log=log,
-                provisioning_path=self.config.provisioning_parameters)
+                partition_reader=self.read_partition_groups)
         if self._usage.instance_id is None:  # asked again until known (IMDS may not answer at boot)
             self._usage.instance_id = usage.reporting_instance_id(self.config, log=log)
         return self._usage
+
+    def read_partition_groups(self) -> usage.PartitionGroups:
+        """Partitions -> instance groups however the cluster was provisioned (cluster_layout.py)."""
+        describe = describe_groups_with(lambda: self.session, self.config)
+        return usage.layout_partition_groups(*read_layout(self.config, describe, for_partitions=True))
 
     def usage_tick(self) -> UsageOutcome:
         """Collect the due windows and send each; a window not sent is collected again next time."""

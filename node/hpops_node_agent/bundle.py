@@ -20,13 +20,16 @@ from pathlib import Path
 
 from hpops_core.node_channel import contract
 
+from .__main__ import MIN_PYTHON
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 # install.sh and the systemd unit: package data, so an installed `hpops lifecycle` finds them too.
 LIFECYCLE_DIR = PACKAGE_DIR / "lifecycle"
 # Modules only the operator's machine needs.
 NOT_SHIPPED = {"bundle.py"}
-# The HyperPod DLAMI's system Python; wheels are resolved for it, not for the operator's Python.
-NODE_PYTHON_VERSION = "3.10"
+# The oldest Python the agent accepts (the HyperPod Slurm AMI's, 3.10); wheels are resolved for it,
+# not for the operator's Python.
+NODE_PYTHON_VERSION = "{}.{}".format(*MIN_PYTHON)
 
 
 # The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
@@ -56,7 +59,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
         shutil.rmtree(bundle)
     bundle.mkdir(parents=True)
 
-    shutil.copy2(LIFECYCLE_DIR / "install.sh", bundle / "install.sh")
+    installer = (LIFECYCLE_DIR / "install.sh").read_text()
+    (bundle / "install.sh").write_text(installer.replace("@MIN_PYTHON@", "{}.{}".format(*MIN_PYTHON)))
     (bundle / "install.sh").chmod(0o755)
     shutil.copy2(LIFECYCLE_DIR / "hpops-node-agent.service", bundle / "hpops-node-agent.service")
     agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus}

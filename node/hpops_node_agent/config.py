@@ -4,8 +4,9 @@ Written by the lifecycle installer from the bundle's agent.json. Only cluster, r
 reportBus are required; everything else has a production default, and the identity overrides
 (instanceId, ip, role) exist for tests and the local twin.
 
-Paths the agent writes (etc/ssh, etc/security/limits.d, stateDir) live under ``root``; the two
-files it only reads (resourceConfig, provisioningParameters) are used as given.
+Paths the agent writes (etc/ssh, etc/security/limits.d, stateDir) live under ``root``; the files
+it only reads (resourceConfig, platformProvisioningParameters, provisioningParameters) are used
+as given.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from hpops_core.node_channel import contract
 DEFAULT_CONFIG_PATH = "/etc/hpops/node-agent.json"
 DEFAULT_RESOURCE_CONFIG = "/opt/ml/config/resource_config.json"
 DEFAULT_PROVISIONING_PARAMETERS = "/opt/hpops-node-agent/provisioning_parameters.json"
+# API-driven Slurm configuration: HyperPod writes this on every node, and nothing in the lifecycle prefix.
+DEFAULT_PLATFORM_PROVISIONING_PARAMETERS = "/opt/ml/config/provisioning_parameters.json"
 DEFAULT_STATE_DIR = "/var/lib/hpops-node-agent"
 DEFAULT_SSHD_CMD = "/usr/sbin/sshd"
 DEFAULT_RELOAD_CMD = "systemctl reload ssh || systemctl reload sshd"
@@ -33,6 +36,8 @@ OPTIONAL = {
     "root": ("root", str, "/"),
     "resourceConfig": ("resource_config", str, DEFAULT_RESOURCE_CONFIG),
     "provisioningParameters": ("provisioning_parameters", str, DEFAULT_PROVISIONING_PARAMETERS),
+    "platformProvisioningParameters": ("platform_provisioning_parameters", str,
+                                       DEFAULT_PLATFORM_PROVISIONING_PARAMETERS),
     "stateDir": ("state_dir", str, DEFAULT_STATE_DIR),
     "sshdCmd": ("sshd_cmd", str, DEFAULT_SSHD_CMD),
     "reloadCmd": ("reload_cmd", str, DEFAULT_RELOAD_CMD),
@@ -64,6 +69,7 @@ class AgentConfig:
     root: str = "/"
     resource_config: str = DEFAULT_RESOURCE_CONFIG
     provisioning_parameters: str = DEFAULT_PROVISIONING_PARAMETERS
+    platform_provisioning_parameters: str = DEFAULT_PLATFORM_PROVISIONING_PARAMETERS
     state_dir: str = DEFAULT_STATE_DIR
     sshd_cmd: str = DEFAULT_SSHD_CMD
     reload_cmd: str = DEFAULT_RELOAD_CMD

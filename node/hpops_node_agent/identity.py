@@ -1,9 +1,12 @@
 """Who this node is: role (login/controller/compute), own IP and own instance id.
 
 HyperPod writes /opt/ml/config/resource_config.json on every node (groups, their instances and
-IPs), and the lifecycle folder holds provisioning_parameters.json (which group is the controller
-group and which the login group). The node finds its own entry by its primary IP. Every value can
-be overridden in the agent config (tests, the local twin).
+IPs; the lifecycle scripts may be pointed elsewhere with SAGEMAKER_RESOURCE_CONFIG_PATH, which
+install.sh records). Which group is the controller group and which the login group comes from the
+first provisioning_parameters.json that names them (HyperPod's /opt/ml/config copy, then the
+lifecycle folder's), else from DescribeCluster's SlurmConfig.NodeType (cluster_layout.py). The
+node finds its own entry by its primary IP. Every value can be overridden in the agent config
+(tests, the local twin).
 """
 
 from __future__ import annotations
@@ -12,11 +15,15 @@ import json
 import socket
 import urllib.request
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from hpops_core.node_channel import contract
 
+from . import cluster_layout
 from .config import AgentConfig
+
+# Reads DescribeCluster's InstanceGroups with the node's own role; None where it cannot.
+DescribeGroups = Callable[[], Any]
 
 IMDS = "http://169.254.169.254"
 IMDS_TIMEOUT_SECONDS = 1
@@ -78,12 +85,40 @@ def find_instance(resource_config: dict, ip: str):
     return None, None
 
 
-def role_of_group(group: str, provisioning: dict) -> str:
-    if group and group == provisioning.get("login_group"):
-        return "login"
-    if group and group == provisioning.get("controller_group"):
-        return "controller"
-    return "compute"
+def provisioning_files(config: AgentConfig):
+    """[(path, document or None)] in the order they are trusted, and why each unread one was not read."""
+    files, problems = [], []
+    for path in (config.platform_provisioning_parameters, config.provisioning_parameters):
+        try:
+            files.append((path, read_json(path, "provisioning_parameters.json")))
+        except IdentityError as error:
+            files.append((path, None))
+            problems.append(str(error))
+        except RecursionError:  # json gives up on very deep nesting with this, not ValueError
+            files.append((path, None))
+            problems.append("provisioning_parameters.json at {} is nested too deeply".format(path))
+    return files, problems
+
+
+def read_layout(config: AgentConfig, describe_groups: Optional[DescribeGroups] = None,
+                for_partitions: bool = False):
+    """(SlurmLayout or None, why not). DescribeCluster is asked only when no file names the groups,
+    or, ``for_partitions``, when the lifecycle folder has no file of its own (API-driven Slurm
+    configuration: the partitions are the groups' SlurmConfig.PartitionNames)."""
+    files, problems = provisioning_files(config)
+    layout = cluster_layout.resolve(files)
+    api_driven = layout is not None and layout.source != config.provisioning_parameters
+    if describe_groups is not None and (layout is None or (for_partitions and api_driven)):
+        try:
+            groups = describe_groups()
+        except IdentityError as error:
+            groups = None
+            problems.append(str(error))
+        if groups is not None:
+            layout = cluster_layout.resolve(files, groups) or layout
+    if layout is None:
+        problems.append("no provisioning_parameters.json names the controller or login group")
+    return layout, "; ".join(problems)
 
 
 def imds_instance_id(timeout: float = IMDS_TIMEOUT_SECONDS) -> str:
@@ -108,7 +143,21 @@ def imds_instance_id(timeout: float = IMDS_TIMEOUT_SECONDS) -> str:
         ) from None
 
 
-def resolve(config: AgentConfig, need_instance_id: bool = True, imds=imds_instance_id) -> NodeIdentity:
+def describe_groups_with(session_factory: Callable[[], Any], config: AgentConfig) -> DescribeGroups:
+    """DescribeCluster's InstanceGroups, for the API-driven layout (needs sagemaker:DescribeCluster)."""
+
+    def describe() -> Any:
+        try:
+            client = session_factory().client("sagemaker", region_name=config.region)
+            return client.describe_cluster(ClusterName=config.cluster).get("InstanceGroups")
+        except Exception as error:  # botocore's errors, no credentials, no route: all mean "unknown"
+            raise IdentityError("DescribeCluster {} failed: {}".format(config.cluster, type(error).__name__)) from None
+
+    return describe
+
+
+def resolve(config: AgentConfig, need_instance_id: bool = True, imds=imds_instance_id,
+            describe_groups: Optional[DescribeGroups] = None) -> NodeIdentity:
     """Role, IP and (for login nodes) instance id, overrides first."""
     ip = own_ip(config)
     group, instance = None, None
@@ -119,8 +168,10 @@ def resolve(config: AgentConfig, need_instance_id: bool = True, imds=imds_instan
             raise IdentityError("this node's IP {} is not in {}".format(ip, config.resource_config))
     role = config.role
     if role is None:
-        provisioning = read_json(config.provisioning_parameters, "provisioning_parameters.json")
-        role = role_of_group(group, provisioning)
+        layout, why_not = read_layout(config, describe_groups)
+        if layout is None:
+            raise IdentityError(why_not)
+        role = cluster_layout.role_of_group(group, layout)
     instance_id = config.instance_id
     if instance_id is None and need_instance_id and role == "login":
         instance_id = (instance or {}).get("InstanceId") or imds()

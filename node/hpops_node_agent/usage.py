@@ -35,6 +35,8 @@ from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tu
 from hpops_core.common import validation
 from hpops_core.node_channel import contract
 
+from . import cluster_layout
+
 SACCT_FIELDS = ("User", "JobID", "Partition", "AllocNodes", "AllocTRES", "ElapsedRaw", "Start", "End", "State")
 # HyperPod installs Slurm under /opt/slurm, which is not on a systemd service's PATH.
 SACCT_FALLBACKS = ("/opt/slurm/bin/sacct", "/usr/local/bin/sacct", "/usr/bin/sacct")
@@ -240,17 +242,25 @@ def partition_groups(provisioning: Any, limit: int = contract.USAGE_MAX_PARTITIO
     """The partitions provisioning_parameters.json names, each with its instance group.
 
     The lifecycle scripts' format: "worker_groups": [{"instance_group_name": ..., "partition_name": ...}].
+    The login and controller groups are left out wherever they are listed (the Terraform module
+    lists the login group as a worker of partition "dev")."""
+    names = provisioning if isinstance(provisioning, dict) else {}
+    pairs = cluster_layout.worker_partitions(provisioning, (names.get("login_group"), names.get("controller_group")))
+    if pairs is None:
+        return PartitionGroups({}, 0, "provisioning_parameters.json has no worker_groups list")
+    return partition_groups_of_pairs(pairs, limit)
+
+
+def partition_groups_of_pairs(pairs: Any, limit: int = contract.USAGE_MAX_PARTITION_GROUPS,
+                              source: str = "provisioning_parameters.json") -> PartitionGroups:
+    """{partition: instance group} from (partition, group) pairs.
+
     Left out and counted, never echoed: entries whose names break the partition or instance-group
     rule; a partition several groups serve (no one instance type prices its node-seconds); the
     partitions past ``limit`` (every report part carries the map)."""
-    workers = provisioning.get("worker_groups") if isinstance(provisioning, dict) else None
-    if not isinstance(workers, list):
-        return PartitionGroups({}, 0, "provisioning_parameters.json has no worker_groups list")
     entries: Dict[str, List[str]] = {}
     invalid = 0
-    for worker in workers:
-        partition = worker.get("partition_name") if isinstance(worker, dict) else None
-        group = worker.get("instance_group_name") if isinstance(worker, dict) else None
+    for partition, group in pairs:
         if not contract.is_usage_partition(partition) or not validation.is_instance_group(group):
             invalid += 1
             continue
@@ -270,7 +280,7 @@ def partition_groups(provisioning: Any, limit: int = contract.USAGE_MAX_PARTITIO
         problems.append("{} partitions over the limit of {}".format(len(over), limit))
     reason = ("left out: " + "; ".join(problems)) if problems else ""
     if not groups and not problems:
-        reason = "provisioning_parameters.json lists no worker_groups"
+        reason = "{} lists no worker_groups".format(source)
     return PartitionGroups(groups, skipped, reason[:REASON_MAX])
 
 
@@ -447,6 +457,13 @@ def read_partition_groups(path: Optional[str]) -> PartitionGroups:
             path)[:REASON_MAX])
 
 
+def layout_partition_groups(layout: Any, why_not: str) -> PartitionGroups:
+    """partition_groups_of_pairs() of a cluster layout (identity.read_layout's answer)."""
+    if layout is None:
+        return PartitionGroups({}, 0, why_not[:REASON_MAX])
+    return partition_groups_of_pairs(layout.partition_pairs, source=layout.partition_source or layout.source)
+
+
 def reporting_instance_id(config: Any, log: Callable[..., None] = lambda event, **fields: None,
                           imds: Optional[Callable[[], str]] = None) -> Optional[str]:
     """This node's instance id for the reports: the agent config, HyperPod's resource_config.json,
@@ -470,7 +487,8 @@ class UsageCollector:
     def __init__(self, cluster: str, instance_id: Optional[str], state_path: Optional[str] = None,
                  sacct_cmd: str = "", agent_version: str = "", clock: Callable[[], float] = time.time,
                  run: Callable[..., Any] = subprocess.run, log: Callable[..., None] = lambda event, **fields: None,
-                 provisioning_path: Optional[str] = None):
+                 provisioning_path: Optional[str] = None,
+                 partition_reader: Optional[Callable[[], PartitionGroups]] = None):
         self.cluster = cluster
         self.instance_id = instance_id
         self.state_path = state_path
@@ -480,11 +498,15 @@ class UsageCollector:
         self.run = run
         self.log = log
         self.provisioning_path = provisioning_path
+        self.partition_reader = partition_reader
         self._logged_partitions: Optional[PartitionGroups] = None
 
     def partition_groups(self) -> PartitionGroups:
         """Read on every run (the file is small), logged when it says something new."""
-        partitions = read_partition_groups(self.provisioning_path)
+        if self.partition_reader is not None:
+            partitions = self.partition_reader()
+        else:
+            partitions = read_partition_groups(self.provisioning_path)
         if partitions != self._logged_partitions:
             self.log("usage-partition-groups", partitionGroups=partitions.groups, skipped=partitions.skipped,
                      reason=partitions.reason)

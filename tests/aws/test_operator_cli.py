@@ -767,3 +767,55 @@ def test_lifecycle_without_a_stack_or_all_three_values_exits_2(capsys, tmp_path)
     status, out, _ = run(capsys, "lifecycle", "--cluster", CLUSTER, "--out", str(tmp_path))
     assert status == 2 and "--stack-name" in out
     assert not (tmp_path / "hpops").exists()
+
+
+# AWS's reference on_create.sh ends like this (awsome-distributed-training, base-config): our own
+# copy of its shape, not its text.
+REFERENCE_SHAPED_ON_CREATE = """#!/bin/bash
+set -ex
+python3 -u lifecycle_script.py -rc "$SAGEMAKER_RESOURCE_CONFIG_PATH" -pp provisioning_parameters.json
+exit_code=$?
+exit $exit_code
+"""
+
+
+def test_lifecycle_patch_puts_the_line_before_the_final_exit_once(capsys, tmp_path):
+    script = tmp_path / "on_create.sh"
+    script.write_text(REFERENCE_SHAPED_ON_CREATE)
+    script.chmod(0o755)
+    status, out, _ = run(capsys, "lifecycle", "--patch", str(script))
+    assert status == 0 and "inserted before the final exit on line 5" in out
+    lines = script.read_text().splitlines()
+    install = lines.index('bash "$(dirname "$0")/hpops/install.sh"')
+    assert install < lines.index("exit $exit_code") and install > lines.index("exit_code=$?")
+    assert script.stat().st_mode & 0o777 == 0o755
+    status, out, _ = run(capsys, "lifecycle", "--patch", str(script))
+    assert status == 0 and "unchanged" in out
+    assert script.read_text().count("hpops/install.sh") == 1
+
+
+def test_lifecycle_patch_keeps_the_exit_status_the_script_passes_on(tmp_path):
+    from hpops import lifecycle_script
+
+    script = tmp_path / "on_create.sh"
+    script.write_text(lifecycle_script.patch("#!/bin/bash\nfalse\nexit $?\n")[0])
+    (tmp_path / "hpops").mkdir()
+    (tmp_path / "hpops" / "install.sh").write_text("exit 0\n")
+    # The command before the exit failed: the patched script must still fail, as it did before.
+    assert subprocess.run(["bash", str(script)], capture_output=True).returncode == 1
+
+
+def test_lifecycle_patch_refuses_a_line_that_never_runs(capsys, tmp_path):
+    script = tmp_path / "on_create.sh"
+    text = REFERENCE_SHAPED_ON_CREATE + "bash ./hpops/install.sh\n"
+    script.write_text(text)
+    status, out, _ = run(capsys, "lifecycle", "--patch", str(script))
+    assert status == 2 and "never runs" in out and "move it above that exit" in out
+    assert script.read_text() == text
+
+
+def test_lifecycle_says_exactly_where_the_line_goes(region, capsys, tmp_path):
+    status, out, _ = run(capsys, "lifecycle", "--cluster", CLUSTER, "--report-bus", "bus", "--region", "us-east-1",
+                         "--out", str(tmp_path / "dist"), "--no-vendor")
+    assert status == 0
+    assert "before the script's final exit" in out and 'bash "$(dirname "$0")/hpops/install.sh"' in out

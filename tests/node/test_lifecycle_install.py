@@ -111,7 +111,7 @@ def test_missing_python_is_one_clear_line(tmp_path):
     root.mkdir()
     result = install(bundle, root, {"HPOPS_PYTHON": str(tmp_path / "no-python")})
     assert result.returncode == 0, "a missing python must not fail the node's provisioning"
-    assert result.stderr.strip().count("\n") == 0 and "python3 >= 3.8" in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "python3 >= 3.10" in result.stderr
     assert not (root / "etc" / "systemd").exists()
     strict = install(bundle, root, {"HPOPS_PYTHON": str(tmp_path / "no-python"), "HPOPS_REQUIRED": "1"})
     assert strict.returncode == 78

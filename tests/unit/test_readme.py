@@ -76,7 +76,10 @@ SKIPPED = {
     "hpops host-keys ca-show --stack-name S": AWS,
     "hpops lifecycle --stack-name S --out dist/lifecycle": AWS,
     "aws s3 sync dist/lifecycle/hpops s3://<your-lifecycle-bucket>/<prefix>/hpops/": AWS,
-    "bash ./hpops/install.sh": f"{ON_A_NODE}, as root, from the lifecycle scripts (tests/node runs the agent)",
+    'bash "$(dirname "$0")/hpops/install.sh"': f"{ON_A_NODE}, as root, from on_create.sh "
+                                               "(tests/node/test_provisioning_layouts.py runs it so)",
+    "hpops lifecycle --patch on_create.sh": "edits your cluster's on_create.sh; tests/aws/test_operator_cli.py "
+                                            "patches a script shaped like AWS's reference one",
     "sam build": "builds the layers with pip for arm64 (network, minutes); make test runs it (make build)",
     "sam deploy": AWS,
     "sam deploy --config-env prod": AWS,

@@ -1,24 +1,47 @@
 #!/bin/bash
-# Install the hpops node agent on a HyperPod node. Runs as root from the lifecycle on_create.sh:
+# Install the hpops node agent on a HyperPod node. Runs as root from the lifecycle on_create.sh,
+# before the script's final exit (`hpops lifecycle --patch on_create.sh` puts it there):
 #
-#     bash ./hpops/install.sh
+#     bash "$(dirname "$0")/hpops/install.sh"
 #
 # (this folder, hpops/, sits next to on_create.sh in the lifecycle S3 prefix). On every node it
 # copies the agent to /opt/hpops-node-agent and writes /etc/hpops/node-agent.json; it then asks the
-# agent for the node's role. Compute nodes stop there. Login nodes run one agent cycle (--once, so
-# the node joins with the cluster's host keys already in place) and get the hpops-node-agent
-# systemd service, which keeps polling. The controller node gets the service too (it collects
-# per-user Slurm usage from accounting) unless agent.json sets usageSeconds to 0; no first cycle,
-# since Slurm may not be up yet while the lifecycle scripts run.
+# agent for the node's role, which works however AWS provisioned the node (the lifecycle folder's
+# provisioning_parameters.json, HyperPod's /opt/ml/config copy for API-driven Slurm configuration,
+# or DescribeCluster's SlurmConfig). Compute nodes stop there. Login nodes run one agent cycle
+# (--once, so the node joins with the cluster's host keys already in place) and get the
+# hpops-node-agent systemd service, which keeps polling. The controller node gets the service too
+# (it collects per-user Slurm usage from accounting) unless agent.json sets usageSeconds to 0; no
+# first cycle, since Slurm may not be up yet while the lifecycle scripts run.
 #
-# Options (for tests): --root DIR (or HPOPS_ROOT) installs under DIR; --no-systemd skips systemctl.
-# HPOPS_PYTHON picks the interpreter (default /usr/bin/python3, else python3 on PATH).
-# HPOPS_REQUIRED=1 makes a node without a usable python3 fail its provisioning (exit 78).
+# It never fails the node's provisioning (on_create.sh runs under set -e): whatever goes wrong is
+# one line on stderr and exit 0, and the stack keeps a login node without an agent out of the load
+# balancer and names it in an alert. HPOPS_REQUIRED=1 makes it fail provisioning instead.
+#
+# Options (for tests): --root DIR (or HPOPS_ROOT) installs under DIR; --no-systemd (or
+# HPOPS_SYSTEMD=0) skips systemctl. HPOPS_PYTHON picks the interpreter (default /usr/bin/python3,
+# else python3 on PATH). SAGEMAKER_RESOURCE_CONFIG_PATH, as the lifecycle scripts honour it, is
+# recorded as the agent's resourceConfig.
+
+if [ -z "${HPOPS_INSTALL_STEP:-}" ]; then
+    # The work runs in a child shell with set -e; its failure is reported here, not passed on.
+    HPOPS_INSTALL_STEP=1 bash "$0" "$@"
+    status=$?
+    if [ "$status" -ne 0 ]; then
+        if [ "${HPOPS_REQUIRED:-0}" = 1 ]; then
+            echo "hpops install: failed (exit $status); HPOPS_REQUIRED=1, so this node's provisioning fails"
+            exit "$status"
+        fi
+        echo "hpops install: not installed (exit $status); the node is provisioned without the agent" \
+             "(set HPOPS_REQUIRED=1 to fail provisioning instead)"
+    fi
+    exit 0
+fi
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="${HPOPS_ROOT:-/}"
-use_systemd=1
+use_systemd="${HPOPS_SYSTEMD:-1}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --root) root="$2"; shift 2 ;;
@@ -36,12 +59,11 @@ python="${HPOPS_PYTHON:-}"
 if [ -z "$python" ]; then
     if [ -x /usr/bin/python3 ]; then python=/usr/bin/python3; else python="$(command -v python3 || true)"; fi
 fi
-if [ -z "$python" ] || ! "$python" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 8) else 1)' 2>/dev/null; then
-    echo "hpops install: the node agent needs python3 >= 3.8 (found: ${python:-none}); install python3 and re-run" >&2
-    # Failing on_create would fail the node's provisioning. Without an agent the stack keeps a login
-    # node out of the load balancer and names it in an alert; HPOPS_REQUIRED=1 fails here instead.
-    [ "${HPOPS_REQUIRED:-0}" = 1 ] && exit 78
-    exit 0
+# What the bundled botocore needs; the bundle builder writes it from the agent's MIN_PYTHON.
+min_python="@MIN_PYTHON@"
+if [ -z "$python" ] || ! "$python" -c "import sys; sys.exit(0 if sys.version_info >= tuple(int(p) for p in '$min_python'.split('.')) else 1)" 2>/dev/null; then
+    echo "hpops install: the node agent needs python3 >= $min_python (found: ${python:-none}$([ -n "$python" ] && "$python" -c 'import sys; print(" " + sys.version.split()[0])' 2>/dev/null)); use the HyperPod Slurm AMI (Python 3.10) or install python3 >= $min_python and re-run" >&2
+    exit 78
 fi
 
 install_dir="$prefix/opt/hpops-node-agent"
@@ -59,7 +81,7 @@ find "$install_dir" -name '__pycache__' -prune -exec rm -rf {} +
 if [ -f "$provisioning_src" ]; then
     install -m 0644 "$provisioning_src" "$install_dir/provisioning_parameters.json"
 else
-    say "warning: $provisioning_src not found; role detection needs it unless agent.json sets role"
+    say "no provisioning_parameters.json in the lifecycle folder: the role comes from /opt/ml/config or DescribeCluster"
 fi
 
 mkdir -p "$config_dir"
@@ -69,6 +91,8 @@ with open(sys.argv[1]) as handle:
     config = json.load(handle)
 root = os.environ["HPOPS_INSTALL_ROOT"]
 config.setdefault("provisioningParameters", os.path.join(os.environ["HPOPS_INSTALL_DIR"], "provisioning_parameters.json"))
+if os.environ.get("SAGEMAKER_RESOURCE_CONFIG_PATH"):
+    config.setdefault("resourceConfig", os.environ["SAGEMAKER_RESOURCE_CONFIG_PATH"])
 if root != "/":
     config.setdefault("root", root)
 with open(sys.argv[2], "w") as handle:
@@ -82,7 +106,10 @@ agent() {
     PYTHONPATH="$install_dir/lib:$install_dir" PYTHONDONTWRITEBYTECODE=1 "$python" -m hpops_node_agent --config "$config" "$@"
 }
 
-role="$(agent --print-role)"
+if ! role="$(agent --print-role)"; then
+    say "cannot tell this node's role (the agent's line on stderr says why)"
+    exit 78
+fi
 say "node role: $role"
 if [ "$role" = "controller" ] && ! "$python" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("usageSeconds", 1) else 1)' "$config"; then
     say "controller node: Slurm usage collection is off (usageSeconds 0); nothing more to install"
