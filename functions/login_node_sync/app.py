@@ -20,7 +20,7 @@ from hpops_core.common.observability import handler_tools
 from hpops_core.cluster import login_group as login_nodes
 from hpops_core.login_sync import sync_lease, target_group
 from hpops_core.login_sync.config import SyncConfig
-from hpops_core.common.errors import EmptyListingGuardError, MalformedEventError
+from hpops_core.common.errors import EmptyListingGuardError, LoginGroupError, MalformedEventError
 from hpops_core.login_sync.target_plan import LoginNode, plan_targets, still_to_apply
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
@@ -71,9 +71,14 @@ def resolve_login_nodes(event: dict, context: LambdaContext) -> dict:
         config.cluster_name, config.login_group, event.get("ipCache") or {}, trust_cache=event.get("mode") != "repair"
     )
     serving = [n for n in listing.nodes if n.serving]
-    # Only an empty listing needs the cluster's status (for the safety guard): one call, not every
-    # pass, and none when the listing already said the cluster is gone.
-    status = listing.cluster_status or (login_nodes.cluster_status(config.cluster_name) if not serving else None)
+    # One DescribeCluster a pass (none when the listing already said the cluster is gone): the login
+    # group must be one of the cluster's, and its status feeds the safety guard when nothing serves.
+    described = login_nodes.describe_cluster(config.cluster_name) if listing.cluster_status is None else None
+    if described is not None and described.groups is not None:
+        problem = login_nodes.login_group_problem(config.login_group, described.groups)
+        if problem:
+            raise LoginGroupError(problem)
+    status = listing.cluster_status or (described.status if not serving else None)
     metrics.add_metric(name="LoginNodesServing", unit=MetricUnit.Count, value=len(serving))
     logger.info("login group resolved", extra={"nodes": len(listing.nodes), "serving": len(serving),
                                                "described": listing.described, "clusterStatus": status})

@@ -280,3 +280,29 @@ def test_an_aws_failure_fails_the_execution_and_frees_the_lease(world):
     # and the next sweep repairs it
     assert_all_succeeded(world.wait([world.run_schedule()]))
     assert world.converged()
+
+
+@pytest.mark.parametrize("group_change, says", [
+    # The stack's LoginGroupName names no group of the cluster (a typo, or the wrong cluster).
+    ({"InstanceGroupName": "login-nodes"}, "is not an instance group of the cluster; its groups: "),
+    # API-driven Slurm configuration: the named group exists but Slurm runs it as compute nodes.
+    ({"SlurmConfig": {"NodeType": "Compute", "PartitionNames": ["dev"]}}, "has SlurmConfig NodeType 'Compute', not Login"),
+])
+def test_a_login_group_the_cluster_does_not_have_fails_the_sync_and_changes_nothing(synced_world, group_change, says):
+    world = synced_world
+    before = world.target_ips()
+    assert len(before) == 3
+    [group] = [g for g in world.sim.cluster(world.cluster_name).instance_groups
+               if g["InstanceGroupName"] == world.login_group]
+    original = dict(group)
+    group.update(group_change)
+    try:
+        result = world.wait([world.run_schedule()])[0]
+    finally:
+        group.clear()
+        group.update(original)
+    assert result.status == "FAILED" and result.error == "LoginGroupError", (result.error, result.cause)
+    assert says in result.cause and repr(world.worker_group) in result.cause
+    assert world.target_ips() == before, "a sync that cannot trust its login group changes no target"
+    assert "holder" not in world.lease_item()
+    assert_all_succeeded(world.wait([world.run_schedule()]))

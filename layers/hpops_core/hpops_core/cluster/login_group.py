@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.validation import shown
 
 
 @dataclass(frozen=True)
@@ -71,15 +72,45 @@ def describe_node(cluster: str, instance_id: str) -> dict | None:
         raise
 
 
-def cluster_status(cluster: str) -> str:
-    """The cluster's status, or "NotFound" once it is gone."""
+@dataclass(frozen=True)
+class ClusterDescription:
+    """DescribeCluster, as much as the sync needs: the status, and each group's Slurm NodeType
+    (None for a group without SlurmConfig). ``groups`` is None once the cluster is gone."""
+
+    status: str
+    groups: Mapping[str, str | None] | None
+
+
+def describe_cluster(cluster: str) -> ClusterDescription:
     try:
         with transient_errors_named("sagemaker:DescribeCluster"):
-            return client("sagemaker").describe_cluster(ClusterName=cluster)["ClusterStatus"]
+            described = client("sagemaker").describe_cluster(ClusterName=cluster)
     except ClientError as error:
         if not_found(error):
-            return "NotFound"
+            return ClusterDescription(status="NotFound", groups=None)
         raise
+    groups = {}
+    for group in described.get("InstanceGroups") or []:
+        slurm = group.get("SlurmConfig") or {}
+        groups[group.get("InstanceGroupName", "")] = slurm.get("NodeType")
+    return ClusterDescription(status=described["ClusterStatus"], groups=groups)
+
+
+def login_group_problem(group: str, groups: Mapping[str, str | None]) -> str | None:
+    """Why ``group`` cannot be the login group of a cluster with these groups, or None when it can.
+
+    A group with SlurmConfig (API-driven Slurm configuration) must be of NodeType Login; a cluster
+    configured through provisioning_parameters.json carries none, and then only the name is checked."""
+    listed = ", ".join(shown(name) + (f" ({shown(node_type)})" if node_type else "")
+                       for name, node_type in sorted(groups.items())) or "none"
+    if group not in groups:
+        return f"LoginGroupName {shown(group)} is not an instance group of the cluster; its groups: {listed}"
+    node_type = groups[group]
+    if node_type is not None and node_type != "Login":
+        logins = sorted(name for name, kind in groups.items() if kind == "Login")
+        hint = f"the Login group is {shown(logins[0])}" if len(logins) == 1 else f"its groups: {listed}"
+        return f"LoginGroupName {shown(group)} has SlurmConfig NodeType {shown(node_type)}, not Login; {hint}"
+    return None
 
 
 def resolve_login_group(

@@ -24,6 +24,11 @@ class UnknownClusterError(HpopsError):
     """The event or request names a cluster this stack does not manage. Nothing was changed."""
 
 
+class LoginGroupError(HpopsError):
+    """LoginGroupName is not a group of the cluster, or its SlurmConfig says it is not the Login group.
+    The message names the groups the cluster has. Nothing was changed."""
+
+
 class EmptyListingGuardError(HpopsError):
     """Refused to deregister every target: the login group listed empty while the cluster is live."""
 
