@@ -91,18 +91,26 @@ def oversized(event: dict) -> dict:
     return big
 
 
-def test_oversized_and_foreign_account_events_are_refused_with_a_reason(tmp_path, capsys, saved_event):
+def test_oversized_events_are_refused_with_a_reason(tmp_path, capsys, saved_event):
     health = saved_event("hyperpod-node-health.json")
-    foreign = dict(health, account="999999999999")
 
-    code, lines = send(tmp_path, capsys, [oversized(health), foreign])
+    code, lines = send(tmp_path, capsys, [oversized(health), health])
 
     assert code != 0
     refusals = [line for line in lines if "refused" in line]
-    assert len(refusals) == 2
-    assert "256 KB" in refusals[0]
-    assert "999999999999" in refusals[1]
-    assert not [line for line in lines if "execution" in line], "a refused event started an execution"
+    assert len(refusals) == 1 and "256 KB" in refusals[0]
+    assert len([line for line in lines if "execution" in line]) == 1, "only the second event starts one"
+
+
+def test_events_of_two_accounts_are_refused_before_the_twin_is_built(tmp_path, capsys, saved_event):
+    health = saved_event("hyperpod-node-health.json")
+    foreign = dict(health, account="999999999999")
+
+    code, lines = send(tmp_path, capsys, [health, foreign])
+
+    assert code == 2
+    assert lines == [f"twin send: the events are from accounts {ACCOUNT_ID}, 999999999999: EventBridge delivers "
+                     "an event only to its own account's buses, so send each account's events separately"]
 
 
 def test_documented_event_of_another_cluster_converges_on_a_matching_twin(tmp_path, capsys):
@@ -112,17 +120,23 @@ def test_documented_event_of_another_cluster_converges_on_a_matching_twin(tmp_pa
                        "--cluster", "sample-cluster", "--cluster-id", "k3h8q1z0w2x9", "--login-group", "p5Inst")
 
     assert code == 0, "\n".join(lines)
-    assert lines[0].startswith("twin cluster sample-cluster (id k3h8q1z0w2x9), login group p5Inst")
+    assert lines[0].startswith(f"twin account {ACCOUNT_ID}, region {REGION}, "
+                               "cluster sample-cluster (id k3h8q1z0w2x9), login group p5Inst")
     running = running_ips(lines)
     assert len(running) == 3 and sorted(target_ips(lines)) == running
     assert lines[-1] == "in sync"
 
 
-def test_documented_event_as_published_by_aws_is_not_for_this_account(tmp_path, capsys):
-    code, lines = send(tmp_path, capsys, [DOCUMENTED_CLUSTER_EVENT], "--cluster", "sample-cluster")
+def test_documented_event_as_published_by_aws_replays_in_its_own_account_and_region(tmp_path, capsys):
+    # As copied from AWS's documentation (account 111122223333, us-west-2, an ARN ending in the name).
+    code, lines = send(tmp_path, capsys, [DOCUMENTED_CLUSTER_EVENT], "--cluster", "sample-cluster",
+                       "--cluster-id", "sample-cluster", "--login-group", "p5Inst")
 
-    assert code != 0
-    assert any("refused" in line and "111122223333" in line for line in lines)
+    assert code == 0, "\n".join(lines)
+    assert lines[0].startswith("twin account 111122223333, region us-west-2, cluster sample-cluster")
+    assert not [line for line in lines if "refused" in line]
+    running = running_ips(lines)
+    assert len(running) == 3 and sorted(target_ips(lines)) == running
 
 
 def test_publish_refuses_like_put_events_and_starts_nothing(world, saved_event):

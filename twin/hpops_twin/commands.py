@@ -16,7 +16,7 @@ from typing import Any
 from hpops.output import describe_result, print_targets
 from hpops_twin.explain import Route, did, first_line, matches, nearest_rule, routes
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.world import StuckExecutionError, TwinWorld, entry_of
+from hpops_twin.world import ACCOUNT_ID, REGION, StuckExecutionError, TwinWorld, entry_of
 from hpops_twin.world_diff import AlertInbox, changes, login_nodes, snapshot
 
 
@@ -61,16 +61,33 @@ def _labelled_events(paths: list[str]) -> list[tuple[str, dict]]:
     return labelled
 
 
+def _account_and_region(labelled: list[tuple[str, dict]]) -> tuple[str, str]:
+    """The account and region a twin must be to receive these events: an event captured in the
+    user's account, or copied from AWS's documentation (111122223333), is replayed there. An event
+    reaches only the buses of its own account and region, so events of two are refused."""
+    accounts = {e["account"] for _, e in labelled if isinstance(e, dict) and isinstance(e.get("account"), str)}
+    regions = {e["region"] for _, e in labelled if isinstance(e, dict) and isinstance(e.get("region"), str)}
+    if len(accounts) > 1:
+        raise ValueError(f"the events are from accounts {', '.join(sorted(accounts))}: EventBridge delivers an "
+                         "event only to its own account's buses, so send each account's events separately")
+    if len(regions) > 1:
+        raise ValueError(f"the events are from regions {', '.join(sorted(regions))}: an event bus is regional, "
+                         "so send each region's events separately")
+    return (accounts.pop() if accounts else ACCOUNT_ID), (regions.pop() if regions else REGION)
+
+
 def send(args: argparse.Namespace) -> int:
     """Every event through one twin, in order (each sees what the previous ones did): per event the
     rules it matched, what each execution or function did, and what changed in the world.
     Exit 0 when every event matched a rule and everything it started succeeded, else 1."""
     labelled = _labelled_events(args.events)
     try:
+        account_id, region = _account_and_region(labelled)
         template = TemplateModel()
         twin = TwinWorld(cluster_name=args.cluster, cluster_id=args.cluster_id, login_group=args.login_group,
                          worker_group="workers" if args.login_group == "gpu" else "gpu", template=template,
-                         parameters=_parameters(getattr(args, "parameter", None) or [], template))
+                         parameters=_parameters(getattr(args, "parameter", None) or [], template),
+                         account_id=account_id, region=region)
     except ValueError as error:
         print(f"twin send: {error}")
         return 2
@@ -79,7 +96,8 @@ def send(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(), twin as world:
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         running = sorted(n.ip for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running")
-        print(f"twin cluster {world.cluster_name} (id {world.cluster_id}), login group {world.login_group}: "
+        print(f"twin account {world.account_id}, region {world.region}, "
+              f"cluster {world.cluster_name} (id {world.cluster_id}), login group {world.login_group}: "
               f"Running login nodes {', '.join(running)}")
         inbox = AlertInbox(world)
         inbox.new()  # what the world's setup sent is no event's doing

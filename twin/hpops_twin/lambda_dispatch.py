@@ -180,7 +180,9 @@ class _LambdaContext:
     def __init__(self, function_name: str):
         self.function_name = function_name
         self.function_version = "$LATEST"
-        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{function_name}"
+        # The account and region the twin plays (world.py sets both in the environment).
+        self.invoked_function_arn = "arn:aws:lambda:{}:{}:function:{}".format(
+            os.environ.get("AWS_REGION", "us-east-1"), os.environ.get("MOTO_ACCOUNT_ID", "123456789012"), function_name)
         self.memory_limit_in_mb = 256
         self.aws_request_id = str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{function_name}"

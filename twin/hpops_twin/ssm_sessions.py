@@ -286,9 +286,8 @@ class SessionManagerTwin:
 
     @contextmanager
     def installed(self) -> Iterator[SessionManagerTwin]:
-        from hpops_twin.world import ACCOUNT_ID, REGION
-
-        _STORES[(ACCOUNT_ID, REGION)] = self.store
+        key = (self.world.account_id, self.world.region)
+        _STORES[key] = self.store
         patches = [
             mock.patch.object(SimpleSystemManagerResponse, name, function, create=True)
             for name, function in (("describe_sessions", _describe_sessions), ("terminate_session", _terminate_session),
@@ -301,7 +300,7 @@ class SessionManagerTwin:
         finally:
             for patch in reversed(patches):
                 patch.stop()
-            _STORES.pop((ACCOUNT_ID, REGION), None)
+            _STORES.pop(key, None)
 
     # ------------------------------------------------------------------ where sessions go
     @property
@@ -333,13 +332,12 @@ class SessionManagerTwin:
                       run_as: str | None = "", role_name: str | None = None) -> StartedSession:
         """`user` assumes their role and runs `aws ssm start-session --target ...` on a login node
         (round-robin when none is named). Returns the session and its CloudTrail event."""
-        from hpops_twin.world import REGION
 
         role_arn = self.user_role(user, run_as=run_as, role_name=role_name)
         credentials = self.world.aws.client("sts").assume_role(RoleArn=role_arn, RoleSessionName=user)["Credentials"]
         as_user = boto3.session.Session(
             aws_access_key_id=credentials["AccessKeyId"], aws_secret_access_key=credentials["SecretAccessKey"],
-            aws_session_token=credentials["SessionToken"], region_name=REGION,
+            aws_session_token=credentials["SessionToken"], region_name=self.world.region,
         )
         if instance_id is None:
             nodes = self.login_nodes()
@@ -354,12 +352,12 @@ class SessionManagerTwin:
     def add_sessions(self, user: str, count: int, *, role_name: str | None = None, instance_id: str | None = None,
                      group: str | None = None, target: str | None = None, tag: bool = True) -> list[SessionRecord]:
         """Sessions that already exist (no API call, no event): for sweeps, lost events and benches."""
-        from hpops_twin.world import ACCOUNT_ID
+        account_id = self.world.account_id
 
         role = role_name or f"hpops-user-{user}"
         if tag:
             self.user_role(user, role_name=role)
-        owner = f"arn:aws:sts::{ACCOUNT_ID}:assumed-role/{role}/{user}"
+        owner = f"arn:aws:sts::{account_id}:assumed-role/{role}/{user}"
         nodes = self.login_nodes()
         return [
             self.store.add(target or self.target(instance_id or nodes[i % len(nodes)], group), owner, name_hint=user)
@@ -371,7 +369,7 @@ class SessionManagerTwin:
                          when: datetime) -> dict:
         """The CloudTrail record of a successful StartSession, as EventBridge delivers it
         (shape of events/ssm-start-session.json)."""
-        from hpops_twin.world import ACCOUNT_ID, REGION
+        account_id, region = self.world.account_id, self.world.region
 
         stamp = when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {
@@ -379,9 +377,9 @@ class SessionManagerTwin:
             "id": str(uuid.uuid4()),
             "detail-type": "AWS API Call via CloudTrail",
             "source": "aws.ssm",
-            "account": ACCOUNT_ID,
+            "account": account_id,
             "time": stamp,
-            "region": REGION,
+            "region": region,
             "resources": [],
             "detail": {
                 "eventVersion": "1.09",
@@ -389,31 +387,31 @@ class SessionManagerTwin:
                     "type": "AssumedRole",
                     "principalId": caller_user_id,
                     "arn": caller_arn,
-                    "accountId": ACCOUNT_ID,
+                    "accountId": account_id,
                     "sessionContext": {
                         "sessionIssuer": {"type": "Role", "principalId": caller_user_id.split(":", 1)[0], "arn": role_arn,
-                                          "accountId": ACCOUNT_ID, "userName": role_arn.rsplit("/", 1)[-1]},
+                                          "accountId": account_id, "userName": role_arn.rsplit("/", 1)[-1]},
                         "attributes": {"creationDate": stamp, "mfaAuthenticated": "false"},
                     },
                 },
                 "eventTime": stamp,
                 "eventSource": "ssm.amazonaws.com",
                 "eventName": "StartSession",
-                "awsRegion": REGION,
+                "awsRegion": region,
                 "sourceIPAddress": "198.51.100.23",
                 "userAgent": "aws-cli/2.22.4 md/command#ssm.start-session",
                 "requestParameters": {"target": target},
                 "responseElements": {
                     "sessionId": session_id,
                     "tokenValue": "Value hidden due to security reasons.",
-                    "streamUrl": f"wss://ssmmessages.{REGION}.amazonaws.com/v1/data-channel/{session_id}?role=publish_subscribe",
+                    "streamUrl": f"wss://ssmmessages.{region}.amazonaws.com/v1/data-channel/{session_id}?role=publish_subscribe",
                 },
                 "requestID": str(uuid.uuid4()),
                 "eventID": str(uuid.uuid4()),
                 "readOnly": False,
                 "eventType": "AwsApiCall",
                 "managementEvent": True,
-                "recipientAccountId": ACCOUNT_ID,
+                "recipientAccountId": account_id,
                 "eventCategory": "Management",
             },
         }
@@ -432,7 +430,7 @@ class SessionManagerTwin:
 
     def alerts(self) -> list[dict]:
         """Messages published to the AlertTopic so far: {"subject", "message"}."""
-        from hpops_twin.world import ACCOUNT_ID, REGION
+        account_id, region = self.world.account_id, self.world.region
 
-        topic = sns_backends[ACCOUNT_ID][REGION].topics[self.world.output("AlertTopicArn")]
+        topic = sns_backends[account_id][region].topics[self.world.output("AlertTopicArn")]
         return [{"subject": subject, "message": message} for _, message, subject, *_ in topic.sent_notifications]

@@ -184,20 +184,20 @@ def entry_of(event: dict) -> dict:
             "Resources": event.get("resources") or []}
 
 
-def refusal(event: dict) -> dict | None:
-    """Why EventBridge would not deliver this event to the twin's rules, as a failed PutEvents
-    result entry ({"ErrorCode", "ErrorMessage"}), or None when it would."""
+def refusal(event: dict, account_id: str = ACCOUNT_ID, region: str = REGION) -> dict | None:
+    """Why EventBridge would not deliver this event to the rules of a twin in this account and
+    region, as a failed PutEvents result entry ({"ErrorCode", "ErrorMessage"}), or None when it would."""
     size = put_events_entry_size(entry_of(event))
     if size >= PUT_EVENTS_ENTRY_LIMIT:
         return {"ErrorCode": "InvalidArgument",
                 "ErrorMessage": f"entry size {size:,} bytes; EventBridge takes entries under {PUT_EVENTS_ENTRY_LIMIT:,} (256 KB)"}
     # An AWS service event reaches only the buses of the account and region it happened in.
-    if event.get("account", ACCOUNT_ID) != ACCOUNT_ID:
+    if event.get("account", account_id) != account_id:
         return {"ErrorCode": "InvalidAccountIdException",
-                "ErrorMessage": f"event for account {event['account']}; this twin is account {ACCOUNT_ID}"}
-    if event.get("region", REGION) != REGION:
+                "ErrorMessage": f"event for account {event['account']}; this twin is account {account_id}"}
+    if event.get("region", region) != region:
         return {"ErrorCode": "InvalidArgument",
-                "ErrorMessage": f"event from region {event['region']}; this twin is region {REGION}"}
+                "ErrorMessage": f"event from region {event['region']}; this twin is region {region}"}
     return None
 
 
@@ -304,7 +304,14 @@ class TwinWorld:
         # were never saved (Run As off: every shell is ssm-user). The twin's users carry
         # SSMSessionRunAs tags, so by default Run As is on.
         session_preferences: tuple[bool, str] | None = (True, ""),
+        # The account and region the twin plays (`hpops twin send` takes them from the events it replays).
+        account_id: str = ACCOUNT_ID,
+        region: str = REGION,
     ):
+        if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
+            raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
+        self.account_id = account_id
+        self.region = region
         self.parameter_overrides = dict(parameters or {})
         self.session_preferences = session_preferences
         self.cluster_name = cluster_name
@@ -333,7 +340,7 @@ class TwinWorld:
     def _check_identity(self) -> None:
         """The cluster's name, id and login group become stack parameters: CloudFormation would
         refuse values outside the template's AllowedPattern, and so does the twin, before starting."""
-        arn_of_id = f"arn:aws:sagemaker:{REGION}:{ACCOUNT_ID}:cluster/{self.cluster_id}"
+        arn_of_id = f"arn:aws:sagemaker:{self.region}:{self.account_id}:cluster/{self.cluster_id}"
         values = {"ClusterName": self.cluster_name, "LoginGroupName": self.login_group}
         if self.cluster_id is not None:
             values["ClusterArn"] = arn_of_id
@@ -345,7 +352,7 @@ class TwinWorld:
     # ------------------------------------------------------------------ lifecycle
     def __enter__(self) -> TwinWorld:
         env = mock.patch.dict(os.environ, {
-            "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region, "MOTO_ACCOUNT_ID": self.account_id,
             "AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin", "AWS_SESSION_TOKEN": "twin",
         })
         env.start()
@@ -365,17 +372,17 @@ class TwinWorld:
         dispatch.__enter__()
         self._stack.append(dispatch)
         # Our code's clients come from boto3's default session; count their calls from here on.
-        boto3.setup_default_session(region_name=REGION)
+        boto3.setup_default_session(region_name=self.region)
         boto3.DEFAULT_SESSION.events.register("before-call", self.counter)
         hpops_clients.reset_clients()
         # The harness has its own session so its own calls (polling, inspection) are not counted.
-        self.aws = boto3.session.Session(region_name=REGION)
-        self.sim = HyperPodSimulator(REGION, ACCOUNT_ID, clock=lambda: datetime.now(timezone.utc))
+        self.aws = boto3.session.Session(region_name=self.region)
+        self.sim = HyperPodSimulator(self.region, self.account_id, clock=lambda: datetime.now(timezone.utc))
         self.dispatcher.base_environment = {"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_DEV": "false"}
         self.hosts = NodeHosts(
             node_by_instance=self._node_by_instance, node_by_ip=self._node_by_ip,
             running_login_nodes=lambda: [n for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running"],
-            agent_settings=lambda: AgentSettings(cluster=self.cluster_name, region=REGION,
+            agent_settings=lambda: AgentSettings(cluster=self.cluster_name, region=self.region,
                                                  report_bus=self.output("NodeReportBusName"), login_group=self.login_group),
             exclusive=self.dispatcher.environment_lock,
         )
@@ -447,7 +454,7 @@ class TwinWorld:
         ec2 = self.aws.client("ec2")
         vpc_id = ec2.create_vpc(CidrBlock="10.1.0.0/16")["Vpc"]["VpcId"]
         subnets = [
-            ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.1.{i}.0/24", AvailabilityZone=f"{REGION}{az}")["Subnet"]["SubnetId"]
+            ec2.create_subnet(VpcId=vpc_id, CidrBlock=f"10.1.{i}.0/24", AvailabilityZone=f"{self.region}{az}")["Subnet"]["SubnetId"]
             for i, az in enumerate("ab")
         ]
         parameters = self.template.parameter_defaults() | {
@@ -464,9 +471,9 @@ class TwinWorld:
         if ssh_keygen() is None:
             print("twin: ssh-keygen (OpenSSH client) not found: host identity checks are off in this twin")
             parameters["HostIdentityMode"] = "off"
-        self.resolver = Resolver(self.template.raw, parameters, REGION, ACCOUNT_ID, STACK_NAME)
+        self.resolver = Resolver(self.template.raw, parameters, self.region, self.account_id, STACK_NAME)
         for logical_id in self.template.of_type("AWS::Serverless::LayerVersion"):  # functions' Layers name them
-            self._record(logical_id, f"arn:aws:lambda:{REGION}:{ACCOUNT_ID}:layer:{self._physical_name(logical_id)}:1")
+            self._record(logical_id, f"arn:aws:lambda:{self.region}:{self.account_id}:layer:{self._physical_name(logical_id)}:1")
         order = [
             "AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::SNS::Topic", "AWS::Logs::LogGroup",
             "AWS::KMS::Key", "AWS::SecretsManager::Secret", "AWS::Events::EventBus", "AWS::EC2::SecurityGroup",
@@ -540,7 +547,7 @@ class TwinWorld:
         logs.create_log_group(logGroupName=name)
         if "RetentionInDays" in props:
             logs.put_retention_policy(logGroupName=name, retentionInDays=int(props["RetentionInDays"]))
-        self._record(logical_id, name, Arn=f"arn:aws:logs:{REGION}:{ACCOUNT_ID}:log-group:{name}:*")
+        self._record(logical_id, name, Arn=f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{name}:*")
 
     def _provision_LoadBalancer(self, logical_id: str, props: dict) -> None:
         lb = self.aws.client("elbv2").create_load_balancer(
@@ -655,7 +662,7 @@ class TwinWorld:
         {"ErrorCode", "ErrorMessage"} for one EventBridge would refuse."""
         outcome = PutEventsOutcome()
         for event in events:
-            failed = refusal(event)
+            failed = refusal(event, self.account_id, self.region)
             outcome.entries.append(failed or {"EventId": event.get("id") or str(uuid.uuid4())})
             if failed:
                 self.refused.append((event, failed))
@@ -717,8 +724,8 @@ class TwinWorld:
     def deliver_to_functions(self, bus: str, entry: dict) -> None:
         """EventBridge delivering one PutEvents entry to the function targets whose rule matches."""
         event = {"version": "0", "id": str(uuid.uuid4()), "detail-type": entry.get("DetailType"),
-                 "source": entry.get("Source"), "account": ACCOUNT_ID, "time": datetime.now(timezone.utc).isoformat(),
-                 "region": REGION, "resources": entry.get("Resources", []), "detail": json.loads(entry.get("Detail") or "{}")}
+                 "source": entry.get("Source"), "account": self.account_id, "time": datetime.now(timezone.utc).isoformat(),
+                 "region": self.region, "resources": entry.get("Resources", []), "detail": json.loads(entry.get("Detail") or "{}")}
         for rule in self.function_rules.values():
             if rule["bus"] == bus and EventPattern.load(json.dumps(rule["pattern"])).matches_event(event):
                 record = self.dispatcher.invoke(rule["function"], event)
