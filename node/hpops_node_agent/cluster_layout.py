@@ -21,9 +21,6 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from hpops_core.common import validation
 
-ROLE_BY_NODE_TYPE = {"Login": "login", "Controller": "controller", "Compute": "compute"}
-
-
 class SlurmLayout(NamedTuple):
     """The groups with a Slurm role, (partition, compute group) pairs as listed (the usage collector
     checks their names), and where each came from (a file path, or DescribeCluster's SlurmConfig)."""
@@ -142,9 +139,3 @@ def role_of_group(group: Optional[str], layout: SlurmLayout) -> str:
     if group and group == layout.controller_group:
         return "controller"
     return "compute"
-
-
-def role_from_cluster(group: Optional[str], instance_groups: Any) -> Optional[str]:
-    """The role SlurmConfig.NodeType gives ``group``, where its group carries one."""
-    config = slurm_groups(instance_groups).get(group or "")
-    return ROLE_BY_NODE_TYPE.get(config.get("NodeType")) if config else None
