@@ -259,28 +259,40 @@ def decide_reports(group: str, running: Sequence[str], reports: Mapping[str, Map
     (report_store's JSON with receivedAt); ``published_version``: the host identity the stack published."""
     if not running:
         return Finding("agent-reports", PROBLEM, "the login group has no Running node", subject=group)
-    problems = []
+    silent, late, behind, old = [], [], {}, {}
     for instance in sorted(running):
         report = reports.get(instance)
         received = _parse_time((report or {}).get("receivedAt"))
         if report is None or received is None:
-            problems.append(f"{instance} has never reported")
+            silent.append(instance)
             continue
         if now - received > max_age:
-            problems.append(f"{instance} last reported {_age(now, received)} ago")
+            late.append(f"{instance} last reported {_age(now, received)} ago")
             continue
         identity = report.get("hostIdentity") or {}
         if published_version and identity.get("version") != published_version:
-            said = f" ({identity.get('result')}: {identity['reason']})" if identity.get("reason") else ""
-            problems.append(f"{instance} is at host identity {identity.get('version') or '(none)'}{said}, "
-                            f"the stack published {published_version}")
+            said = f" ({identity['result']}: {identity.get('reason')})" if identity.get("result") in ("failed", "waiting") else ""
+            behind.setdefault(f"{identity.get('version') or '(none)'}{said}", []).append(instance)
         if report.get("agentVersion") != agent_version:
-            problems.append(f"{instance} runs agent {report.get('agentVersion')}, this hpops ships {agent_version}")
+            old.setdefault(str(report.get("agentVersion")), []).append(instance)
+    problems, fixes = [], []
+    if silent:
+        problems.append(f"{', '.join(silent)} never reported")
+    problems += late
+    if silent or late:
+        fixes.append("a node that does not report lacks the agent (lifecycle-script), NodeAgentPolicy or a network "
+                     "path (the checks above); on the node: journalctl -u hpops-node-agent")
+    for version, instances in behind.items():
+        problems.append(f"{', '.join(instances)} at host identity {version}, the stack published {published_version}")
+    if behind:
+        fixes.append(f"hpops repair --stack-name {stack_name or 'S'} (a sync publishes it and waits for the agents)")
+    for version, instances in old.items():
+        problems.append(f"{', '.join(instances)} run agent {version}, this hpops ships {agent_version}")
+    if old:
+        fixes.append(f"hpops lifecycle --stack-name {stack_name or 'S'}, sync the bundle to the lifecycle prefix, "
+                     "then UpdateClusterSoftware on the login group")
     if problems:
-        return Finding("agent-reports", PROBLEM, "; ".join(problems),
-                       "a node that never reports lacks the agent, NodeAgentPolicy or a network path (see the checks "
-                       f"above; journalctl -u hpops-node-agent on the node); an old agent: hpops lifecycle --stack-name "
-                       f"{stack_name or 'S'}, sync it, then UpdateClusterSoftware on the login group", group)
+        return Finding("agent-reports", PROBLEM, "; ".join(problems), "; ".join(fixes), group)
     return Finding("agent-reports", OK, f"{len(running)} Running login node{'s' if len(running) > 1 else ''} "
                    f"reported within {int(max_age.total_seconds() // 60)} min, agent {agent_version}"
                    + (f", host identity {published_version}" if published_version else ""), subject=group)

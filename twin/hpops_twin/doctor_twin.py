@@ -261,12 +261,13 @@ def login_node_without_agent(account: DoctorAccount) -> Iterator[None]:
 
 @contextmanager
 def agents_behind_published_identity(account: DoctorAccount) -> Iterator[None]:
-    """A host key rotation was published; the agents have not applied it (no poll since)."""
-    from hpops_twin.node_hosts import canonical_bundle, rotation_bundle
+    """A host key rotation was installed; no sweep has published it to the agents yet. Undone the way
+    it is on AWS: the next sweep publishes it and every agent applies it."""
+    from hpops_twin.node_hosts import rotation_bundle
 
     account.world.install_canonical_host_keys(rotation_bundle())
     yield
-    account.world.install_canonical_host_keys(canonical_bundle())
+    account.world.wait([account.world.run_schedule()])
     account.world.agents_poll()
 
 
