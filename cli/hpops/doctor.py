@@ -77,10 +77,11 @@ class Target:
 
 
 def target_of_stack(stack: StackView, region: str) -> Target:
-    p = stack.parameters
-    return Target(cluster=p["ClusterName"], region=region, login_group=p.get("LoginGroupName") or "login",
-                  controller_group=p.get("ControllerGroupName") or "controller-machine",
-                  ssh_port=int(p.get("SshPort") or 22), stack=stack)
+    parameters = stack.parameters
+    return Target(cluster=parameters["ClusterName"], region=region,
+                  login_group=parameters.get("LoginGroupName") or "login",
+                  controller_group=parameters.get("ControllerGroupName") or "controller-machine",
+                  ssh_port=int(parameters.get("SshPort") or 22), stack=stack)
 
 
 def run_doctor(session: Any, target: Target, now: dt.datetime) -> list[Finding]:
@@ -171,7 +172,12 @@ def _lifecycle_facts(session: Any, group: dict, target: Target) -> checks.Lifecy
     config = group.get("LifeCycleConfig") or {}
     bucket, prefix = _s3_location(config.get("SourceS3Uri", ""))
     s3 = session.client("s3")
-    script = _s3_text(s3, bucket, prefix + config.get("OnCreate", ""))
+    try:
+        script = _s3_text(s3, bucket, prefix + config.get("OnCreate", ""))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NoSuchBucket":
+            raise
+        return checks.LifecycleFacts(f"s3://{bucket}/{prefix}", config.get("OnCreate", ""), None)
     agent_json = _s3_text(s3, bucket, prefix + "hpops/agent.json")
     present = {"hpops/agent.json": agent_json is not None,
                "hpops/install.sh": _s3_text(s3, bucket, prefix + "hpops/install.sh") is not None}
