@@ -245,7 +245,9 @@ def _verifier_facts(session: Any, target: Target, cluster: dict, groups: dict) -
     login = groups.get(target.login_group) or {}
     login_vpc = _vpc_config(cluster, login)
     cluster_ids = list(login_vpc.get("SecurityGroupIds", []))
-    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=cluster_ids + verifier_ids)["SecurityGroups"]}
+    # With no ids at all DescribeSecurityGroups would list every group of the account.
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=cluster_ids + verifier_ids)[
+        "SecurityGroups"]} if cluster_ids + verifier_ids else {}
     subnet_ids = _split(stack.parameters.get("VerifierSubnetIds"))
     found = {}
     for subnet in subnet_ids:  # one at a time: DescribeSubnets refuses a whole list for one unknown id
@@ -290,10 +292,15 @@ def _trails(session: Any, region: str) -> list[checks.TrailFacts]:
         home = trail.get("HomeRegion") or region
         client = session.client("cloudtrail", region_name=home)
         arn = trail.get("TrailARN") or trail["Name"]
-        status = client.get_trail_status(Name=arn)
-        selectors = client.get_event_selectors(TrailName=arn)
-        facts.append(checks.TrailFacts(trail["Name"], home, bool(trail.get("IsMultiRegionTrail")),
-                                       bool(status.get("IsLogging")), selectors.get("EventSelectors") or [],
+        multi_region = bool(trail.get("IsMultiRegionTrail"))
+        try:
+            status = client.get_trail_status(Name=arn)
+            selectors = client.get_event_selectors(TrailName=arn)
+        except ClientError as error:  # one trail we may not read does not hide another that is fine
+            facts.append(checks.TrailFacts(trail["Name"], home, multi_region, False, unreadable=explain(error, home)))
+            continue
+        facts.append(checks.TrailFacts(trail["Name"], home, multi_region, bool(status.get("IsLogging")),
+                                       selectors.get("EventSelectors") or [],
                                        selectors.get("AdvancedEventSelectors") or []))
     return facts
 

@@ -337,13 +337,21 @@ class TrailFacts:
     logging: bool
     event_selectors: Sequence[Mapping[str, Any]] = ()
     advanced_selectors: Sequence[Mapping[str, Any]] = ()
+    unreadable: str = ""  # why its status or selectors could not be read (an organization's trail, say)
 
 
 def decide_trail(region: str, trails: Sequence[TrailFacts]) -> Finding:
     here = [t for t in trails if t.multi_region or t.home_region == region]
-    good = [t for t in here if t.logging and logs_start_session(t.event_selectors, t.advanced_selectors)]
+    good = [t for t in here if not t.unreadable and t.logging
+            and logs_start_session(t.event_selectors, t.advanced_selectors)]
     if good:
         return Finding("cloudtrail", OK, f"trail {good[0].name} logs management events (StartSession) in {region}")
+    unreadable = [t for t in here if t.unreadable]
+    if unreadable:
+        return Finding("cloudtrail", UNKNOWN, "; ".join(f"trail {t.name}: {t.unreadable}" for t in unreadable)
+                       + f"; no other trail logs StartSession in {region}",
+                       "confirm that trail logs write management events, or allow cloudtrail:GetTrailStatus and "
+                       "cloudtrail:GetEventSelectors on it")
     if not here:
         why = f"no CloudTrail trail covers {region}"
     else:
@@ -424,4 +432,4 @@ def decide_usage(group: str, usage: UsageFacts | None, now: dt.datetime, max_age
         return Finding("slurm-usage", PROBLEM, f"the controller reports usage, but {usage.reason}",
                        "add gres/gpu to AccountingStorageTRES in slurm.conf and restart slurmctld", group)
     return Finding("slurm-usage", OK, f"the controller's agent ({usage.instance_id}) reports Slurm usage "
-                   f"({_age(now, collected)} ago), GPUs tracked", subject=group)
+                   f"({_age(now, collected)} ago), with no warning that GPUs are not tracked", subject=group)

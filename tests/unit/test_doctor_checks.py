@@ -160,3 +160,9 @@ def test_exit_status_counts_problems_and_unknowns_not_skips():
     line = checks.Finding("run-as", OK, "on")
     assert checks.exit_status([line, checks.Finding("slurm-usage", checks.SKIPPED, "needs the stack")]) == 0
     assert checks.exit_status([line, checks.Finding("cloudtrail", UNKNOWN, "could not tell")]) == 1
+
+
+def test_a_trail_doctor_may_not_read_is_unknown_unless_another_logs_start_session():
+    hidden = TrailFacts("org-trail", REGION, True, False, unreadable="access denied to cloudtrail:GetTrailStatus")
+    assert checks.decide_trail(REGION, [hidden]).status == UNKNOWN
+    assert checks.decide_trail(REGION, [hidden, TrailFacts("own", REGION, False, True)]).status == OK
