@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -70,8 +70,8 @@ class StackView:
 class Target:
     cluster: str
     region: str
-    login_group: str
-    controller_group: str
+    login_group: str | None  # None before a deploy: the group SlurmConfig names, else the template's default
+    controller_group: str | None
     ssh_port: int
     stack: StackView | None = None
 
@@ -93,6 +93,10 @@ def run_doctor(session: Any, target: Target, now: dt.datetime) -> list[Finding]:
         return [Finding("cluster", UNKNOWN, f"cannot describe cluster {target.cluster}: {explain(error, target.region)}",
                         "check --cluster / the stack's ClusterName, and --region")]
     groups = {g["InstanceGroupName"]: g for g in cluster.get("InstanceGroups", [])}
+    if target.stack is None:  # before a deploy: API-driven Slurm configuration names the groups' roles
+        target = replace(target, login_group=target.login_group or _group_of_type(groups, "Login") or "login",
+                         controller_group=target.controller_group or _group_of_type(groups, "Controller")
+                         or "controller-machine")
     named = [("login", target.login_group), ("controller", target.controller_group)]
     for role, name in named:
         if name not in groups:
@@ -107,6 +111,12 @@ def run_doctor(session: Any, target: Target, now: dt.datetime) -> list[Finding]:
             continue
         findings += _run_check(check, session, target, cluster, groups, present, now)
     return findings
+
+
+def _group_of_type(groups: Mapping[str, dict], node_type: str) -> str | None:
+    """The one instance group whose SlurmConfig.NodeType is ``node_type``, if exactly one is."""
+    named = [name for name, g in groups.items() if (g.get("SlurmConfig") or {}).get("NodeType") == node_type]
+    return named[0] if len(named) == 1 else None
 
 
 def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: dict,
@@ -168,6 +178,16 @@ def _s3_text(s3: Any, bucket: str, key: str) -> str | None:
         raise
 
 
+def _s3_exists(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return False
+        raise
+    return True
+
+
 def _lifecycle_facts(session: Any, group: dict, target: Target) -> checks.LifecycleFacts:
     config = group.get("LifeCycleConfig") or {}
     bucket, prefix = _s3_location(config.get("SourceS3Uri", ""))
@@ -179,8 +199,7 @@ def _lifecycle_facts(session: Any, group: dict, target: Target) -> checks.Lifecy
             raise
         return checks.LifecycleFacts(f"s3://{bucket}/{prefix}", config.get("OnCreate", ""), None)
     agent_json = _s3_text(s3, bucket, prefix + "hpops/agent.json")
-    present = {"hpops/agent.json": agent_json is not None,
-               "hpops/install.sh": _s3_text(s3, bucket, prefix + "hpops/install.sh") is not None}
+    present = {"hpops/agent.json": agent_json is not None, "hpops/install.sh": _s3_exists(s3, bucket, prefix + "hpops/install.sh")}
     try:
         agent_config = json.loads(agent_json) if agent_json else None
     except ValueError:

@@ -571,9 +571,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--cluster", help="before a deploy: the HyperPod cluster (the checks that need no stack)")
     where.add_argument("--twin", action="store_true", help="a fresh local twin (development install)")
     doctor.add_argument("--region")
-    doctor.add_argument("--login-group", default="login", help="with --cluster: the login instance group")
-    doctor.add_argument("--controller-group", default="controller-machine",
-                        help="with --cluster: the Slurm controller instance group")
+    doctor.add_argument("--login-group", help="with --cluster: the login instance group (default: the one whose "
+                        "SlurmConfig.NodeType is Login, else login)")
+    doctor.add_argument("--controller-group", help="with --cluster: the Slurm controller instance group (default: "
+                        "the one whose SlurmConfig.NodeType is Controller, else controller-machine)")
     doctor.add_argument("--json", action="store_true", help="the checks as one JSON document")
     doctor.set_defaults(func=cmd_doctor)
 

@@ -164,3 +164,20 @@ def test_with_the_stack_every_check_runs_and_reads_the_stacks_names(cluster, cap
 def test_doctor_without_a_stack_or_a_cluster_and_region_exits_2(capsys):
     assert main(["doctor"]) == 2
     assert capsys.readouterr().out.startswith("hpops doctor: give --stack-name S, or --cluster NAME and --region R")
+
+
+def test_before_a_deploy_the_groups_come_from_api_driven_slurm_configuration(monkeypatch, capsys):
+    """A cluster created with InstanceGroups[].SlurmConfig.NodeType names its login and controller groups."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    with mock_aws():
+        sim = HyperPodSimulator(REGION, DEFAULT_ACCOUNT_ID, clock=lambda: NOW)
+        sim.create_cluster(CLUSTER, {"users": ("ml.m5.xlarge", 2), "slurmctld": ("ml.m5.xlarge", 1),
+                                     "gpu": ("ml.p5.48xlarge", 2)})
+        # moto keeps the groups as given; DescribeCluster returns SlurmConfig as SageMaker does.
+        for group, node_type in (("users", "Login"), ("slurmctld", "Controller"), ("gpu", "Compute")):
+            next(g for g in sim.cluster(CLUSTER).instance_groups if g["InstanceGroupName"] == group)["SlurmConfig"] = {
+                "NodeType": node_type}
+        assert main(["doctor", "--cluster", CLUSTER, "--region", REGION]) == 1
+    out = capsys.readouterr().out
+    assert "PROBLEM cluster" not in out
+    assert {m for m in re.findall(r"^\w+ node-network\[([^\]]+)\]", out, re.MULTILINE)} == {"users", "slurmctld"}
