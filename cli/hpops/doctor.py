@@ -76,6 +76,22 @@ class Target:
     stack: StackView | None = None
 
 
+def physical_ids(session: Any, stack_name: str) -> Callable[[str], str | None]:
+    """A deployed stack's resource ids by logical id (None for one a condition left out)."""
+    cloudformation = session.client("cloudformation")
+
+    def physical_id(logical_id: str) -> str | None:
+        try:
+            return cloudformation.describe_stack_resource(StackName=stack_name, LogicalResourceId=logical_id)[
+                "StackResourceDetail"].get("PhysicalResourceId")
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "ValidationError":  # no such resource in the stack
+                return None
+            raise
+
+    return physical_id
+
+
 def target_of_stack(stack: StackView, region: str) -> Target:
     parameters = stack.parameters
     return Target(cluster=parameters["ClusterName"], region=region,

@@ -462,20 +462,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Exit 0: every check OK; 1: a check found a problem or could not tell; 2: could not start."""
     if args.twin:
         return _twin("doctor", args)
-    from hpops.doctor import StackView, Target, print_doctor, run_doctor, target_of_stack
+    from hpops.doctor import StackView, Target, physical_ids, print_doctor, run_doctor, target_of_stack
 
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
-        cloudformation = session.client("cloudformation")
-
-        def physical_id(logical_id: str) -> str | None:
-            try:
-                return cloudformation.describe_stack_resource(StackName=args.stack_name, LogicalResourceId=logical_id)[
-                    "StackResourceDetail"].get("PhysicalResourceId")
-            except ClientError:  # not in this stack (a condition left it out)
-                return None
-
-        target = target_of_stack(StackView(args.stack_name, outputs, parameters, physical_id), session.region_name)
+        stack = StackView(args.stack_name, outputs, parameters, physical_ids(session, args.stack_name))
+        target = target_of_stack(stack, session.region_name)
     elif args.cluster and args.region:
         session = _session(args.region)
         target = Target(args.cluster, args.region, args.login_group, args.controller_group, ssh_port=22)

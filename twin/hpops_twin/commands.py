@@ -1,4 +1,4 @@
-"""The twin's commands behind `hpops demo`, `hpops twin send`, `hpops bench` and `--twin` (status, repair, cost).
+"""The twin's commands behind `hpops demo`, `hpops twin send`, `hpops bench` and `--twin` (status, repair, cost, doctor).
 
 The operator CLI (package hpops) dispatches here only when the twin is installed (the development
 install); an operator's `pip install .` has neither this package nor moto.
