@@ -10,7 +10,6 @@ import warnings
 import pytest
 
 from hpops.doctor_checks import CHECKS, OK, PROBLEM, RUN_AS_OFF
-from hpops.main import main
 from hpops_twin.doctor_twin import BREAKS, DoctorAccount, doctor_world
 
 # What each broken condition's line must say (a fragment of its message, and of its fix).
