@@ -14,6 +14,8 @@
                                              the node agent bundle, and the line that installs it
     hpops cost --stack-name S | --twin [--json | --csv]      per-user spend this month (Slurm accounting)
     hpops cost subscribe --stack-name S USER EMAIL            e-mail USER's own spend alerts to EMAIL
+    hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
+                                             what the account or cluster lacks, one line per check
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -490,6 +492,24 @@ def _cost_subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Exit 0: every check OK; 1: a check found a problem or could not tell; 2: could not start."""
+    if args.twin:
+        return _twin("doctor", args)
+    from hpops.doctor import StackView, Target, physical_ids, print_doctor, run_doctor, target_of_stack
+
+    if args.stack_name:
+        outputs, parameters, session = _stack(args.stack_name, args.region)
+        stack = StackView(args.stack_name, outputs, parameters, physical_ids(session, args.stack_name))
+        target = target_of_stack(stack, session.region_name)
+    elif args.cluster and args.region:
+        session = _session(args.region)
+        target = Target(args.cluster, args.region, args.login_group, args.controller_group, ssh_port=22)
+    else:
+        raise CliError("give --stack-name S, or --cluster NAME and --region R (before a deploy), or --twin")
+    return print_doctor(target, run_doctor(session, target, _utc_now()), args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -566,6 +586,25 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--region", default=argparse.SUPPRESS)
     subscribe.add_argument("user", metavar="USER", help="the POSIX user whose alerts to send")
     subscribe.add_argument("email", metavar="EMAIL")
+
+    doctor = commands.add_parser(
+        "doctor", help="what the account or cluster lacks for hpops: one line per check, OK or the problem and its fix",
+        description="Checks the lifecycle script and bundle, NodeAgentPolicy on the execution roles, the nodes' "
+                    "network path to SSM, Secrets Manager and EventBridge, the verifier's path to the login nodes, the "
+                    "agents' reports, CloudTrail, Session Manager Run As, the ClusterName cost allocation tag and the "
+                    "controller's Slurm usage. Exit 0: all OK; 1: a problem, or a check that could not tell; 2: usage "
+                    "or setup error.")
+    where = doctor.add_mutually_exclusive_group()
+    where.add_argument("--stack-name", help="the deployed stack (every check)")
+    where.add_argument("--cluster", help="before a deploy: the HyperPod cluster (the checks that need no stack)")
+    where.add_argument("--twin", action="store_true", help="a fresh local twin (development install)")
+    doctor.add_argument("--region")
+    doctor.add_argument("--login-group", help="with --cluster: the login instance group (default: the one whose "
+                        "SlurmConfig.NodeType is Login, else login)")
+    doctor.add_argument("--controller-group", help="with --cluster: the Slurm controller instance group (default: "
+                        "the one whose SlurmConfig.NodeType is Controller, else controller-machine)")
+    doctor.add_argument("--json", action="store_true", help="the checks as one JSON document")
+    doctor.set_defaults(func=cmd_doctor)
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")

@@ -51,6 +51,7 @@ class Offline:
 # Run here, from the repository root, as the README shows them; each starts a local twin (no AWS).
 OFFLINE = {
     "hpops twin send events/hyperpod-node-health.json events/repair-dry-run.json": Offline(0, "in sync"),
+    "hpops doctor --twin": Offline(0, "OK slurm-usage[controller-machine]"),
     "hpops cost --twin": Offline(1, "(users + idle + other = cluster cost)",
                                  "the demo month's alice is projected past 80 % of her limit, and a threshold crossed exits 1"),
 }
@@ -92,6 +93,8 @@ SKIPPED = {
     "hpops status --stack-name S [--region R] [--json]": AWS,
     "hpops cost --stack-name S [--json | --csv]": AWS,
     "hpops cost subscribe --stack-name S USER EMAIL": AWS,
+    "hpops doctor --stack-name S": AWS,
+    "hpops doctor --cluster NAME --region R": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
@@ -101,6 +104,7 @@ SKIPPED = {
 MENTIONS = {
     "hpops cost": f"{AWS}; `hpops cost --twin` runs above",
     "hpops repair": AWS,
+    "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
 }
 
 

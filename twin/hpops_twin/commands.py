@@ -1,4 +1,4 @@
-"""The twin's commands behind `hpops demo`, `hpops twin send`, `hpops bench` and `--twin` (status, repair, cost).
+"""The twin's commands behind `hpops demo`, `hpops twin send`, `hpops bench` and `--twin` (status, repair, cost, doctor).
 
 The operator CLI (package hpops) dispatches here only when the twin is installed (the development
 install); an operator's `pip install .` has neither this package nor moto.
@@ -193,3 +193,14 @@ def repair(args: argparse.Namespace) -> int:
         describe_result(vars(result))
         print_targets(world.targets(), world.login_truth())
         return 0 if result.status == "SUCCEEDED" else 1
+
+
+def doctor(args: argparse.Namespace) -> int:
+    """`hpops doctor --twin`: a fresh twin with the account around it set up as a working install has it."""
+    from hpops.doctor import print_doctor
+    from hpops_twin.doctor_twin import DoctorAccount, doctor_world
+
+    with warnings.catch_warnings(), doctor_world() as world:
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        account = DoctorAccount(world).prepare()
+        return print_doctor(account.target(), account.run(), args.json)

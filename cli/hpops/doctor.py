@@ -1,0 +1,389 @@
+"""`hpops doctor`: what an account or cluster lacks for hpops to work, one line per check.
+
+Gathers facts from AWS with the operator's credentials, then decides with doctor_checks (pure).
+Given a stack it runs every check; given only a cluster and region (before a deploy) it runs those
+that need no stack: the lifecycle script, the node network, CloudTrail, Run As, the cost tag.
+A check whose facts cannot be read (access denied, say) is one UNKNOWN line saying why; the others
+still run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from hpops import doctor_checks as checks
+from hpops.doctor_checks import SKIPPED, UNKNOWN, Finding
+from hpops.errors import explain
+from hpops_core.common.errors import HpopsError
+
+DOCTOR_FORMAT = "hpops.doctor.v1"
+
+# Every IAM action doctor calls, for the operator policy. None of them changes anything.
+DOCTOR_IAM_ACTIONS = (
+    "cloudformation:DescribeStacks",
+    "cloudformation:DescribeStackResource",  # the stack-created verifier security group
+    "sagemaker:DescribeCluster",
+    "sagemaker:ListClusterNodes",
+    "sagemaker:ListTags",
+    "s3:GetObject",  # on_create.sh and the bundle in the lifecycle prefix
+    "s3:ListBucket",  # so that a missing bundle file reads as missing (404), not as access denied (403)
+    "iam:ListAttachedRolePolicies",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeRouteTables",
+    "ec2:DescribeVpcEndpoints",
+    "ec2:DescribeSecurityGroups",
+    "elasticloadbalancing:DescribeTargetGroups",
+    "dynamodb:GetItem",
+    "dynamodb:Query",
+    "cloudtrail:DescribeTrails",
+    "cloudtrail:GetTrailStatus",
+    "cloudtrail:GetEventSelectors",
+    "ssm:GetDocument",
+    "ce:ListCostAllocationTags",
+)
+# Lines for checks that need what only a deployed stack has.
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "agent-reports", "slurm-usage")
+# Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
+REPORT_MAX_AGE = dt.timedelta(minutes=25)
+# The controller collects usage every DEFAULT_USAGE_SECONDS (15 min); three missed windows is silence.
+USAGE_MAX_AGE = dt.timedelta(minutes=60)
+GATHER_ERRORS = (ClientError, BotoCoreError, HpopsError, NotImplementedError, ValueError, KeyError)
+
+
+@dataclass(frozen=True)
+class StackView:
+    """What doctor reads of a deployed stack: outputs, parameters, and physical ids of its resources."""
+
+    name: str
+    outputs: Mapping[str, str]
+    parameters: Mapping[str, str]
+    physical_id: Callable[[str], str | None] = field(default=lambda logical_id: None)
+
+
+@dataclass(frozen=True)
+class Target:
+    cluster: str
+    region: str
+    login_group: str | None  # None before a deploy: the group SlurmConfig names, else the template's default
+    controller_group: str | None
+    ssh_port: int
+    stack: StackView | None = None
+
+
+def physical_ids(session: Any, stack_name: str) -> Callable[[str], str | None]:
+    """A deployed stack's resource ids by logical id (None for one a condition left out)."""
+    cloudformation = session.client("cloudformation")
+
+    def physical_id(logical_id: str) -> str | None:
+        try:
+            return cloudformation.describe_stack_resource(StackName=stack_name, LogicalResourceId=logical_id)[
+                "StackResourceDetail"].get("PhysicalResourceId")
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "ValidationError":  # no such resource in the stack
+                return None
+            raise
+
+    return physical_id
+
+
+def target_of_stack(stack: StackView, region: str) -> Target:
+    parameters = stack.parameters
+    return Target(cluster=parameters["ClusterName"], region=region,
+                  login_group=parameters.get("LoginGroupName") or "login",
+                  controller_group=parameters.get("ControllerGroupName") or "controller-machine",
+                  ssh_port=int(parameters.get("SshPort") or 22), stack=stack)
+
+
+def run_doctor(session: Any, target: Target, now: dt.datetime) -> list[Finding]:
+    """Every check in CHECKS order; the ones that need the stack are SKIPPED without one."""
+    findings: list[Finding] = []
+    try:
+        cluster = session.client("sagemaker").describe_cluster(ClusterName=target.cluster)
+    except GATHER_ERRORS as error:
+        return [Finding("cluster", UNKNOWN, f"cannot describe cluster {target.cluster}: {explain(error, target.region)}",
+                        "check --cluster / the stack's ClusterName, and --region")]
+    groups = {g["InstanceGroupName"]: g for g in cluster.get("InstanceGroups", [])}
+    if target.stack is None:  # before a deploy: API-driven Slurm configuration names the groups' roles
+        target = replace(target, login_group=target.login_group or _group_of_type(groups, "Login") or "login",
+                         controller_group=target.controller_group or _group_of_type(groups, "Controller")
+                         or "controller-machine")
+    named = [("login", target.login_group), ("controller", target.controller_group)]
+    for role, name in named:
+        if name not in groups:
+            findings.append(Finding("cluster", checks.PROBLEM, f"cluster {target.cluster} has no {role} group {name} "
+                                    f"(its groups: {', '.join(sorted(groups)) or 'none'})",
+                                    f"set the stack's {'LoginGroupName' if role == 'login' else 'ControllerGroupName'}"
+                                    " to the right group"))
+    present = [(role, name) for role, name in named if name in groups]
+    for check in checks.CHECKS:
+        if target.stack is None and check in NEEDS_STACK:
+            findings.append(Finding(check, SKIPPED, "needs the deployed stack: run with --stack-name S"))
+            continue
+        findings += _run_check(check, session, target, cluster, groups, present, now)
+    return findings
+
+
+def _group_of_type(groups: Mapping[str, dict], node_type: str) -> str | None:
+    """The one instance group whose SlurmConfig.NodeType is ``node_type``, if exactly one is."""
+    named = [name for name, g in groups.items() if (g.get("SlurmConfig") or {}).get("NodeType") == node_type]
+    return named[0] if len(named) == 1 else None
+
+
+def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: dict,
+               present: list[tuple[str, str]], now: dt.datetime) -> list[Finding]:
+    def guarded(subject: str, decide: Callable[[], Finding]) -> Finding:
+        try:
+            return decide()
+        except GATHER_ERRORS as error:
+            return Finding(check, UNKNOWN, f"could not tell: {explain(error, target.region)}", subject=subject)
+
+    stack = target.stack
+    if check == "lifecycle-script":
+        return [guarded(name, lambda g=groups[name]: checks.decide_lifecycle(
+            g["InstanceGroupName"], _lifecycle_facts(session, g, target), stack and stack.name)) for _, name in present]
+    if check == "node-agent-policy":
+        policy = stack.outputs["NodeAgentPolicyArn"]
+        iam = session.client("iam")
+        return [guarded(name, lambda g=groups[name]: checks.decide_policy(
+            g["InstanceGroupName"], g["ExecutionRole"], _attached(iam, checks.role_name(g["ExecutionRole"])), policy))
+            for _, name in present]
+    if check == "node-network":
+        ec2 = session.client("ec2")
+        return [guarded(name, lambda g=groups[name]: checks.decide_network(
+            g["InstanceGroupName"], target.region, *_network_facts(ec2, _vpc_config(cluster, g), target.region)))
+            for _, name in present]
+    if check == "verifier-path":
+        return [guarded("", lambda: checks.decide_verifier(_verifier_facts(session, target, cluster, groups)))]
+    if check == "agent-reports":
+        return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
+    if check == "cloudtrail":
+        return [guarded("", lambda: checks.decide_trail(target.region, _trails(session, target.region)))]
+    if check == "run-as":
+        return [guarded("", lambda: checks.decide_run_as(_session_preferences(session.client("ssm"))))]
+    if check == "cost-allocation-tag":
+        return [guarded("", lambda: _decide_cost_tag(session, target, cluster))]
+    if check == "slurm-usage":
+        return [guarded(target.controller_group, lambda: _decide_usage(session, target, now))]
+    raise ValueError(f"unknown check {check}")
+
+
+# ---------------------------------------------------------------------------- gathering
+
+
+def _s3_location(uri: str) -> tuple[str, str]:
+    """s3://bucket/prefix[/] -> (bucket, "prefix/") ("" for the bucket's root)."""
+    if not uri.startswith("s3://"):
+        raise ValueError(f"LifeCycleConfig.SourceS3Uri {uri!r} is not an s3:// URI")
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def _s3_text(s3: Any, bucket: str, key: str) -> str | None:
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode("utf-8", "replace")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
+
+
+def _s3_exists(s3: Any, bucket: str, key: str) -> bool:
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return False
+        raise
+    return True
+
+
+def _lifecycle_facts(session: Any, group: dict, target: Target) -> checks.LifecycleFacts:
+    config = group.get("LifeCycleConfig") or {}
+    bucket, prefix = _s3_location(config.get("SourceS3Uri", ""))
+    s3 = session.client("s3")
+    try:
+        script = _s3_text(s3, bucket, prefix + config.get("OnCreate", ""))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "NoSuchBucket":
+            raise
+        return checks.LifecycleFacts(f"s3://{bucket}/{prefix}", config.get("OnCreate", ""), None)
+    agent_json = _s3_text(s3, bucket, prefix + "hpops/agent.json")
+    present = {"hpops/agent.json": agent_json is not None, "hpops/install.sh": _s3_exists(s3, bucket, prefix + "hpops/install.sh")}
+    try:
+        agent_config = json.loads(agent_json) if agent_json else None
+    except ValueError:
+        agent_config = {}
+    expected = {"cluster": target.cluster, "region": target.region}
+    if target.stack is not None:
+        expected["reportBus"] = target.stack.outputs["NodeReportBusName"]
+    return checks.LifecycleFacts(f"s3://{bucket}/{prefix}", config.get("OnCreate", ""), script, present,
+                                 agent_config if isinstance(agent_config, dict) or agent_config is None else {},
+                                 expected)
+
+
+def _attached(iam: Any, role: str) -> list[str]:
+    pages = iam.get_paginator("list_attached_role_policies").paginate(RoleName=role)
+    return [p["PolicyArn"] for page in pages for p in page["AttachedPolicies"]]
+
+
+def _vpc_config(cluster: dict, group: dict) -> dict:
+    """The group's own VpcConfig when it overrides the cluster's."""
+    return group.get("OverrideVpcConfig") or cluster.get("VpcConfig") or {}
+
+
+def _network_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[checks.SubnetPath], list[checks.Endpoint]]:
+    subnet_ids = list(vpc_config.get("Subnets", []))
+    if not subnet_ids:
+        return [], []
+    subnets = {s["SubnetId"]: s for s in ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"]}
+    paths, vpcs = [], sorted({s["VpcId"] for s in subnets.values()})
+    tables = [t for page in ec2.get_paginator("describe_route_tables").paginate(
+        Filters=[{"Name": "vpc-id", "Values": vpcs}]) for t in page["RouteTables"]]
+    for subnet_id in subnet_ids:
+        vpc = subnets[subnet_id]["VpcId"]
+        explicit = [t for t in tables if any(a.get("SubnetId") == subnet_id for a in t.get("Associations", []))]
+        main = [t for t in tables if t["VpcId"] == vpc and any(a.get("Main") for a in t.get("Associations", []))]
+        table = (explicit or main or [None])[0]
+        target = None
+        for route in (table or {}).get("Routes", []):
+            if route.get("DestinationCidrBlock") == "0.0.0.0/0" and route.get("State", "active") == "active":
+                target = (route.get("NatGatewayId") or route.get("GatewayId") or route.get("TransitGatewayId")
+                          or route.get("NetworkInterfaceId") or route.get("VpcPeeringConnectionId")
+                          or route.get("InstanceId") or "another target")
+        paths.append(checks.SubnetPath(subnet_id, vpc, table and table["RouteTableId"], target))
+    names = {f"com.amazonaws.{region}.{service}": service for service in checks.NODE_SERVICES}
+    endpoints = [checks.Endpoint(e["VpcId"], names[e["ServiceName"]], bool(e.get("PrivateDnsEnabled")), e["VpcEndpointId"])
+                 for page in ec2.get_paginator("describe_vpc_endpoints").paginate(
+                     Filters=[{"Name": "vpc-id", "Values": vpcs}, {"Name": "service-name", "Values": list(names)}])
+                 for e in page["VpcEndpoints"]
+                 if e["ServiceName"] in names and e.get("VpcEndpointType", "Interface") == "Interface"
+                 and e.get("State", "available").lower() == "available"]
+    return paths, endpoints
+
+
+def _split(text: str | None) -> list[str]:
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def _verifier_facts(session: Any, target: Target, cluster: dict, groups: dict) -> checks.VerifierFacts:
+    stack = target.stack
+    ec2 = session.client("ec2")
+    verifier_ids = _split(stack.parameters.get("VerifierSecurityGroupIds")) or [
+        i for i in [stack.physical_id("VerifierSecurityGroup")] if i]
+    login = groups.get(target.login_group) or {}
+    login_vpc = _vpc_config(cluster, login)
+    cluster_ids = list(login_vpc.get("SecurityGroupIds", []))
+    # With no ids at all DescribeSecurityGroups would list every group of the account.
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=cluster_ids + verifier_ids)[
+        "SecurityGroups"]} if cluster_ids + verifier_ids else {}
+    subnet_ids = _split(stack.parameters.get("VerifierSubnetIds"))
+    found = {}
+    for subnet in subnet_ids:  # one at a time: DescribeSubnets refuses a whole list for one unknown id
+        try:
+            found[subnet] = ec2.describe_subnets(SubnetIds=[subnet])["Subnets"][0]
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "InvalidSubnetID.NotFound":
+                raise
+            found[subnet] = {}
+    cluster_subnets = ec2.describe_subnets(SubnetIds=list(login_vpc.get("Subnets", [])))["Subnets"] \
+        if login_vpc.get("Subnets") else []
+    target_group = session.client("elbv2").describe_target_groups(
+        TargetGroupArns=[stack.outputs["TargetGroupArn"]])["TargetGroups"][0]
+    return checks.VerifierFacts(
+        ssh_port=target.ssh_port, cluster_groups=[described[i] for i in cluster_ids if i in described],
+        verifier_groups=[described[i] for i in verifier_ids if i in described], verifier_subnets=found,
+        cluster_subnet_cidrs=[s["CidrBlock"] for s in cluster_subnets], target_group_vpc=target_group["VpcId"])
+
+
+def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
+    from hpops.main import _node_reports
+    from hpops_core.host_identity.identity_record import read_expected
+    from hpops_node_agent import __version__ as agent_version
+
+    stack = target.stack
+    sagemaker, dynamodb = session.client("sagemaker"), session.client("dynamodb")
+    pages = sagemaker.get_paginator("list_cluster_nodes").paginate(
+        ClusterName=target.cluster, InstanceGroupNameContains=target.login_group)
+    running = [s["InstanceId"] for p in pages for s in p["ClusterNodeSummaries"]
+               if s["InstanceGroupName"] == target.login_group and s["InstanceStatus"]["Status"] == "Running"]
+    table = stack.outputs["SyncStateTableName"]
+    published = read_expected(dynamodb, table, target.cluster) or {}
+    version = published.get("version") if published.get("mode") in ("keys", "certificate") else None
+    return checks.decide_reports(target.login_group, running, _node_reports(dynamodb, table, target.cluster),
+                                 version, agent_version, now, REPORT_MAX_AGE, stack.name)
+
+
+def _trails(session: Any, region: str) -> list[checks.TrailFacts]:
+    facts = []
+    for trail in session.client("cloudtrail").describe_trails(includeShadowTrails=True)["trailList"]:
+        # A shadow trail (multi-region, or an organization's) is read in its home region.
+        home = trail.get("HomeRegion") or region
+        client = session.client("cloudtrail", region_name=home)
+        arn = trail.get("TrailARN") or trail["Name"]
+        multi_region = bool(trail.get("IsMultiRegionTrail"))
+        try:
+            status = client.get_trail_status(Name=arn)
+            selectors = client.get_event_selectors(TrailName=arn)
+        except ClientError as error:  # one trail we may not read does not hide another that is fine
+            facts.append(checks.TrailFacts(trail["Name"], home, multi_region, False, unreadable=explain(error, home)))
+            continue
+        facts.append(checks.TrailFacts(trail["Name"], home, multi_region, bool(status.get("IsLogging")),
+                                       selectors.get("EventSelectors") or [],
+                                       selectors.get("AdvancedEventSelectors") or []))
+    return facts
+
+
+def _session_preferences(ssm: Any) -> dict | None:
+    try:
+        content = ssm.get_document(Name="SSM-SessionManagerRunShell", DocumentFormat="JSON")["Content"]
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "InvalidDocument":  # preferences never saved
+            return None
+        raise
+    return json.loads(content)
+
+
+def _decide_cost_tag(session: Any, target: Target, cluster: dict) -> Finding:
+    from hpops_core.budget_guard.aws_budgets import ce_client
+    from hpops_core.budget_guard.budget_spec import CLUSTER_TAG
+
+    answer = ce_client(session).list_cost_allocation_tags(TagKeys=[CLUSTER_TAG])
+    tags = session.client("sagemaker").list_tags(ResourceArn=cluster["ClusterArn"]).get("Tags", [])
+    return checks.decide_cost_tag(CLUSTER_TAG, target.cluster, answer.get("CostAllocationTags", []),
+                                  {t["Key"]: t["Value"] for t in tags})
+
+
+def _decide_usage(session: Any, target: Target, now: dt.datetime) -> Finding:
+    from hpops_core.budget_guard.usage_store import collector_status
+    from hpops_node_agent.usage import GPU_NOT_TRACKED
+
+    status = collector_status(target.stack.outputs["SyncStateTableName"], target.cluster, session.client("dynamodb"))
+    facts = None if status is None else checks.UsageFacts(status.status, status.reason, status.collected_at,
+                                                          status.instance_id)
+    return checks.decide_usage(target.controller_group, facts, now, USAGE_MAX_AGE, GPU_NOT_TRACKED)
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def doctor_document(target: Target, findings: list[Finding]) -> dict:
+    return {"format": DOCTOR_FORMAT, "cluster": target.cluster, "region": target.region,
+            "stack": target.stack.name if target.stack else None,
+            "checks": [f.to_json() for f in findings], "exitStatus": checks.exit_status(findings)}
+
+
+def print_doctor(target: Target, findings: list[Finding], as_json: bool) -> int:
+    document = doctor_document(target, findings)
+    if as_json:
+        print(json.dumps(document, indent=2))
+    else:
+        for finding in findings:
+            print(finding.line())
+    return document["exitStatus"]

@@ -1,0 +1,435 @@
+"""`hpops doctor`'s decisions: pure functions from gathered facts to one finding per check and subject.
+
+Nothing here calls AWS (doctor.py gathers); each function takes what it needs as plain values and
+returns Findings whose message says what is wrong and whose fix says what to do.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OK, PROBLEM, UNKNOWN, SKIPPED = "OK", "PROBLEM", "UNKNOWN", "SKIPPED"
+
+# The order lines are printed in (and the order of value to an operator installing the product).
+CHECKS = ("lifecycle-script", "node-agent-policy", "node-network", "verifier-path", "agent-reports",
+          "cloudtrail", "run-as", "cost-allocation-tag", "slurm-usage")
+# What the node agent calls from a node: desired state, the canonical keys, its reports.
+NODE_SERVICES = ("ssm", "secretsmanager", "events")
+BUNDLE_FILES = ("hpops/install.sh", "hpops/agent.json")
+RUN_AS_OFF = "Run As is off: sessions run as root, per-user limits cannot apply"
+# A StartSession call as CloudTrail records it: what a trail's selectors must admit.
+START_SESSION_EVENT = {"eventCategory": "Management", "readOnly": "false", "eventSource": "ssm.amazonaws.com",
+                       "eventName": "StartSession"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    status: str  # OK | PROBLEM | UNKNOWN (could not tell) | SKIPPED (needs the stack)
+    message: str
+    fix: str = ""
+    subject: str = ""  # the instance group (or trail) the line is about, when a check has several
+
+    def line(self) -> str:
+        name = f"{self.check}[{self.subject}]" if self.subject else self.check
+        text = f"{self.status} {name}: {self.message}"
+        return text + (f". Fix: {self.fix}" if self.fix else "")
+
+    def to_json(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def exit_status(findings: Sequence[Finding]) -> int:
+    """0 when every check that ran is OK; 1 when one found a problem or could not tell."""
+    return 1 if any(f.status in (PROBLEM, UNKNOWN) for f in findings) else 0
+
+
+# ---------------------------------------------------------------------------- 1. lifecycle script
+
+
+@dataclass(frozen=True)
+class LifecycleFacts:
+    source_uri: str  # s3://bucket/prefix
+    on_create: str
+    script: str | None  # None: not found in S3
+    bundle_present: Mapping[str, bool] = field(default_factory=dict)  # BUNDLE_FILES -> exists
+    agent_config: Mapping[str, Any] | None = None  # agent.json as read, when present
+    expected_agent_config: Mapping[str, str] | None = None  # what `hpops lifecycle` writes for this stack
+
+
+def decide_lifecycle(group: str, facts: LifecycleFacts, stack_name: str | None) -> Finding:
+    from hpops.lifecycle_script import INSTALL_LINE, check
+
+    where = f"{facts.source_uri.rstrip('/')}/{facts.on_create}"
+    lifecycle_cmd = f"hpops lifecycle --stack-name {stack_name or 'S'}"
+    if facts.script is None:
+        return Finding("lifecycle-script", PROBLEM, f"{where} not found",
+                       "upload the cluster's on_create.sh there, or correct LifeCycleConfig", group)
+    verdict = check(facts.script)
+    if not verdict.reached:
+        return Finding("lifecycle-script", PROBLEM, f"{where}: {verdict.reason}",
+                       f"{lifecycle_cmd} --patch on_create.sh inserts `{INSTALL_LINE}` before its final exit; "
+                       "upload it, then UpdateClusterSoftware for the nodes already running", group)
+    missing = [name for name in BUNDLE_FILES if not facts.bundle_present.get(name)]
+    prefix = facts.source_uri.rstrip("/")
+    if missing:
+        return Finding("lifecycle-script", PROBLEM, f"{where} runs hpops/install.sh but {', '.join(missing)} "
+                       f"{'is' if len(missing) == 1 else 'are'} not beside it in {prefix}/",
+                       f"{lifecycle_cmd} --out dist/lifecycle && aws s3 sync dist/lifecycle/hpops {prefix}/hpops/", group)
+    expected, found = facts.expected_agent_config or {}, facts.agent_config or {}
+    wrong = [f"{key} {found.get(key)!r} (this stack: {value!r})" for key, value in sorted(expected.items())
+             if found.get(key) != value]
+    if wrong:
+        return Finding("lifecycle-script", PROBLEM, f"{prefix}/hpops/agent.json names {', '.join(wrong)}",
+                       f"{lifecycle_cmd} --out dist/lifecycle && aws s3 sync dist/lifecycle/hpops {prefix}/hpops/", group)
+    return Finding("lifecycle-script", OK, f"{where}: {verdict.reason}, before its final exit; the bundle is beside it",
+                   subject=group)
+
+
+# ---------------------------------------------------------------------------- 2. NodeAgentPolicy
+
+
+def role_name(role_arn: str) -> str:
+    """arn:aws:iam::123456789012:role/path/name -> name (IAM's role APIs take the name, not the path)."""
+    return role_arn.rsplit("/", 1)[-1]
+
+
+def decide_policy(group: str, role_arn: str, attached: Iterable[str], policy_arn: str) -> Finding:
+    name = role_name(role_arn)
+    if policy_arn in set(attached):
+        return Finding("node-agent-policy", OK, f"execution role {name} has NodeAgentPolicy", subject=group)
+    return Finding("node-agent-policy", PROBLEM,
+                   f"execution role {name} does not have NodeAgentPolicy: its agent cannot read desired state or report",
+                   f"aws iam attach-role-policy --role-name {name} --policy-arn {policy_arn} "
+                   "(or set the stack's ClusterExecutionRoleName to it)", group)
+
+
+# ---------------------------------------------------------------------------- 3. node network
+
+
+@dataclass(frozen=True)
+class SubnetPath:
+    """A subnet's default route (0.0.0.0/0) as its route table has it."""
+
+    subnet_id: str
+    vpc_id: str
+    route_table_id: str | None
+    default_target: str | None  # nat-…, igw-…, tgw-…, eni-…, pcx-…; None: no active default route
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    vpc_id: str
+    service: str  # the short name: ssm, secretsmanager, events
+    private_dns: bool
+    endpoint_id: str
+
+
+def _reaches_internet(target: str | None) -> bool:
+    return bool(target) and target.startswith(("nat-", "igw-"))
+
+
+def decide_network(group: str, region: str, subnets: Sequence[SubnetPath], endpoints: Sequence[Endpoint]) -> Finding:
+    if not subnets:
+        return Finding("node-network", UNKNOWN, "the cluster's VpcConfig names no subnet for this group",
+                       "check DescribeCluster's VpcConfig and the group's OverrideVpcConfig", group)
+    problems, unsure, ways = [], [], set()
+    for subnet in subnets:
+        if _reaches_internet(subnet.default_target):
+            ways.add(f"{subnet.default_target.split('-', 1)[0]} gateway")
+            continue
+        have = {e.service for e in endpoints if e.vpc_id == subnet.vpc_id and e.private_dns}
+        without_dns = sorted({e.service for e in endpoints if e.vpc_id == subnet.vpc_id and not e.private_dns} - have)
+        missing = [s for s in NODE_SERVICES if s not in have]
+        if not missing:
+            ways.add("interface endpoints")
+            continue
+        route = (f"its default route goes to {subnet.default_target}, which doctor cannot follow"
+                 if subnet.default_target else
+                 f"route table {subnet.route_table_id or '(none)'} has no default route to a NAT or internet gateway")
+        text = (f"subnet {subnet.subnet_id}: {route}, and VPC {subnet.vpc_id} has no interface endpoint with "
+                f"private DNS for {', '.join(missing)}")
+        if without_dns:
+            text += f" ({', '.join(without_dns)} without private DNS)"
+        (unsure if subnet.default_target else problems).append(text)
+    if problems or unsure:
+        services = ", ".join(f"com.amazonaws.{region}.{s}" for s in NODE_SERVICES)
+        return Finding("node-network", PROBLEM if problems else UNKNOWN,
+                       "; ".join(problems + unsure) + ": the agents cannot reach SSM, Secrets Manager and EventBridge, "
+                       "so every login node is kept out",
+                       f"add a default route (0.0.0.0/0) to a NAT gateway, or create interface endpoints {services} "
+                       "with private DNS enabled in the VPC", group)
+    return Finding("node-network", OK, f"subnets {', '.join(s.subnet_id for s in subnets)} reach SSM, Secrets Manager "
+                   f"and EventBridge ({' and '.join(sorted(ways))})", subject=group)
+
+
+# ---------------------------------------------------------------------------- 4. verifier path
+
+
+def _covers(permission: Mapping[str, Any], port: int) -> bool:
+    protocol = str(permission.get("IpProtocol"))
+    if protocol == "-1":
+        return True
+    if protocol not in ("tcp", "6"):
+        return False
+    return int(permission.get("FromPort", -1)) <= port <= int(permission.get("ToPort", -1))
+
+
+def admits(permissions: Sequence[Mapping[str, Any]], port: int, group_ids: Iterable[str], cidrs: Iterable[str]) -> bool:
+    """Do these security group rules admit TCP ``port`` from (or to) one of ``group_ids``, or from a CIDR
+    range that contains every one of ``cidrs``?"""
+    groups, networks = set(group_ids), [ipaddress.ip_network(c) for c in cidrs]
+    for permission in permissions:
+        if not _covers(permission, port):
+            continue
+        if groups & {pair.get("GroupId") for pair in permission.get("UserIdGroupPairs", [])}:
+            return True
+        ranges = [ipaddress.ip_network(r["CidrIp"]) for r in permission.get("IpRanges", []) if r.get("CidrIp")]
+        if networks and all(any(n.subnet_of(r) for r in ranges) for n in networks):
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class VerifierFacts:
+    ssh_port: int
+    cluster_groups: Sequence[Mapping[str, Any]]  # DescribeSecurityGroups items of the login nodes' groups
+    verifier_groups: Sequence[Mapping[str, Any]]  # ... of the verifier's groups
+    verifier_subnets: Mapping[str, Mapping[str, Any]]  # subnet id -> DescribeSubnets item ({} when not found)
+    cluster_subnet_cidrs: Sequence[str]
+    target_group_vpc: str
+
+
+def decide_verifier(facts: VerifierFacts) -> Finding:
+    port = facts.ssh_port
+    verifier_ids = [g["GroupId"] for g in facts.verifier_groups]
+    verifier_cidrs = [s["CidrBlock"] for s in facts.verifier_subnets.values() if s.get("CidrBlock")]
+    problems, fixes = [], []
+    missing = sorted(subnet for subnet, found in facts.verifier_subnets.items() if not found)
+    elsewhere = sorted(subnet for subnet, found in facts.verifier_subnets.items()
+                       if found and found.get("VpcId") != facts.target_group_vpc)
+    if missing:
+        problems.append(f"verifier subnets {', '.join(missing)} do not exist")
+    if elsewhere:
+        problems.append(f"verifier subnets {', '.join(elsewhere)} are not in the target group's VPC {facts.target_group_vpc}")
+    if missing or elsewhere:
+        fixes.append(f"set VerifierSubnetIds to subnets of {facts.target_group_vpc}")
+    if not any(admits(g.get("IpPermissions", []), port, verifier_ids, verifier_cidrs) for g in facts.cluster_groups):
+        cluster_ids = [g["GroupId"] for g in facts.cluster_groups]
+        problems.append(f"the cluster's security group {', '.join(cluster_ids)} does not admit TCP {port} from "
+                        f"the verifier's {', '.join(verifier_ids)}: no login node can be verified, none takes traffic")
+        fixes.append(f"aws ec2 authorize-security-group-ingress --group-id {cluster_ids[0] if cluster_ids else 'SG'} "
+                     f"--protocol tcp --port {port} --source-group {verifier_ids[0] if verifier_ids else 'SG'}")
+    elif not any(admits(g.get("IpPermissionsEgress", []), port, [g["GroupId"] for g in facts.cluster_groups],
+                        facts.cluster_subnet_cidrs) for g in facts.verifier_groups):
+        problems.append(f"the verifier's security group {', '.join(verifier_ids)} allows no TCP {port} out to the cluster")
+        fixes.append(f"allow egress TCP {port} from {verifier_ids[0] if verifier_ids else 'it'} to the cluster's subnets")
+    if problems:
+        return Finding("verifier-path", PROBLEM, "; ".join(problems), "; ".join(fixes))
+    return Finding("verifier-path", OK, f"the cluster's security group admits TCP {port} from the verifier's "
+                   f"{', '.join(verifier_ids)}, in the target group's VPC {facts.target_group_vpc}")
+
+
+# ---------------------------------------------------------------------------- 5. agent reports
+
+
+def _parse_time(text: str | None) -> dt.datetime | None:
+    if not text:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.timezone.utc)
+
+
+def _age(now: dt.datetime, then: dt.datetime) -> str:
+    minutes = int((now - then).total_seconds() // 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h"
+
+
+def decide_reports(group: str, running: Sequence[str], reports: Mapping[str, Mapping[str, Any]],
+                   published_version: str | None, agent_version: str, now: dt.datetime,
+                   max_age: dt.timedelta, stack_name: str | None) -> Finding:
+    """``running``: the login group's Running instance ids; ``reports``: instance id -> latest report
+    (report_store's JSON with receivedAt); ``published_version``: the host identity the stack published."""
+    if not running:
+        return Finding("agent-reports", PROBLEM, "the login group has no Running node", subject=group)
+    silent, late, behind, old = [], [], {}, {}
+    for instance in sorted(running):
+        report = reports.get(instance)
+        received = _parse_time((report or {}).get("receivedAt"))
+        if report is None or received is None:
+            silent.append(instance)
+            continue
+        if now - received > max_age:
+            late.append(f"{instance} last reported {_age(now, received)} ago")
+            continue
+        identity = report.get("hostIdentity") or {}
+        if published_version and identity.get("version") != published_version:
+            said = f" ({identity['result']}: {identity.get('reason')})" if identity.get("result") in ("failed", "waiting") else ""
+            behind.setdefault(f"{identity.get('version') or '(none)'}{said}", []).append(instance)
+        if report.get("agentVersion") != agent_version:
+            old.setdefault(str(report.get("agentVersion")), []).append(instance)
+    problems, fixes = [], []
+    if silent:
+        problems.append(f"{', '.join(silent)} never reported")
+    problems += late
+    if silent or late:
+        fixes.append("a node that does not report lacks the agent (lifecycle-script), NodeAgentPolicy or a network "
+                     "path (the checks above); on the node: journalctl -u hpops-node-agent")
+    for version, instances in behind.items():
+        problems.append(f"{', '.join(instances)} at host identity {version}, the stack published {published_version}")
+    if behind:
+        fixes.append(f"hpops repair --stack-name {stack_name or 'S'} (a sync publishes it and waits for the agents)")
+    for version, instances in old.items():
+        problems.append(f"{', '.join(instances)} run agent {version}, this hpops ships {agent_version}")
+    if old:
+        fixes.append(f"hpops lifecycle --stack-name {stack_name or 'S'}, sync the bundle to the lifecycle prefix, "
+                     "then UpdateClusterSoftware on the login group")
+    if problems:
+        return Finding("agent-reports", PROBLEM, "; ".join(problems), "; ".join(fixes), group)
+    return Finding("agent-reports", OK, f"{len(running)} Running login node{'s' if len(running) > 1 else ''} "
+                   f"reported within {int(max_age.total_seconds() // 60)} min, agent {agent_version}"
+                   + (f", host identity {published_version}" if published_version else ""), subject=group)
+
+
+# ---------------------------------------------------------------------------- 6. CloudTrail
+
+
+def _field_matches(selector: Mapping[str, Any], event: Mapping[str, str]) -> bool:
+    value = event.get(selector.get("Field", ""))
+    if value is None:  # a field a management event does not have (resources.type…): not this event
+        return False
+    positive = {"Equals": value.__eq__, "StartsWith": value.startswith, "EndsWith": value.endswith}
+    negative = {"NotEquals": value.__eq__, "NotStartsWith": value.startswith, "NotEndsWith": value.endswith}
+    for name, test in positive.items():
+        if name in selector and not any(test(v) for v in selector[name]):
+            return False
+    for name, test in negative.items():
+        if name in selector and any(test(v) for v in selector[name]):
+            return False
+    return True
+
+
+def logs_start_session(event_selectors: Sequence[Mapping[str, Any]],
+                       advanced_selectors: Sequence[Mapping[str, Any]]) -> bool:
+    """Would a trail with these selectors log Session Manager's StartSession (a write management event)?
+    A trail with neither kind of selector logs all management events (CloudTrail's default)."""
+    if advanced_selectors:
+        return any(all(_field_matches(f, START_SESSION_EVENT) for f in s.get("FieldSelectors", []))
+                   for s in advanced_selectors)
+    if not event_selectors:
+        return True
+    return any(s.get("IncludeManagementEvents", True) and s.get("ReadWriteType", "All") in ("All", "WriteOnly")
+               and "ssm.amazonaws.com" not in s.get("ExcludeManagementEventSources", []) for s in event_selectors)
+
+
+@dataclass(frozen=True)
+class TrailFacts:
+    name: str
+    home_region: str
+    multi_region: bool
+    logging: bool
+    event_selectors: Sequence[Mapping[str, Any]] = ()
+    advanced_selectors: Sequence[Mapping[str, Any]] = ()
+    unreadable: str = ""  # why its status or selectors could not be read (an organization's trail, say)
+
+
+def decide_trail(region: str, trails: Sequence[TrailFacts]) -> Finding:
+    here = [t for t in trails if t.multi_region or t.home_region == region]
+    good = [t for t in here if not t.unreadable and t.logging
+            and logs_start_session(t.event_selectors, t.advanced_selectors)]
+    if good:
+        return Finding("cloudtrail", OK, f"trail {good[0].name} logs management events (StartSession) in {region}")
+    unreadable = [t for t in here if t.unreadable]
+    if unreadable:
+        return Finding("cloudtrail", UNKNOWN, "; ".join(f"trail {t.name}: {t.unreadable}" for t in unreadable)
+                       + f"; no other trail logs StartSession in {region}",
+                       "confirm that trail logs write management events, or allow cloudtrail:GetTrailStatus and "
+                       "cloudtrail:GetEventSelectors on it")
+    if not here:
+        why = f"no CloudTrail trail covers {region}"
+    else:
+        why = "; ".join(f"trail {t.name} " + ("is not logging" if not t.logging else
+                                              "does not log write management events from ssm.amazonaws.com")
+                        for t in here)
+    return Finding("cloudtrail", PROBLEM, f"{why}: StartSession events never reach EventBridge, so session limits "
+                   "act only on the periodic sweep",
+                   "create a trail that logs management events (read/write or write-only) in this region, "
+                   "or start logging on the existing one (aws cloudtrail start-logging --name TRAIL)")
+
+
+# ---------------------------------------------------------------------------- 7. Run As
+
+
+def decide_run_as(document: Mapping[str, Any] | None) -> Finding:
+    """``document``: the account's SSM-SessionManagerRunShell content, or None when it was never saved."""
+    inputs = (document or {}).get("inputs") or {}
+    enabled = inputs.get("runAsEnabled")
+    if enabled is True or str(enabled).lower() == "true":
+        default = inputs.get("runAsDefaultUser") or ""
+        return Finding("run-as", OK, "Session Manager Run As is on"
+                       + (f" (default user {default})" if default else " (no default user: principals need an "
+                          "SSMSessionRunAs tag)"))
+    return Finding("run-as", PROBLEM, RUN_AS_OFF + " (HyperPod sessions connect as root)",
+                   "Session Manager > Preferences > Linux shell profile: enable Run As support, and tag principals "
+                   "with SSMSessionRunAs=<posix user> (or set a default user)")
+
+
+# ---------------------------------------------------------------------------- 8. cost allocation tag
+
+
+def decide_cost_tag(tag_key: str, cluster: str, allocation_tags: Sequence[Mapping[str, Any]],
+                    cluster_tags: Mapping[str, str]) -> Finding:
+    problems, fixes = [], []
+    if cluster_tags.get(tag_key) != cluster:
+        problems.append(f"the cluster has no tag {tag_key}={cluster}")
+        fixes.append(f"tag the cluster {tag_key}={cluster} (aws sagemaker add-tags)")
+    status = next((t.get("Status") for t in allocation_tags if t.get("TagKey") == tag_key), None)
+    if status != "Active":
+        problems.append(f"cost allocation tag {tag_key} is {'not yet known to billing' if status is None else status}: "
+                        "Budgets and Cost Explorer read $0 for the cluster")
+        fixes.append(f"aws ce update-cost-allocation-tags-status --cost-allocation-tags-status TagKey={tag_key},Status=Active"
+                     + (" (billing lists a tag up to 24 h after a tagged resource is first billed)" if status is None else ""))
+    if problems:
+        return Finding("cost-allocation-tag", PROBLEM, "; ".join(problems), "; ".join(fixes))
+    return Finding("cost-allocation-tag", OK, f"cost allocation tag {tag_key} is active and the cluster carries it")
+
+
+# ---------------------------------------------------------------------------- 9. Slurm usage
+
+
+@dataclass(frozen=True)
+class UsageFacts:
+    status: str
+    reason: str
+    collected_at: str
+    instance_id: str
+
+
+def decide_usage(group: str, usage: UsageFacts | None, now: dt.datetime, max_age: dt.timedelta,
+                 gpu_not_tracked: str) -> Finding:
+    """``gpu_not_tracked``: the reason the controller's agent gives when slurmdbd records no GPUs."""
+    if usage is None:
+        return Finding("slurm-usage", PROBLEM, "the controller's agent has never reported Slurm usage: per-user "
+                       "spend reads $0", "install the agent on the controller group too (its lifecycle script), with "
+                       "NodeAgentPolicy on its role", group)
+    collected = _parse_time(usage.collected_at)
+    if collected is None or now - collected > max_age:
+        return Finding("slurm-usage", PROBLEM, f"the controller's agent ({usage.instance_id}) last reported usage "
+                       f"{_age(now, collected) + ' ago' if collected else 'at an unknown time'}",
+                       "check the node: journalctl -u hpops-node-agent", group)
+    if usage.status != "ok":
+        return Finding("slurm-usage", PROBLEM, f"the controller reports {usage.status}: {usage.reason}",
+                       "enable Slurm accounting (AccountingStorageType=accounting_storage/slurmdbd with slurmdbd "
+                       "running) and make sacct work on the controller", group)
+    if gpu_not_tracked and gpu_not_tracked in usage.reason:
+        return Finding("slurm-usage", PROBLEM, f"the controller reports usage, but {usage.reason}",
+                       "add gres/gpu to AccountingStorageTRES in slurm.conf and restart slurmctld", group)
+    return Finding("slurm-usage", OK, f"the controller's agent ({usage.instance_id}) reports Slurm usage "
+                   f"({_age(now, collected)} ago), with no warning that GPUs are not tracked", subject=group)

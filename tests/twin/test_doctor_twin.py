@@ -1,0 +1,78 @@
+"""`hpops doctor` on the twin: a working installation reads all OK; each condition broken one at a time
+(doctor_twin.BREAKS, what an operator's account can lack) is caught by its check, with the line it prints,
+and by no other check.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from hpops.doctor_checks import CHECKS, OK, PROBLEM, RUN_AS_OFF
+from hpops_twin.doctor_twin import BREAKS, DoctorAccount, doctor_world
+
+# What each broken condition's line must say (a fragment of its message, and of its fix).
+EXPECTED = {
+    "install line appended after on_create.sh's final exit": (
+        "after the script's exit on line", "--patch on_create.sh"),
+    "bundle's install.sh not uploaded beside on_create.sh": (
+        "hpops/install.sh is not beside it", "aws s3 sync dist/lifecycle/hpops s3://sagemaker-lifecycle-twin/scripts/hpops/"),
+    "NodeAgentPolicy detached from the execution role": (
+        "execution role hyperpod-exec does not have NodeAgentPolicy", "aws iam attach-role-policy --role-name hyperpod-exec"),
+    "no NAT route and no VPC endpoints for the nodes' subnet": (
+        "no interface endpoint with private DNS for ssm, secretsmanager, events", "com.amazonaws.us-east-1.secretsmanager"),
+    "cluster security group does not admit SSH from the verifier": (
+        "does not admit TCP 22 from the verifier's", "authorize-security-group-ingress"),
+    "a new login node whose agent was never installed": ("never reported", "journalctl -u hpops-node-agent"),
+    "agents behind the published host identity": ("the stack published", "hpops repair --stack-name hpops-twin"),
+    "the only trail stopped logging": ("trail management-events is not logging", "start-logging"),
+    "Session Manager Run As off": (RUN_AS_OFF, "SSMSessionRunAs"),
+    "cost allocation tag ClusterName inactive": (
+        "cost allocation tag ClusterName is Inactive: Budgets and Cost Explorer read $0",
+        "update-cost-allocation-tags-status"),
+    "Slurm accounting disabled on the controller": ("the controller reports accounting not enabled", "slurmdbd"),
+    "GPUs not in AccountingStorageTRES": ("AccountingStorageTRES lacks gres/gpu", "add gres/gpu to AccountingStorageTRES"),
+}
+CAUGHT: dict[str, str] = {}  # what each break printed, for the table at the end
+
+
+@pytest.fixture(scope="module")
+def account():
+    with warnings.catch_warnings(), doctor_world() as world:
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        yield DoctorAccount(world).prepare()
+
+
+def test_a_working_installation_is_all_ok(account):
+    findings = account.run()
+    assert [f.line() for f in findings if f.status != OK] == []
+    assert [f.check for f in findings] == [c for c in CHECKS for _ in range(2 if c in (
+        "lifecycle-script", "node-agent-policy", "node-network") else 1)]
+
+
+@pytest.mark.parametrize("check, condition", [(check, condition) for check, condition, _ in BREAKS])
+def test_each_broken_condition_is_caught_by_its_check_alone(account, check, condition):
+    breaking = next(b for c, name, b in BREAKS if name == condition)
+    with breaking(account):
+        findings = account.run()
+    problems = [f for f in findings if f.status != OK]
+    assert {f.check for f in problems} == {check}, [f.line() for f in problems]
+    message, fix = EXPECTED[condition]
+    line = problems[0].line()
+    assert problems[0].status == PROBLEM and line.startswith(f"PROBLEM {check}")
+    assert message in problems[0].message and fix in problems[0].fix, line
+    CAUGHT[condition] = line
+    # Restored: the next condition starts from a working installation.
+    assert [f.line() for f in account.run() if f.status != OK] == [], "the break was not undone"
+
+
+def test_every_condition_was_caught_one_at_a_time():
+    """The table: N conditions broken one at a time, N caught, each with its line (pytest -s shows it)."""
+    if len(CAUGHT) != len(BREAKS):
+        pytest.skip("runs after the parametrized cases (run the whole file)")
+    print(f"\n{len(BREAKS)} conditions broken one at a time, {len(CAUGHT)} caught:")
+    for _, condition, _ in BREAKS:
+        print(f"  {condition:<62} -> {CAUGHT[condition]}")
+    assert set(CAUGHT) == {condition for _, condition, _ in BREAKS} == set(EXPECTED)
+

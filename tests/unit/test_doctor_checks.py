@@ -1,0 +1,168 @@
+"""doctor_checks' decisions on the facts the twin does not produce: VPC endpoints instead of a NAT,
+CloudTrail advanced selectors, CIDR-based security group rules, a verifier subnet in another VPC,
+stale reports and old agents, an unset preferences document, a tag billing has never seen."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from hpops import doctor_checks as checks
+from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, Endpoint, SubnetPath, TrailFacts, VerifierFacts
+
+REGION = "us-east-1"
+NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc)
+PRIVATE = SubnetPath("subnet-a", "vpc-1", "rtb-1", None)
+
+
+def _endpoints(*services: str, private_dns: bool = True, vpc: str = "vpc-1") -> list[Endpoint]:
+    return [Endpoint(vpc, s, private_dns, f"vpce-{s}") for s in services]
+
+
+def test_a_private_subnet_with_an_endpoint_for_each_service_is_ok():
+    finding = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "secretsmanager", "events"))
+    assert finding.status == OK and "interface endpoints" in finding.message
+
+
+def test_a_missing_endpoint_or_one_without_private_dns_is_named():
+    endpoints = _endpoints("ssm", "events") + _endpoints("secretsmanager", private_dns=False)
+    finding = checks.decide_network("login", REGION, [PRIVATE], endpoints)
+    assert finding.status == PROBLEM
+    assert "no interface endpoint with private DNS for secretsmanager (secretsmanager without private DNS)" in finding.message
+    # An endpoint in another VPC does not serve this subnet.
+    other = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "secretsmanager", "events", vpc="vpc-2"))
+    assert other.status == PROBLEM
+
+
+def test_a_default_route_doctor_cannot_follow_is_unknown_not_ok():
+    finding = checks.decide_network("login", REGION, [SubnetPath("subnet-a", "vpc-1", "rtb-1", "tgw-0abc")], [])
+    assert finding.status == UNKNOWN and "tgw-0abc, which doctor cannot follow" in finding.message
+
+
+def test_internet_and_nat_gateway_routes_are_ok():
+    for target in ("nat-0abc", "igw-0abc"):
+        assert checks.decide_network("login", REGION, [SubnetPath("s", "vpc-1", "rtb", target)], []).status == OK
+
+
+def _group(group_id: str, ingress=(), egress=({"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]},)) -> dict:
+    return {"GroupId": group_id, "IpPermissions": list(ingress), "IpPermissionsEgress": list(egress)}
+
+
+def _verifier(cluster_ingress, verifier_subnet=None, **verifier_group) -> VerifierFacts:
+    return VerifierFacts(
+        ssh_port=2222, cluster_groups=[_group("sg-cluster", cluster_ingress)],
+        verifier_groups=[_group("sg-verifier", **verifier_group)],
+        verifier_subnets={"subnet-v": verifier_subnet or {"SubnetId": "subnet-v", "VpcId": "vpc-1", "CidrBlock": "10.1.9.0/24"}},
+        cluster_subnet_cidrs=["10.1.0.0/24"], target_group_vpc="vpc-1")
+
+
+@pytest.mark.parametrize("rule, admitted", [
+    ({"IpProtocol": "tcp", "FromPort": 2222, "ToPort": 2222, "UserIdGroupPairs": [{"GroupId": "sg-verifier"}]}, True),
+    ({"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "UserIdGroupPairs": [{"GroupId": "sg-verifier"}]}, False),
+    ({"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-verifier"}]}, True),
+    ({"IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535, "IpRanges": [{"CidrIp": "10.1.0.0/16"}]}, True),
+    ({"IpProtocol": "tcp", "FromPort": 0, "ToPort": 65535, "IpRanges": [{"CidrIp": "10.1.0.0/24"}]}, False),
+    ({"IpProtocol": "udp", "FromPort": 2222, "ToPort": 2222, "UserIdGroupPairs": [{"GroupId": "sg-verifier"}]}, False),
+])
+def test_the_cluster_group_must_admit_the_ssh_port_from_the_verifier(rule, admitted):
+    finding = checks.decide_verifier(_verifier([rule]))
+    assert (finding.status == OK) is admitted, finding.line()
+    if not admitted:
+        assert "--protocol tcp --port 2222 --source-group sg-verifier" in finding.fix
+
+
+def test_verifier_subnets_in_another_vpc_or_missing_are_named():
+    rule = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-verifier"}]}
+    elsewhere = checks.decide_verifier(_verifier([rule], {"SubnetId": "subnet-v", "VpcId": "vpc-2", "CidrBlock": "10.2.0.0/24"}))
+    assert elsewhere.status == PROBLEM and "subnet-v are not in the target group's VPC vpc-1" in elsewhere.message
+    missing = checks.decide_verifier(VerifierFacts(22, [_group("sg-cluster", [rule])], [_group("sg-verifier")],
+                                                   {"subnet-gone": {}}, [], "vpc-1"))
+    assert missing.status == PROBLEM and "subnet-gone do not exist" in missing.message
+
+
+def test_a_verifier_group_without_egress_to_the_nodes_is_named():
+    rule = {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "sg-verifier"}]}
+    finding = checks.decide_verifier(_verifier([rule], egress=[]))
+    assert finding.status == PROBLEM and "allows no TCP 2222 out" in finding.message
+
+
+def _report(minutes_ago: int, version: str = "v2", agent: str = "1.0.0") -> dict:
+    return {"receivedAt": (NOW - dt.timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%S.000Z"),
+            "agentVersion": agent, "hostIdentity": {"mode": "keys", "result": "unchanged", "version": version}}
+
+
+def test_reports_stale_behind_or_from_an_old_agent_are_each_named():
+    reports = {"i-fresh": _report(3), "i-stale": _report(40), "i-behind": _report(3, version="v1"),
+               "i-old": _report(3, agent="0.9.0")}
+    finding = checks.decide_reports("login", list(reports) + ["i-silent"], reports, "v2", "1.0.0", NOW,
+                                    dt.timedelta(minutes=25), "S")
+    assert finding.status == PROBLEM
+    assert finding.message == ("i-silent never reported; i-stale last reported 40 min ago; "
+                               "i-behind at host identity v1, the stack published v2; i-old run agent 0.9.0, this hpops ships 1.0.0")
+    assert "hpops repair --stack-name S" in finding.fix and "UpdateClusterSoftware" in finding.fix
+    ok = checks.decide_reports("login", ["i-fresh"], reports, "v2", "1.0.0", NOW, dt.timedelta(minutes=25), "S")
+    assert ok.status == OK
+
+
+SSM_WRITES = {"Field": "eventCategory", "Equals": ["Management"]}
+
+
+@pytest.mark.parametrize("advanced, logged", [
+    ([{"FieldSelectors": [SSM_WRITES]}], True),
+    ([{"FieldSelectors": [SSM_WRITES, {"Field": "readOnly", "Equals": ["true"]}]}], False),
+    ([{"FieldSelectors": [SSM_WRITES, {"Field": "readOnly", "Equals": ["false"]}]}], True),
+    ([{"FieldSelectors": [SSM_WRITES, {"Field": "eventSource", "NotEquals": ["ssm.amazonaws.com"]}]}], False),
+    ([{"FieldSelectors": [SSM_WRITES, {"Field": "eventSource", "NotEquals": ["kms.amazonaws.com"]}]}], True),
+    ([{"FieldSelectors": [{"Field": "eventCategory", "Equals": ["Data"]},
+                          {"Field": "resources.type", "Equals": ["AWS::S3::Object"]}]}], False),
+])
+def test_advanced_event_selectors_are_evaluated_against_a_start_session_event(advanced, logged):
+    assert checks.logs_start_session([], advanced) is logged
+
+
+@pytest.mark.parametrize("selector, logged", [
+    ({"ReadWriteType": "All", "IncludeManagementEvents": True}, True),
+    ({"ReadWriteType": "WriteOnly", "IncludeManagementEvents": True}, True),
+    ({"ReadWriteType": "ReadOnly", "IncludeManagementEvents": True}, False),
+    ({"ReadWriteType": "All", "IncludeManagementEvents": False}, False),
+])
+def test_basic_event_selectors(selector, logged):
+    assert checks.logs_start_session([selector], []) is logged
+
+
+def test_a_trail_of_another_region_counts_only_when_multi_region():
+    single = TrailFacts("eu-trail", "eu-west-1", False, True)
+    assert checks.decide_trail(REGION, [single]).status == PROBLEM
+    assert checks.decide_trail(REGION, [TrailFacts("org", "eu-west-1", True, True)]).status == OK
+
+
+def test_preferences_never_saved_mean_run_as_off():
+    finding = checks.decide_run_as(None)
+    assert finding.status == PROBLEM and finding.message.startswith(checks.RUN_AS_OFF)
+    assert checks.decide_run_as({"inputs": {"runAsEnabled": "true", "runAsDefaultUser": "ubuntu"}}).status == OK
+
+
+def test_a_tag_billing_has_never_seen_and_an_untagged_cluster_are_both_named():
+    finding = checks.decide_cost_tag("ClusterName", "ml", [], {})
+    assert finding.status == PROBLEM
+    assert finding.message.startswith("the cluster has no tag ClusterName=ml; cost allocation tag ClusterName is not yet known")
+    assert "24 h" in finding.fix
+
+
+def test_usage_that_stopped_arriving_is_named():
+    usage = checks.UsageFacts("ok", "", (NOW - dt.timedelta(hours=3)).isoformat(), "i-ctl")
+    finding = checks.decide_usage("controller-machine", usage, NOW, dt.timedelta(hours=1), "GPU-seconds are not tracked")
+    assert finding.status == PROBLEM and "last reported usage 3 h ago" in finding.message
+
+
+def test_exit_status_counts_problems_and_unknowns_not_skips():
+    line = checks.Finding("run-as", OK, "on")
+    assert checks.exit_status([line, checks.Finding("slurm-usage", checks.SKIPPED, "needs the stack")]) == 0
+    assert checks.exit_status([line, checks.Finding("cloudtrail", UNKNOWN, "could not tell")]) == 1
+
+
+def test_a_trail_doctor_may_not_read_is_unknown_unless_another_logs_start_session():
+    hidden = TrailFacts("org-trail", REGION, True, False, unreadable="access denied to cloudtrail:GetTrailStatus")
+    assert checks.decide_trail(REGION, [hidden]).status == UNKNOWN
+    assert checks.decide_trail(REGION, [hidden, TrailFacts("own", REGION, False, True)]).status == OK

@@ -1,0 +1,349 @@
+"""The account around the twin's stack, as `hpops doctor` reads it, and the ways it can be broken.
+
+A fresh TwinWorld has the stack and the cluster; `DoctorAccount.prepare` adds what a working
+installation has around them, each made in moto through the APIs an operator would use:
+the lifecycle prefix in S3 (an on_create.sh written for the twin that runs the installer before
+its final exit, and the bundle `hpops lifecycle` builds), NodeAgentPolicy attached to the groups'
+execution role (CloudFormation's job: the twin does not provision IAM), the cluster's subnets with
+a NAT gateway route and its security group admitting SSH from the verifier's, a CloudTrail trail
+logging management events, the controller's real node agent reporting Slurm usage.
+
+Where moto lacks an answer, the twin gives it here, never in the product:
+  * Cost Explorer's ListCostAllocationTags (moto has no such API): answered from
+    `cost_allocation_tags` through a botocore hook on doctor's session.
+  * moto's DescribeCluster returns the VpcConfig it was created with; the simulator creates the
+    cluster before the twin's VPC exists, so the cluster's VpcConfig is pointed at the twin's
+    subnets and security group here (a real cluster's VpcConfig names real ones).
+  * moto's ListTags finds a cluster by the name in its ARN; the simulator gives the cluster
+    HyperPod's id-shaped ARN, so the cluster's tags are answered from moto's cluster object.
+
+`BREAKS` are conditions an operator's account can be in, one per check (some checks have two):
+each is a context manager that breaks the account as the operator would (an API call, a file)
+and restores it on exit.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+from hpops.doctor import StackView, Target, target_of_stack
+from hpops.lifecycle_script import INSTALL_LINE
+from hpops_twin.user_spend_twin import CONTROLLER_GROUP, UserSpendTwin
+from hpops_twin.world import STACK_NAME
+
+LIFECYCLE_BUCKET = "sagemaker-lifecycle-twin"  # hyperpod_sim.py's LifeCycleConfig
+LIFECYCLE_PREFIX = "scripts/"
+EXECUTION_ROLE = "hyperpod-exec"  # hyperpod_sim.py's ExecutionRole, the stack's ClusterExecutionRoleName
+TRAIL = "management-events"
+
+# Written for the twin in the shape AWS's reference scripts have (run the configuration, keep its
+# status, end with it): the installer runs before the final exit.
+ON_CREATE = f"""#!/bin/bash
+set -ex
+LOG_FILE="/var/log/provision/provisioning.log"
+mkdir -p /var/log/provision
+touch $LOG_FILE
+logger() {{ echo "$@" | tee -a $LOG_FILE; }}
+python3 -u configure_slurm.py 2>&1 | tee -a $LOG_FILE
+exit_code=${{PIPESTATUS[0]}}
+{INSTALL_LINE}
+logger "[stop] on_create.sh with exit code $exit_code"
+exit $exit_code
+"""
+ON_CREATE_APPENDED = ON_CREATE.replace(f"{INSTALL_LINE}\n", "") + f"{INSTALL_LINE}\n"
+
+
+class DoctorAccount:
+    def __init__(self, world: Any):
+        self.world = world
+        self.aws = world.aws
+        self.cost_allocation_tags: list[dict] = []
+        self.controller = None
+
+    # ------------------------------------------------------------------ setting up
+    def prepare(self) -> DoctorAccount:
+        world, ec2 = self.world, self.aws.client("ec2")
+        parameters = world.resolver.parameters
+        self.vpc_id = parameters["VpcId"]
+        self.subnets = parameters["SubnetIds"].split(",")
+        self._lifecycle()
+        self._node_agent_policy()
+        # The cluster's own security group: all traffic between its nodes, SSH from the verifier.
+        self.cluster_group = ec2.create_security_group(GroupName="hyperpod-cluster", Description="HyperPod cluster",
+                                                       VpcId=self.vpc_id)["GroupId"]
+        ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=[
+            {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": self.cluster_group}]}])
+        self.verifier_group = world.resolver.physical_ids["VerifierSecurityGroup"]
+        self.ssh_rule = [{"IpProtocol": "tcp", "FromPort": int(parameters["SshPort"]), "ToPort": int(parameters["SshPort"]),
+                          "UserIdGroupPairs": [{"GroupId": self.verifier_group}]}]
+        ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.ssh_rule)
+        self._nat_route()
+        world.sim.cluster(world.cluster_name).vpc_config = {"SecurityGroupIds": [self.cluster_group],
+                                                            "Subnets": [self.subnets[0]]}
+        s3 = self.aws.client("s3")
+        s3.create_bucket(Bucket="twin-cloudtrail-logs")
+        cloudtrail = self.aws.client("cloudtrail")
+        cloudtrail.create_trail(Name=TRAIL, S3BucketName="twin-cloudtrail-logs", IsMultiRegionTrail=True)
+        cloudtrail.put_event_selectors(TrailName=TRAIL, EventSelectors=[
+            {"ReadWriteType": "All", "IncludeManagementEvents": True}])
+        cloudtrail.start_logging(Name=TRAIL)
+        self.cost_allocation_tags = [{"TagKey": "ClusterName", "Type": "UserDefined", "Status": "Active"}]
+        self.controller = UserSpendTwin(world).controller(jobs=[], partitions={"gpu": world.worker_group})
+        self.controller_runs()
+        # A working installation has swept once: the published host identity reached every agent.
+        world.wait([world.run_schedule()])
+        return self
+
+    def _lifecycle(self) -> None:
+        from hpops_node_agent.bundle import build_bundle
+
+        s3 = self.aws.client("s3")
+        s3.create_bucket(Bucket=LIFECYCLE_BUCKET)
+        self.put_on_create(ON_CREATE)
+        with tempfile.TemporaryDirectory() as folder:
+            bundle = build_bundle(Path(folder), self.world.cluster_name, self.aws.region_name,
+                                  self.world.output("NodeReportBusName"), vendor=False)
+            for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
+                s3.put_object(Bucket=LIFECYCLE_BUCKET, Key=f"{LIFECYCLE_PREFIX}hpops/{path.relative_to(bundle)}",
+                              Body=path.read_bytes())
+
+    def put_on_create(self, text: str) -> None:
+        self.aws.client("s3").put_object(Bucket=LIFECYCLE_BUCKET, Key=f"{LIFECYCLE_PREFIX}on_create.sh",
+                                         Body=text.encode())
+
+    def _node_agent_policy(self) -> None:
+        """What CloudFormation does for NodeAgentPolicy with ClusterExecutionRoleName set."""
+        iam = self.aws.client("iam")
+        trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                         "Principal": {"Service": "sagemaker.amazonaws.com"}}]}
+        iam.create_role(RoleName=EXECUTION_ROLE, AssumeRolePolicyDocument=json.dumps(trust))
+        properties = self.world.resolver.resolve(self.world.template.resources["NodeAgentPolicy"]["Properties"])
+        self.policy_arn = iam.create_policy(PolicyName="hpops-twin-NodeAgentPolicy",
+                                            PolicyDocument=json.dumps(properties["PolicyDocument"]))["Policy"]["Arn"]
+        self.world.resolver.physical_ids["NodeAgentPolicy"] = self.policy_arn
+        for role in properties["Roles"]:
+            iam.attach_role_policy(RoleName=role, PolicyArn=self.policy_arn)
+
+    def _nat_route(self) -> None:
+        ec2 = self.aws.client("ec2")
+        gateway = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+        ec2.attach_internet_gateway(InternetGatewayId=gateway, VpcId=self.vpc_id)
+        public = ec2.create_subnet(VpcId=self.vpc_id, CidrBlock="10.1.200.0/24")["Subnet"]["SubnetId"]
+        allocation = ec2.allocate_address(Domain="vpc")["AllocationId"]
+        self.nat = ec2.create_nat_gateway(SubnetId=public, AllocationId=allocation)["NatGateway"]["NatGatewayId"]
+        self.route_table = ec2.create_route_table(VpcId=self.vpc_id)["RouteTable"]["RouteTableId"]
+        ec2.create_route(RouteTableId=self.route_table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=self.nat)
+        ec2.associate_route_table(RouteTableId=self.route_table, SubnetId=self.subnets[0])
+
+    def controller_runs(self) -> None:
+        """The controller's agent collects and reports usage now."""
+        self.controller.run_agent(dt.datetime.now(dt.timezone.utc))
+
+    # ------------------------------------------------------------------ doctor, on this account
+    def session(self) -> Any:
+        """A session of the twin's account, with the answers moto lacks."""
+        session = boto3.session.Session(region_name=self.aws.region_name)
+        session.events.register("before-call.ce.ListCostAllocationTags", self._list_cost_allocation_tags)
+        session.events.register("before-call.sagemaker.ListTags", self._list_cluster_tags)
+        return session
+
+    def _answer(self, response: dict) -> tuple[Any, dict]:
+        from botocore.awsrequest import AWSResponse
+
+        return AWSResponse("https://twin", 200, {}, None), response | {"ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    def _list_cost_allocation_tags(self, params: dict, **_: Any) -> tuple[Any, dict]:
+        keys = params.get("TagKeys")
+        return self._answer({"CostAllocationTags": [t for t in self.cost_allocation_tags
+                                                    if keys is None or t["TagKey"] in keys]})
+
+    def _list_cluster_tags(self, params: dict, **_: Any) -> tuple[Any, dict] | None:
+        cluster = self.world.sim.cluster(self.world.cluster_name)
+        if params.get("ResourceArn") != cluster.arn:
+            return None  # not the cluster: moto answers
+        return self._answer({"Tags": list(cluster.tags or [])})
+
+    def target(self) -> Target:
+        world = self.world
+        stack = StackView(STACK_NAME, _Outputs(world), dict(world.resolver.parameters),
+                          lambda logical_id: world.resolver.physical_ids.get(logical_id))
+        return target_of_stack(stack, self.aws.region_name)
+
+    def run(self, now: dt.datetime | None = None) -> list:
+        from hpops.doctor import run_doctor
+
+        return run_doctor(self.session(), self.target(), now or dt.datetime.now(dt.timezone.utc))
+
+
+class _Outputs(dict):
+    """The twin stack's outputs, resolved from template.yaml when read."""
+
+    def __init__(self, world: Any):
+        super().__init__()
+        self.world = world
+
+    def __missing__(self, name: str) -> str:
+        return self.world.output(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self.world.output(name)
+        except KeyError:
+            return default
+
+
+# ---------------------------------------------------------------------------- breaking it
+
+
+@contextmanager
+def install_line_after_exit(account: DoctorAccount) -> Iterator[None]:
+    """Someone appended the install line to the end of the reference on_create.sh."""
+    account.put_on_create(ON_CREATE_APPENDED)
+    yield
+    account.put_on_create(ON_CREATE)
+
+
+@contextmanager
+def bundle_not_uploaded(account: DoctorAccount) -> Iterator[None]:
+    s3 = account.aws.client("s3")
+    key = f"{LIFECYCLE_PREFIX}hpops/install.sh"
+    body = s3.get_object(Bucket=LIFECYCLE_BUCKET, Key=key)["Body"].read()
+    s3.delete_object(Bucket=LIFECYCLE_BUCKET, Key=key)
+    yield
+    s3.put_object(Bucket=LIFECYCLE_BUCKET, Key=key, Body=body)
+
+
+@contextmanager
+def policy_detached(account: DoctorAccount) -> Iterator[None]:
+    iam = account.aws.client("iam")
+    iam.detach_role_policy(RoleName=EXECUTION_ROLE, PolicyArn=account.policy_arn)
+    yield
+    iam.attach_role_policy(RoleName=EXECUTION_ROLE, PolicyArn=account.policy_arn)
+
+
+@contextmanager
+def no_nat_route(account: DoctorAccount) -> Iterator[None]:
+    """The cluster's subnet has no way out: its NAT route deleted, no VPC endpoints."""
+    ec2 = account.aws.client("ec2")
+    ec2.delete_route(RouteTableId=account.route_table, DestinationCidrBlock="0.0.0.0/0")
+    yield
+    ec2.create_route(RouteTableId=account.route_table, DestinationCidrBlock="0.0.0.0/0", NatGatewayId=account.nat)
+
+
+@contextmanager
+def ssh_not_admitted(account: DoctorAccount) -> Iterator[None]:
+    ec2 = account.aws.client("ec2")
+    ec2.revoke_security_group_ingress(GroupId=account.cluster_group, IpPermissions=account.ssh_rule)
+    yield
+    ec2.authorize_security_group_ingress(GroupId=account.cluster_group, IpPermissions=account.ssh_rule)
+
+
+@contextmanager
+def login_node_without_agent(account: DoctorAccount) -> Iterator[None]:
+    """A scale-out whose new login node never got the agent (its lifecycle script lacked the line)."""
+    world = account.world
+    world.hosts.lifecycle_installs_agent = False
+    world.sim.scale_group(world.cluster_name, world.login_group, world.login_count + 1)
+    world.sim.finish_provisioning(world.cluster_name)
+    yield
+    world.sim.scale_group(world.cluster_name, world.login_group, world.login_count)
+    world.sim.finish_provisioning(world.cluster_name)
+    world.hosts.lifecycle_installs_agent = True
+
+
+@contextmanager
+def agents_behind_published_identity(account: DoctorAccount) -> Iterator[None]:
+    """A host key rotation was installed; no sweep has published it to the agents yet. Undone the way
+    it is on AWS: the next sweep publishes it and every agent applies it."""
+    from hpops_twin.node_hosts import rotation_bundle
+
+    account.world.install_canonical_host_keys(rotation_bundle())
+    yield
+    account.world.wait([account.world.run_schedule()])
+    account.world.agents_poll()
+
+
+@contextmanager
+def trail_stopped(account: DoctorAccount) -> Iterator[None]:
+    cloudtrail = account.aws.client("cloudtrail")
+    cloudtrail.stop_logging(Name=TRAIL)
+    yield
+    cloudtrail.start_logging(Name=TRAIL)
+
+
+@contextmanager
+def run_as_off(account: DoctorAccount) -> Iterator[None]:
+    ssm = account.aws.client("ssm")
+    ssm.delete_document(Name="SSM-SessionManagerRunShell")
+    account.world.save_session_preferences(False)
+    yield
+    ssm.delete_document(Name="SSM-SessionManagerRunShell")
+    account.world.save_session_preferences(True)
+
+
+@contextmanager
+def cost_tag_inactive(account: DoctorAccount) -> Iterator[None]:
+    saved = account.cost_allocation_tags
+    account.cost_allocation_tags = [tag | {"Status": "Inactive"} for tag in saved]
+    yield
+    account.cost_allocation_tags = saved
+
+
+@contextmanager
+def accounting_disabled(account: DoctorAccount) -> Iterator[None]:
+    account.controller.sacct.accounting_enabled = False
+    account.controller_runs()
+    yield
+    account.controller.sacct.accounting_enabled = True
+    account.controller_runs()
+
+
+@contextmanager
+def gpus_not_tracked(account: DoctorAccount) -> Iterator[None]:
+    """slurm.conf's AccountingStorageTRES without gres/gpu, as scontrol show config reports it."""
+    import types
+
+    sacct = account.controller.sacct
+    real = sacct._scontrol
+
+    def without_gpus() -> Any:
+        answer = real()
+        return types.SimpleNamespace(returncode=0, stderr=b"", stdout=answer.stdout.replace(b",gres/gpu", b""))
+
+    sacct._scontrol = without_gpus
+    account.controller_runs()
+    yield
+    sacct._scontrol = real
+    account.controller_runs()
+
+
+# (check that must catch it, what is broken, how)
+BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
+    ("lifecycle-script", "install line appended after on_create.sh's final exit", install_line_after_exit),
+    ("lifecycle-script", "bundle's install.sh not uploaded beside on_create.sh", bundle_not_uploaded),
+    ("node-agent-policy", "NodeAgentPolicy detached from the execution role", policy_detached),
+    ("node-network", "no NAT route and no VPC endpoints for the nodes' subnet", no_nat_route),
+    ("verifier-path", "cluster security group does not admit SSH from the verifier", ssh_not_admitted),
+    ("agent-reports", "a new login node whose agent was never installed", login_node_without_agent),
+    ("agent-reports", "agents behind the published host identity", agents_behind_published_identity),
+    ("cloudtrail", "the only trail stopped logging", trail_stopped),
+    ("run-as", "Session Manager Run As off", run_as_off),
+    ("cost-allocation-tag", "cost allocation tag ClusterName inactive", cost_tag_inactive),
+    ("slurm-usage", "Slurm accounting disabled on the controller", accounting_disabled),
+    ("slurm-usage", "GPUs not in AccountingStorageTRES", gpus_not_tracked),
+)
+
+
+def doctor_world() -> Any:
+    """A fresh twin with a Slurm controller group (whose agent reports usage)."""
+    from hpops_twin.world import TwinWorld
+
+    return TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)})
