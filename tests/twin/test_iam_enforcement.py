@@ -85,3 +85,16 @@ def test_the_usage_recorder_may_not_write_the_sync_lease(world):
             ddb.put_item(TableName=table, Item={"pk": {"S": f"cluster#{world.cluster_name}"}, "sk": {"S": "sync-lease"}})
         ddb.put_item(TableName=table, Item={"pk": {"S": f"usage#{world.cluster_name}"}, "sk": {"S": "status"}})
     assert world.lease_item() == lease
+
+
+def test_functions_write_logs_only_to_the_stacks_log_group(synced_world):
+    """SAM's AWSLambdaBasicExecutionRole grants logs on "*"; the functions' permissions boundary caps it."""
+    from hpops_twin.iam.operations import Check
+
+    iam, group_arn = synced_world.iam, synced_world.resolver.attributes[("FunctionsLogGroup", "Arn")]
+    own = Check("logs:PutLogEvents", group_arn.removesuffix("*") + "log-stream:2026/11/24/[$LATEST]abc")
+    other = Check("logs:PutLogEvents", "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda/other:log-stream:x")
+    assert iam.decide("function:ApplyTargetChangesFunction", own).allowed
+    refused = iam.decide("function:ApplyTargetChangesFunction", other)
+    assert not refused.allowed and "permissions boundary FunctionsPermissionsBoundary" in refused.reason
+    assert any(action == "logs:PutLogEvents" for _, action, _ in iam.exercised)  # every invocation's log delivery

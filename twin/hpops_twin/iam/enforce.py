@@ -169,14 +169,17 @@ class IamEnforcer:
         self._decisions: dict[tuple, Decision] = {}
         self._principals: dict[str, dict[str, dict]] | None = None
         self._resource_policies: dict[str, dict] = {}
+        self._boundaries: dict[str, dict[str, dict]] = {}
+        self._log_groups: dict[str, str] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ policies
     def policies(self) -> dict[str, dict[str, dict]]:
         with self._lock:
             if self._principals is None:
-                self._principals, self._resource_policies = principal_policies(
-                    self.world.template, self.world.resolver, self.policy_edit)
+                grants = principal_policies(self.world.template, self.world.resolver, self.policy_edit)
+                self._principals, self._resource_policies = grants.principals, grants.resource_policies
+                self._boundaries, self._log_groups = grants.boundaries, grants.log_groups
             return self._principals
 
     def _lookup(self) -> Lookup:
@@ -217,6 +220,13 @@ class IamEnforcer:
                 raise TwinIamError(f"principal {principal} has no policies in the expanded template")
             else:
                 decision = decide(policies[principal], check.action, check.resource, context)
+                boundary = self._boundaries.get(principal)
+                if decision.allowed and boundary is not None:
+                    # A permissions boundary caps what the role's policies grant: both must allow.
+                    capped = decide(boundary, check.action, check.resource, context)
+                    if not capped.allowed:
+                        decision = Decision(False, f"the permissions boundary {next(iter(boundary))} does not allow it "
+                                                   f"({capped.reason})")
             self._decisions[key] = decision
         return decision
 
@@ -231,6 +241,24 @@ class IamEnforcer:
             self.exercised[(principal, check.action, check.resource)] += 1
             SUITE_EXERCISED[(principal, check.action, check.resource)] += 1
         return None
+
+    def check_log_delivery(self, principal: str) -> None:
+        """Lambda writes a function's logs with the function's role: CreateLogStream and PutLogEvents
+        on a stream of its log group. Without them the function still runs and its logs are lost,
+        so a refusal here is a denial on record, not an error of the invocation."""
+        self.policies()
+        group = self._log_groups[principal]
+        stream = (f"arn:aws:logs:{self.world.resolver.region}:{self.world.resolver.account_id}:log-group:{group}"
+                  f":log-stream:twin")
+        for action in ("logs:CreateLogStream", "logs:PutLogEvents"):
+            decision = self.decide(principal, Check(action, stream))
+            if not decision.allowed:
+                denial = Denial(principal, "lambda", "(log delivery)", action, stream, decision.reason)
+                self.denials.append(denial)
+                SUITE_DENIALS.append(denial)
+            else:
+                self.exercised[(principal, action, stream)] += 1
+                SUITE_EXERCISED[(principal, action, stream)] += 1
 
     def principals_covered(self) -> set[str]:
         return {principal for principal, _, _ in self.exercised}
@@ -259,8 +287,9 @@ class IamEnforcer:
             return real_stubber_call(stubber, event_name, request, **kwargs)
 
         def invoke(function_name: str, event: Any) -> Any:
-            logical_id = enforcer.logical_id(function_name)
-            with acting_as(f"function:{logical_id}"):
+            principal = f"function:{enforcer.logical_id(function_name)}"
+            enforcer.check_log_delivery(principal)
+            with acting_as(principal):
                 return real_invoke(function_name, event)
 
         def tick(instance_id: str) -> Any:

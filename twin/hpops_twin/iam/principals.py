@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,14 @@ def expanded_template(template: TemplateModel) -> dict:
     return json.loads(_expanded(template.path.read_text(encoding="utf-8")))
 
 
+@dataclass(frozen=True)
+class Grants:
+    principals: dict[str, dict[str, dict]]  # principal -> {policy name: document}
+    resource_policies: dict[str, dict]  # resource ARN -> {policy name: its resource policy}
+    boundaries: dict[str, dict[str, dict]]  # principal -> {policy name: its permissions boundary}
+    log_groups: dict[str, str]  # function principal -> the log group Lambda writes its logs to
+
+
 def _drop_none(value: Any) -> Any:
     if isinstance(value, list):
         return [_drop_none(v) for v in value if v is not None]
@@ -83,9 +91,9 @@ def _role_logical_id(role_ref: Any) -> str | None:
 
 
 def principal_policies(template: TemplateModel, resolver: Resolver,
-                       policy_edit: Any = None) -> tuple[dict[str, dict[str, dict]], dict[str, dict]]:
-    """(principal -> {policy name: document}, resource ARN -> its resource policy) for the
-    resources the twin provisioned. `policy_edit(principal, policies)` may change a copy (tests)."""
+                       policy_edit: Any = None) -> Grants:
+    """What the template grants, for the resources the twin provisioned. `policy_edit(principal,
+    policies)` may change a copy of each principal's policies (tests)."""
     expanded = expanded_template(template)
     resolver = replace(resolver, template=expanded)
     resources = expanded["Resources"]
@@ -105,7 +113,19 @@ def principal_policies(template: TemplateModel, resolver: Resolver,
             policies[inline["PolicyName"]] = _drop_none(resolver.resolve(inline["PolicyDocument"]))
         return policies
 
+    def boundary(role_id: str | None) -> dict[str, dict] | None:
+        """The role's permissions boundary, a managed policy of this template (the twin provisions no IAM)."""
+        reference = resources[role_id]["Properties"].get("PermissionsBoundary") if role_id else None
+        if reference is None:
+            return None
+        if not (isinstance(reference, dict) and reference.get("Ref") in resources):
+            raise TwinIamError(f"{role_id}'s permissions boundary {reference} is not a managed policy of the template")
+        policy = resources[reference["Ref"]]["Properties"]["PolicyDocument"]
+        return {reference["Ref"]: _drop_none(resolver.resolve(policy))}
+
     principals: dict[str, dict[str, dict]] = {}
+    boundaries: dict[str, dict[str, dict]] = {}
+    log_groups: dict[str, str] = {}
     for logical_id, resource in resources.items():
         if not live(resource):
             continue
@@ -114,6 +134,12 @@ def principal_policies(template: TemplateModel, resolver: Resolver,
             role_id = _role_logical_id(resource["Properties"].get("Role") or resource["Properties"].get("RoleArn"))
             prefix = "function" if kind == "AWS::Lambda::Function" else "statemachine"
             principals[f"{prefix}:{logical_id}"] = role_policies(role_id) if role_id else {}
+            if boundary(role_id) is not None:
+                boundaries[f"{prefix}:{logical_id}"] = boundary(role_id)
+            logging = resolver.resolve(resource["Properties"].get("LoggingConfig") or {})
+            if prefix == "function":
+                group = logging.get("LogGroup") or f"/aws/lambda/{resolver.physical_ids.get(logical_id, logical_id)}"
+                log_groups[f"function:{logical_id}"] = group
         elif kind == "AWS::Events::Rule":
             for target in resource["Properties"].get("Targets", []):
                 role_id = _role_logical_id(target.get("RoleArn"))
@@ -132,4 +158,4 @@ def principal_policies(template: TemplateModel, resolver: Resolver,
         principals = copy.deepcopy(principals)
         for principal, policies in principals.items():
             policy_edit(principal, policies)
-    return principals, resource_policies
+    return Grants(principals, resource_policies, boundaries, log_groups)
