@@ -128,7 +128,8 @@ def _who_may(action: str, resource_ref: str) -> set[str]:
         if resource["Type"] not in ("AWS::Serverless::Function", "AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
             continue
         for statement in _statements(logical_id):
-            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            actions = statement.get("Action", [])  # NotAction: the functions' boundary, which grants nothing
+            actions = actions if isinstance(actions, list) else [actions]
             if action in actions and resource_ref in json.dumps(statement.get("Resource")):
                 holders.add(logical_id)
     return holders
