@@ -43,3 +43,8 @@ def pytest_terminal_summary(terminalreporter):
     principals = {principal for principal, _, _ in triples}
     terminalreporter.write_line(f"twin IAM: {len(triples)} distinct (principal, action, resource) triples allowed, "
                                 f"{len(principals)} principals, {len(enforce.SUITE_DENIALS)} denials")
+    import os
+
+    if os.environ.get("HPOPS_TWIN_IAM_REPORT"):  # a file to keep them in, e.g. to add up several runs
+        with open(os.environ["HPOPS_TWIN_IAM_REPORT"], "w", encoding="utf-8") as handle:
+            json.dump({"allowed": sorted(triples), "denials": [str(d) for d in enforce.SUITE_DENIALS]}, handle, indent=1)

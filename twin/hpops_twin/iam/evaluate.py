@@ -10,7 +10,6 @@ starts using one fails every test until the evaluator understands it.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
