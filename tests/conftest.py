@@ -30,3 +30,21 @@ def synced_world(world):
     assert result.status == "SUCCEEDED", result.cause
     assert world.target_ips() == world.login_truth()
     return world
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the twin's IAM enforcement saw in this run (hpops_twin/iam/enforce.py)."""
+    import sys
+
+    enforce = sys.modules.get("hpops_twin.iam.enforce")
+    if enforce is None or not enforce.SUITE_EXERCISED:
+        return
+    triples = enforce.SUITE_EXERCISED
+    principals = {principal for principal, _, _ in triples}
+    terminalreporter.write_line(f"twin IAM: {len(triples)} distinct (principal, action, resource) triples allowed, "
+                                f"{len(principals)} principals, {len(enforce.SUITE_DENIALS)} denials")
+    import os
+
+    if os.environ.get("HPOPS_TWIN_IAM_REPORT"):  # a file to keep them in, e.g. to add up several runs
+        with open(os.environ["HPOPS_TWIN_IAM_REPORT"], "w", encoding="utf-8") as handle:
+            json.dump({"allowed": sorted(triples), "denials": [str(d) for d in enforce.SUITE_DENIALS]}, handle, indent=1)

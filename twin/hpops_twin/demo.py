@@ -249,8 +249,11 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     from hpops_twin.certificate_demo import run_certificate_chapter
     from hpops_twin.user_spend_demo import run_user_spend_chapter
 
+    from hpops_twin.iam.enforce import SUITE_DENIALS
+
     random.seed(7)
     started = time.perf_counter()
+    denials_before = len(SUITE_DENIALS)
     out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
         "a node agent per login node")
     with TwinWorld() as world:
@@ -260,7 +263,10 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
     out("")
     out(demo.table())
-    all_ok = all(s.ok for s in steps)
+    denials = SUITE_DENIALS[denials_before:]  # every chapter's twin enforces IAM (hpops_twin/iam)
+    for denial in denials:
+        out(str(denial))
+    all_ok = all(s.ok for s in steps) and not denials
     out("")
     out("all steps converged" if all_ok else "SOME STEPS FAILED")
     if json_path:

@@ -13,6 +13,7 @@ and EventBridge delivery to Step Functions, which moto does not do.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import json
@@ -51,6 +52,7 @@ from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, ge
 from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
+from hpops_twin.iam.enforce import IamEnforcer, acting_as
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
 from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
@@ -307,6 +309,8 @@ class TwinWorld:
         # The account and region the twin plays (`hpops twin send` takes them from the events it replays).
         account_id: str = ACCOUNT_ID,
         region: str = REGION,
+        # Change a principal's policies before enforcement uses them: (principal, {name: document}).
+        iam_policy_edit: Any = None,
     ):
         if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
@@ -323,6 +327,7 @@ class TwinWorld:
         self.extra_groups = dict(extra_groups or {})
         self.template = template or TemplateModel()
         self.dispatcher = LambdaDispatcher()
+        self.iam_policy_edit = iam_policy_edit
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
@@ -398,6 +403,11 @@ class TwinWorld:
         sessions = self.sessions.installed()
         sessions.__enter__()
         self._stack.append(sessions)
+        # Every request of a function, state machine, rule or agent is checked as IAM would (iam/).
+        self.iam = IamEnforcer(self, self.iam_policy_edit)
+        enforcement = self.iam.installed()
+        enforcement.__enter__()
+        self._stack.append(enforcement)
         self._provision()
         self.budget = BudgetTwin.install(self)  # budget guard: UpdateBudget, CE cost, alert inboxes
         self.notification_log: list[dict] = []
@@ -606,9 +616,10 @@ class TwinWorld:
             if source.kind != "EventBridgeRule":
                 raise NotImplementedError(f"function event source type {source.kind}")
             props = self.resolver.resolve(source.properties)
-            self.aws.client("events").put_rule(Name=self._physical_name(f"{logical_id}{source.name}"),
-                                               EventBusName=props.get("EventBusName", "default"),
-                                               EventPattern=json.dumps(props["Pattern"]))
+            rule_arn = self.aws.client("events").put_rule(Name=self._physical_name(f"{logical_id}{source.name}"),
+                                                          EventBusName=props.get("EventBusName", "default"),
+                                                          EventPattern=json.dumps(props["Pattern"]))["RuleArn"]
+            self._record(f"{logical_id}{source.name}", self._physical_name(f"{logical_id}{source.name}"), Arn=rule_arn)
             self.function_rules[source.name] = {"pattern": props["Pattern"], "bus": props.get("EventBusName", "default"),
                                                 "function": name, "dlq": props.get("DeadLetterConfig", {}).get("Arn"),
                                                 "logical_id": f"{logical_id}{source.name}", "target": logical_id}
@@ -629,17 +640,19 @@ class TwinWorld:
             props = self.resolver.resolve(source.properties)
             rule_name = self._physical_name(f"{logical_id}{source.name}")
             if source.kind == "EventBridgeRule":
-                events.put_rule(Name=rule_name, EventPattern=json.dumps(props["Pattern"]))
+                rule_arn = events.put_rule(Name=rule_name, EventPattern=json.dumps(props["Pattern"]))["RuleArn"]
                 self.rules[source.name] = {"kind": source.kind, "pattern": props["Pattern"], "state_machine": arn,
                                            "logical_id": f"{logical_id}{source.name}", "target": logical_id}
             elif source.kind in ("Schedule", "ScheduleV2"):
                 schedule = props.get("Schedule") or props.get("ScheduleExpression")
                 state = props.get("State", "ENABLED")
-                events.put_rule(Name=rule_name, ScheduleExpression=schedule, State=state)
+                rule_arn = events.put_rule(Name=rule_name, ScheduleExpression=schedule, State=state)["RuleArn"]
                 self.rules[source.name] = {"kind": source.kind, "schedule": schedule, "enabled": state == "ENABLED",
-                                           "input": json.loads(props.get("Input", "{}")), "state_machine": arn}
+                                           "input": json.loads(props.get("Input", "{}")), "state_machine": arn,
+                                           "logical_id": f"{logical_id}{source.name}"}
             else:
                 raise NotImplementedError(f"event source type {source.kind}")
+            self._record(f"{logical_id}{source.name}", rule_name, Arn=rule_arn)
 
     def _record(self, logical_id: str, ref: str, **attributes: str) -> None:
         self.resolver.physical_ids[logical_id] = ref
@@ -708,9 +721,11 @@ class TwinWorld:
         # EventBridge names executions with a fresh UUID; moto would otherwise reuse "None".
         if self._sfn is None:  # one client: a burst starts 20 executions within a second
             self._sfn = self.aws.client("stepfunctions")
-        arn = self._sfn.start_execution(
-            stateMachineArn=state_machine_arn, name=str(uuid.uuid4()), input=json.dumps(payload)
-        )["executionArn"]
+        rule_id = self.rules[rule].get("logical_id") if rule in self.rules else None
+        with acting_as(f"rule:{rule_id}") if rule_id else contextlib.nullcontext():
+            arn = self._sfn.start_execution(
+                stateMachineArn=state_machine_arn, name=str(uuid.uuid4()), input=json.dumps(payload)
+            )["executionArn"]
         self.routes.append(RouteRecord(rule=rule, event_id=event_id, execution_arn=arn))
         return arn
 
@@ -734,8 +749,9 @@ class TwinWorld:
                     self.delivery_failures.append({"function": rule["function"], "error": record.error_type,
                                                    "message": record.error_message})
                     if rule["dlq"]:
-                        self.aws.client("sqs").send_message(QueueUrl=self.output("EventDeliveryDLQUrl"),
-                                                            MessageBody=json.dumps(event))
+                        with acting_as(f"events.amazonaws.com@{self.resolver.attributes[(rule['logical_id'], 'Arn')]}"):
+                            self.aws.client("sqs").send_message(QueueUrl=self.output("EventDeliveryDLQUrl"),
+                                                                MessageBody=json.dumps(event))
 
     def agents_poll(self) -> None:
         """Time passes on the login nodes: each node agent polls once (30 s on a real cluster)."""

