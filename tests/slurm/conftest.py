@@ -50,8 +50,9 @@ GPUS = 2
 
 
 class SlurmWithAccounting:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, enforce: str = "associations") -> None:
         self.base = Path(base)
+        self.enforce = enforce
         self.host = socket.gethostname().split(".")[0]
         self.cpus = os.cpu_count() or 1
         self.ports = {name: free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb")}
@@ -192,7 +193,7 @@ class SlurmWithAccounting:
                 "AccountingStoragePass={}".format(self.munge_socket),
                 # GPUs are only in AllocTRES when accounting tracks them.
                 "AccountingStorageTRES=gres/gpu",
-                "AccountingStorageEnforce=associations",
+                "AccountingStorageEnforce=" + self.enforce,
             ]
         else:
             lines.append("AccountingStorageType=accounting_storage/none")
