@@ -6,12 +6,10 @@ these tests read what users see: squeue's state and reason for their jobs, and s
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
-import real_tools
-from conftest import INSTALL, SACCTMGR, TOOLS, SlurmWithAccounting, add_user
+from conftest import SACCTMGR, TOOLS, running_slurm
 
 from hpops_core.node_channel import user_holds
 from hpops_node_agent import slurm_holds
@@ -26,17 +24,9 @@ FUTURE = "2099-01-01T00:00:00Z"
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    real_tools.require_root_and_programs(TOOLS + (SQUEUE, SCANCEL), "real Slurm hold tests", INSTALL)
-    users = (ALICE, BOB, CAROL)
-    created = [user for user in users if add_user(user)]
-    cluster = SlurmWithAccounting(tmp_path_factory.mktemp("slurm-holds"), enforce="associations,limits")
-    try:
-        cluster.start(users)
+    with running_slurm(tmp_path_factory.mktemp("slurm-holds"), (ALICE, BOB, CAROL), "real Slurm hold tests",
+                       TOOLS + (SQUEUE, SCANCEL), enforce="associations,limits") as cluster:
         yield cluster
-    finally:
-        cluster.stop_all()
-        for user in created:
-            subprocess.run(["/usr/sbin/userdel", user], capture_output=True)
 
 
 @pytest.fixture

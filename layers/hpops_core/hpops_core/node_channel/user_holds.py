@@ -30,6 +30,7 @@ import hashlib
 import json
 
 from hpops_core.common import validation
+from hpops_core.common.errors import HpopsError
 from hpops_core.node_channel import contract
 
 USER_HOLDS_FORMAT = "hpops.node.user-holds.v1"
@@ -45,7 +46,7 @@ MAX_DOCUMENT_BYTES = 4096
 MAX_REPORTED_USERS = 300
 
 
-class BadHolds(ValueError):
+class BadHolds(HpopsError, ValueError):
     """The holds document is not what the stack writes; the agent changes nothing on it."""
 
 
