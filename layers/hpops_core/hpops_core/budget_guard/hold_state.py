@@ -155,3 +155,26 @@ def check_holds(config: Any, report: SpendReport, now: dt.datetime, owner: str, 
                    f"{len(wanted)} user(s) over their limit{': ' + ', '.join(wanted[:10]) if wanted else ''}; "
                    f"{len(alerts)} hold alert(s)"),
     }
+
+
+def holds_view(config: Any, report: SpendReport, now: dt.datetime, dynamodb: Any) -> dict[str, Any]:
+    """Read only (`hpops cost`, `hpops status`): who the last sweep holds, what the agent applied, who
+    was released this month and why, and what a sweep now would decide."""
+    table, cluster = config.state_table, config.cluster_name
+    releases = read_releases(table, cluster, report.month, dynamodb)
+    state = read_state(table, cluster, dynamodb)
+    agent = read_agent_report(table, cluster, dynamodb)
+    decisions = holds.decide_holds(report, config.hold_policy, releases, now)
+    applied = {row["user"]: row for row in (agent or {}).get("users") or []}
+    held = [{"user": user, "state": value["state"], "since": value.get("since"), "reason": value.get("reason"),
+             "agent": (applied.get(user) or {}).get("state"), "agentReason": (applied.get(user) or {}).get("reason")}
+            for user, value in sorted(state["holds"].items())]
+    return {
+        "action": config.hold_policy.action, "dryRun": config.hold_policy.dry_run, "decidedAt": state.get("decidedAt"),
+        "held": held, "wouldHold": holds.held_users(decisions),
+        "releases": [{"user": r.user, "by": r.by, "reason": r.reason, "at": r.at}
+                     for r in sorted(releases.values(), key=lambda r: r.user)],
+        "agent": None if agent is None else {k: agent.get(k) for k in ("version", "reportedAt", "enforced",
+                                                                      "enforceReason")},
+        "ends": holds.ends_text(now, config.stack_name),
+    }
