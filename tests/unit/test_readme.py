@@ -89,6 +89,7 @@ SKIPPED = {
     "hpops status --stack-name S [--region R] [--json]": AWS,
     "hpops cost --stack-name S [--json | --csv]": AWS,
     "hpops cost subscribe --stack-name S USER EMAIL": AWS,
+    "hpops cost release --stack-name S USER --reason TEXT": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
@@ -98,6 +99,7 @@ SKIPPED = {
 MENTIONS = {
     "hpops cost": f"{AWS}; `hpops cost --twin` runs above",
     "hpops repair": AWS,
+    "hpops status": AWS,
 }
 
 
