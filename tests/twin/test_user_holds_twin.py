@@ -20,13 +20,9 @@ from hpops.main import release_user
 from hpops_core.budget_guard import hold_state
 from hpops_core.node_channel import user_holds
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import attach, run_holds
+from hpops_twin.holds_twin import OPERATOR, attach, holds_world, run_holds
 from hpops_twin.user_spend_twin import execution_clock
-from hpops_twin.world import TwinWorld
 
-PARAMETERS = dict(chapter.PARAMETERS, UserMonthlyBudgetUsd="5000", UserBudgetOverrides="alice=50000",
-                  UserBudgetAction="hold", UserBudgetExemptUsers="bob")
-OPERATOR = "arn:aws:iam::123456789012:user/research-computing-director"
 
 
 def hold_messages(messages: list[dict]) -> list[tuple[str, str]]:
@@ -36,9 +32,7 @@ def hold_messages(messages: list[dict]) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def twin():
-    extra = {name: spec for name, spec in chapter.GROUPS.items() if name not in ("login", "gpu")}
-    with TwinWorld(login_group="login", login_count=chapter.GROUPS["login"][1], worker_group="gpu",
-                   worker_count=chapter.GROUPS["gpu"][1], extra_groups=extra, parameters=PARAMETERS) as world:
+    with holds_world() as world:
         month = chapter.prepare(world)
         slurm = attach(month.controller, chapter.USERS)
         yield SimpleNamespace(world=world, month=month, spend=month.spend, slurm=slurm,

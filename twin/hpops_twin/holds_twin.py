@@ -15,6 +15,22 @@ import types
 from typing import Any, Iterable
 
 TWIN_SLURM_CLUSTER = "twin"
+# The demo month's stack with holds on: alice's limit is below what she spent by Nov 20; bob is over
+# the default but exempt; carol is under it.
+HOLD_PARAMETERS = {"UserMonthlyBudgetUsd": "5000", "UserBudgetOverrides": "alice=50000", "UserBudgetAction": "hold",
+                   "UserBudgetExemptUsers": "bob"}
+OPERATOR = "arn:aws:iam::123456789012:user/research-computing-director"
+
+
+def holds_world() -> Any:
+    """The user spend chapter's cluster and month, deployed with HOLD_PARAMETERS."""
+    from hpops_twin import user_spend_demo as chapter
+    from hpops_twin.world import TwinWorld
+
+    extra = {name: spec for name, spec in chapter.GROUPS.items() if name not in ("login", "gpu")}
+    return TwinWorld(login_group="login", login_count=chapter.GROUPS["login"][1], worker_group="gpu",
+                     worker_count=chapter.GROUPS["gpu"][1], extra_groups=extra,
+                     parameters=dict(chapter.PARAMETERS, **HOLD_PARAMETERS))
 
 
 class FakeSlurmLimits:
