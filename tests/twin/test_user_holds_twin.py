@@ -4,7 +4,8 @@ alice's limit is below what she spent by Nov 20 and bob is over the default but 
 real BudgetGuard sweep holds alice only: the holds parameter names her, she and the platform team
 get one "held" alert, and the controller's real agent sets her association limits to 0 and
 reports it. A hold removed by hand comes back at the next poll; a login node's forged report and
-a replayed old one change nothing; the operator's release (as `hpops cost release` records it)
+a replayed old one change nothing; when Slurm stops enforcing limits the agent says so and one
+"could not apply" alert follows; the operator's release (as `hpops cost release` records it)
 lifts her at the next sweep with one "released" alert, and `hpops cost` shows who and why.
 """
 
@@ -93,13 +94,26 @@ def test_a_user_over_the_limit_is_held_released_by_the_operator_and_every_step_s
     assert hold_state.read_agent_report(twin.table, twin.world.cluster_name)["users"] == stored["users"]
     assert published(twin)["users"] == ["alice"]
 
+    # Slurm stops enforcing limits (AccountingStorageEnforce without limits): the agent says so, and
+    # the next sweep sends one "could not apply"; a sweep after that, none more.
+    twin.slurm.enforce = "associations"
+    report = run_holds(twin.month.controller, first + dt.timedelta(minutes=4))
+    assert report["enforced"] is False and report["users"][0]["state"] == "failed"
+    assert "cannot apply" in report["users"][0]["reason"]
+    holds = sweep(twin, second)
+    assert holds["failed"] == ["alice"] and holds["held"] == []
+    sweep(twin, second + dt.timedelta(minutes=10))
+    twin.slurm.enforce = "associations,limits"
+    run_holds(twin.month.controller, second + dt.timedelta(minutes=11))
+
     # The operator releases her; the next sweep lifts the hold, the agent restores her limits.
     release_user(twin.world.aws.client("dynamodb"), twin.table, twin.world.cluster_name, "alice",
-                 "grant renewed, department pays the overrun", OPERATOR, first + dt.timedelta(minutes=30))
+                 "grant renewed, department pays the overrun", OPERATOR, second + dt.timedelta(minutes=30))
+    second += dt.timedelta(hours=1)
     holds = sweep(twin, second)
     assert published(twin)["users"] == [] and holds["held"] == []
     assert "released for the rest of 2026-11 by " + OPERATOR in {d["user"]: d for d in holds["decisions"]}["alice"]["reason"]
-    subjects = [f"[hpops] {twin.world.cluster_name}: alice {what}" for what in ("held", "released")]
+    subjects = [f"[hpops] {twin.world.cluster_name}: alice {what}" for what in ("held", "could not apply", "released")]
     assert [s for _, s in hold_messages(twin.spend.user_inbox("alice"))] == subjects
     assert [s for _, s in hold_messages(platform(twin))] == subjects
     run_holds(twin.month.controller, second + dt.timedelta(minutes=1))

@@ -94,6 +94,8 @@ def test_each_transition_alerts_once():
     assert alerts == []
     _, alerts = alerts_of(failed, [spender("alice", "950", "100")], agent={"alice": ("held", "ok")})
     assert [a["transition"] for a in alerts] == ["held"]
+    kept, alerts = alerts_of(failed, [spender("alice", "950", "100")], agent=None)  # no report of this version yet
+    assert alerts == [] and kept["alice"]["state"] == "failed"
 
 
 def test_a_release_says_why_the_hold_ended():

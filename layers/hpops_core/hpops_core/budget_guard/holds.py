@@ -136,6 +136,10 @@ def transitions(previous: Mapping[str, Mapping[str, str]], decisions: Sequence[H
         before = previous.get(user)
         reason = decided[user].reason
         applied = (agent or {}).get(user)
+        if before is not None and applied is None:
+            # The agent has not reported this document yet: nothing new is known about this user.
+            state[user] = dict(before)
+            continue
         failed = applied is not None and applied[0] == user_holds.FAILED
         if failed:
             state[user] = {"state": "failed", "since": (before or {}).get("since", now_text), "reason": applied[1]}
