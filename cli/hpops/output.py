@@ -129,8 +129,8 @@ def print_cost(document: dict, form: str = "table") -> None:
 
 def hold_lines(holds: Mapping | None) -> list[str]:
     """Who is held in Slurm for spend, who was released and why (`hpops cost`, `hpops status`)."""
-    if not holds:
-        return []
+    if not holds or (holds["action"] != "hold" and not holds["held"] and not holds["releases"]):
+        return []  # alerts only, and nobody held from before: nothing to say
     mode = f"UserBudgetAction {holds['action']}" + (" (dry run)" if holds["dryRun"] else "")
     lines = [f"holds ({mode}): {len(holds['held'])} user(s) held"
              + (f", decided {holds['decidedAt']}" if holds.get("decidedAt") else "")]
