@@ -123,3 +123,19 @@ def test_the_hold_policy_is_read_from_the_environment():
     for bad in ({"USER_BUDGET_ACTION": "kill"}, {"USER_BUDGET_EXEMPT_USERS": "-rf"}):
         with pytest.raises(ConfigurationError):
             UserSpendConfig.from_env(env | bad)
+
+
+def test_hpops_cost_and_status_say_who_is_held_and_when_holds_cannot_apply():
+    from hpops.output import hold_lines
+
+    view = {"action": "hold", "dryRun": False, "decidedAt": "2026-11-20T12:00:00Z", "wouldHold": ["alice", "dave"],
+            "held": [{"user": "alice", "state": "held", "since": "2026-11-20T12:00:00Z", "reason": "spent $900",
+                      "agent": "failed", "agentReason": "not enforced"}],
+            "releases": [{"user": "bob", "by": "arn:aws:iam::1:user/ops", "reason": "grant", "at": "2026-11-19T10:00:00Z"}],
+            "agent": {"enforced": False, "enforceReason": "AccountingStorageEnforce = associations: ..."},
+            "ends": "it ends when the month turns"}
+    text = "\n".join(hold_lines(view))
+    assert "held alice since 2026-11-20T12:00:00Z: spent $900; controller: failed (not enforced)" in text
+    assert "next sweep holds: dave" in text and "released bob at 2026-11-19T10:00:00Z by arn:aws:iam::1:user/ops" in text
+    assert "HOLDS CANNOT APPLY: AccountingStorageEnforce = associations" in text
+    assert hold_lines(dict(view, action="alert", held=[], releases=[])) == []
