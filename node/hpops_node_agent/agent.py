@@ -16,7 +16,9 @@ One tick:
 
 On the controller node (where slurmctld runs) the loop is another one: every usageSeconds it
 collects per-user Slurm usage from accounting (usage.py) and sends it, one entry per window part,
-with the same events:PutEvents path (detail-type contract.USAGE_DETAIL_TYPE).
+with the same events:PutEvents path (detail-type contract.USAGE_DETAIL_TYPE); every poll it
+converges Slurm's association limits to the budget holds parameter (slurm_holds.py) and reports
+what it applied when that changed (detail-type user_holds.HOLDS_DETAIL_TYPE).
 
 Nothing here ever logs or reports key material: reports carry versions, fingerprints, public
 keys and host_keys' one-line, secret-free reasons.
