@@ -2,11 +2,14 @@
 (holds) -> publish the holds parameter -> remember the holds and the alerts to send.
 
 Items in the stack's state table:
-  pk budget#<cluster>  sk user-holds                      the holds last decided ({user: {state, since,
+  pk usage#<cluster>   sk user-holds                      the holds last decided ({user: {state, since,
                                                           reason, month}}), the execution that wrote them
                                                           and its alerts, a revision (conditional writes)
-  pk budget#<cluster>  sk hold-release#<month>#<user>     an operator's release: by, reason, at (TTL 40 days)
   pk usage#<cluster>   sk holds-report                    the controller agent's latest holds report
+  pk budget#<cluster>  sk hold-release#<month>#<user>     an operator's release: by, reason, at (TTL 40 days)
+
+The first two sit beside the usage collector's status, so a sweep reads all three in one Query
+(usage_store.cluster_items).
 
 A retried step of the same execution finds its own write and returns the same alerts, so an alert
 is neither lost nor sent twice; two executions at once: the second's write fails its condition
@@ -41,10 +44,17 @@ def _dynamodb(dynamodb: Any = None) -> Any:
     return dynamodb or client("dynamodb")
 
 
-def read_state(table: str, cluster: str, dynamodb: Any = None) -> dict[str, Any]:
+def _item(table: str, cluster: str, sk: str, dynamodb: Any, items: Mapping[str, Any] | None) -> Any:
+    """One item under usage#<cluster>: from usage_store.cluster_items() when read already, else a GetItem."""
+    if items is not None:
+        return items.get(sk)
     with transient_errors_named("dynamodb:GetItem"):
-        item = _dynamodb(dynamodb).get_item(TableName=table, Key={"pk": {"S": partition_key(cluster)},
-                                                                  "sk": {"S": STATE_SK}}, ConsistentRead=True).get("Item")
+        return _dynamodb(dynamodb).get_item(TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": sk}},
+                                            ConsistentRead=True).get("Item")
+
+
+def read_state(table: str, cluster: str, dynamodb: Any = None, items: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    item = _item(table, cluster, STATE_SK, dynamodb, items)
     if not item:
         return {"holds": {}, "owner": None, "alerts": [], "revision": 0, "version": None}
     return {"holds": json.loads(item["holds"]["S"]), "owner": item.get("owner", {}).get("S"),
@@ -54,7 +64,7 @@ def read_state(table: str, cluster: str, dynamodb: Any = None) -> dict[str, Any]
 
 def _save_state(table: str, cluster: str, previous_revision: int, held: Mapping[str, Any], alerts: list,
                 owner: str, version: str, now: dt.datetime) -> None:
-    item = {"pk": {"S": partition_key(cluster)}, "sk": {"S": STATE_SK}, "holds": {"S": json.dumps(held, sort_keys=True)},
+    item = {"pk": {"S": status_key(cluster)}, "sk": {"S": STATE_SK}, "holds": {"S": json.dumps(held, sort_keys=True)},
             "owner": {"S": owner}, "alerts": {"S": json.dumps(alerts, sort_keys=True)},
             "revision": {"N": str(previous_revision + 1)}, "version": {"S": version},
             "decidedAt": {"S": now.strftime("%Y-%m-%dT%H:%M:%SZ")}}
@@ -91,11 +101,9 @@ def put_release(table: str, release: holds.Release, cluster: str, now: dt.dateti
     dynamodb.put_item(TableName=table, Item=item)
 
 
-def read_agent_report(table: str, cluster: str, dynamodb: Any = None) -> dict[str, Any] | None:
-    with transient_errors_named("dynamodb:GetItem"):
-        item = _dynamodb(dynamodb).get_item(TableName=table, Key={"pk": {"S": status_key(cluster)},
-                                                                  "sk": {"S": AGENT_REPORT_SK}},
-                                            ConsistentRead=True).get("Item")
+def read_agent_report(table: str, cluster: str, dynamodb: Any = None,
+                      items: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    item = _item(table, cluster, AGENT_REPORT_SK, dynamodb, items)
     if not item:
         return None
     return dict(json.loads(item["report"]["S"]), receivedAt=item.get("receivedAt", {}).get("S"))
@@ -118,20 +126,27 @@ def store_agent_report(table: str, report: Mapping[str, Any], received_at: str) 
     return True
 
 
-def check_holds(config: Any, report: SpendReport, now: dt.datetime, owner: str, stack: str) -> dict[str, Any]:
-    """Decide, publish, remember; the step's output: each decision with its reason, and the alerts."""
+def check_holds(config: Any, report: SpendReport, now: dt.datetime, owner: str, stack: str,
+                items: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Decide, publish, remember; the step's output: each decision with its reason, and the alerts.
+
+    ``items``: usage_store.cluster_items() as the sweep read them (the state and the agent's report)."""
     policy = config.hold_policy
     table, cluster = config.state_table, config.cluster_name
-    previous = read_state(table, cluster)
+    previous = read_state(table, cluster, items=items)
+    if policy.action != "hold" and not previous["holds"]:
+        # Alerts only and nobody held: one read, nothing to publish (the agent's parameter, if any,
+        # was emptied when the last hold ended).
+        decisions = holds.decide_holds(report, policy, {}, now)
+        return _output(policy, decisions, {}, [], None, False, None)
+    decisions = holds.decide_holds(report, policy, read_releases(table, cluster, report.month), now)
+    document = holds.holds_document(decisions, policy, now)
+    agent_report = read_agent_report(table, cluster, items=items)
     if previous["owner"] == owner:  # this execution's retry: what it decided and must send is stored
         held, alerts = previous["holds"], previous["alerts"]
-        decisions = holds.decide_holds(report, policy, read_releases(table, cluster, report.month), now)
-        document = holds.holds_document(decisions, policy, now)
         published = False
     else:
-        decisions = holds.decide_holds(report, policy, read_releases(table, cluster, report.month), now)
-        document = holds.holds_document(decisions, policy, now)
-        agent = holds.agent_states(read_agent_report(table, cluster), document["version"])
+        agent = holds.agent_states(agent_report, document["version"])
         held, alerts = holds.transitions(previous["holds"], decisions, policy, agent, now, cluster, stack)
         try:
             published = desired_state.publish_if_changed(user_holds.user_holds_parameter(cluster), document, DESCRIPTION)
@@ -139,14 +154,18 @@ def check_holds(config: Any, report: SpendReport, now: dt.datetime, owner: str, 
             raise holds.HoldsTooLarge(f"{len(document['users'])} held users: {error}") from None
         if held != previous["holds"] or alerts:
             _save_state(table, cluster, previous["revision"], held, alerts, owner, document["version"], now)
-    agent_report = read_agent_report(table, cluster)
+    return _output(policy, decisions, held, alerts, document["version"], published, agent_report)
+
+
+def _output(policy: holds.HoldPolicy, decisions: list, held: Mapping[str, Any], alerts: list, version: str | None,
+            published: bool, agent_report: Mapping[str, Any] | None) -> dict[str, Any]:
     rows = holds.decision_rows(decisions)
     held_names = sorted(u for u, v in held.items() if v["state"] == "held")
     failed = sorted(u for u, v in held.items() if v["state"] == "failed")
     wanted = holds.held_users(decisions)
     verb = "would hold" if policy.dry_run or policy.action != "hold" else "holds"
     return {
-        "action": policy.action, "dryRun": policy.dry_run, "version": document["version"], "published": published,
+        "action": policy.action, "dryRun": policy.dry_run, "version": version, "published": published,
         "decisions": rows, "held": held_names[:holds.MAX_DECISION_ROWS], "heldCount": len(held_names),
         "failed": failed[:holds.MAX_DECISION_ROWS], "alerts": alerts,
         "agent": None if agent_report is None else {k: agent_report.get(k) for k in (

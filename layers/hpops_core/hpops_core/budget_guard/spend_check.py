@@ -30,11 +30,13 @@ MAX_USER_ROWS = 200
 
 
 def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any,
-                  dynamodb: Any = None) -> SpendReport:
-    """Everything the report needs, read once: the month's usage, the collector's status, rates."""
+                  dynamodb: Any = None, items: dict[str, dict[str, Any]] | None = None) -> SpendReport:
+    """Everything the report needs, read once: the month's usage, the collector's status, rates.
+
+    ``items``: usage_store.cluster_items() when the caller read them (the collector's status is one)."""
     month = f"{now.astimezone(dt.timezone.utc):%Y-%m}"
     windows = usage_store.month_usage(config.state_table, config.cluster_name, month, dynamodb)
-    collector = usage_store.collector_status(config.state_table, config.cluster_name, dynamodb)
+    collector = usage_store.collector_status(config.state_table, config.cluster_name, dynamodb, items)
     groups = observed.get("InstanceGroups") or []
     types = sorted({g["InstanceType"] for g in groups if isinstance(g.get("InstanceType"), str)})
     rates, billed = rates_for(types, ce=ce, pricing=pricing, cluster_name=config.cluster_name, region=config.region,
@@ -47,7 +49,8 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
     """The month so far per user -> the alerts not sent yet, marked fired. Returns a summary, not the
     whole report: Step Functions state is capped at 256 KB and a cluster can have hundreds of users."""
     now = dt.datetime.fromisoformat(request["now"])
-    report = gather_report(config, observed, now, ce=ce, pricing=pricing)
+    items = usage_store.cluster_items(config.state_table, config.cluster_name)
+    report = gather_report(config, observed, now, ce=ce, pricing=pricing, items=items)
     table = alert_table(config.state_table)
     with transient_errors_named("dynamodb:Query"):
         already = fired_keys(table, config.cluster_name, report.month)
@@ -65,7 +68,7 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
                            "kind": alert.kind, "thresholdPercent": f"{alert.threshold.normalize():f}",
                            "summary": alert.summary, "spend": spend_of[alert.user]})
     # Holds are decided from the same report, after the spend alerts (their alerts go out with them).
-    holds = hold_state.check_holds(config, report, now, owner, config.stack_name)
+    holds = hold_state.check_holds(config, report, now, owner, config.stack_name, items)
     alerts += holds.pop("alerts")
     top = ", ".join(f"{u['user']} ${u['usd']}" for u in document["users"][:3])
     rows = [{k: u[k] for k in ("user", "nodeHours", "gpuHours", "usd", "percentOfLimit", "projectedUsd")}
