@@ -16,6 +16,7 @@
     hpops cost subscribe --stack-name S USER EMAIL            e-mail USER's own spend alerts to EMAIL
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
                                              what the account or cluster lacks, one line per check
+    hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -420,7 +421,7 @@ def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *
     ``env``: the function's environment; ``region``: the stack's (Lambda adds AWS_REGION itself, so
     it is not among the function's variables). Returns report_document's JSON plus ``findings``: the users at
     or over a threshold (what the hourly check alerts on, once each)."""
-    from hpops_core.budget_guard import spend_check
+    from hpops_core.budget_guard import hold_state, spend_check
     from hpops_core.budget_guard.config import UserSpendConfig
     from hpops_core.budget_guard.guard import observe_cluster
     from hpops_core.budget_guard.user_spend import decide_user_alerts, report_document
@@ -433,6 +434,7 @@ def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *
         document["warnings"].append({"name": "ClusterNotFound", "reason": (
             f"DescribeCluster does not find {config.cluster_name}: no instance type is known, so nothing is priced")})
     document["findings"] = [alert.summary for alert in decide_user_alerts(report, config.thresholds, set())]
+    document["holds"] = hold_state.holds_view(config, report, now, dynamodb)
     return document
 
 
@@ -440,6 +442,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
     """Exit 0: every user below their thresholds; 1: someone at or over one, or a warning; 2: can't tell."""
     if getattr(args, "cost_command", None) == "subscribe":
         return _cost_subscribe(args)
+    if getattr(args, "cost_command", None) == "release":
+        return _cost_release(args)
     if args.twin:
         return _twin("cost", args)
     if not args.stack_name:
@@ -464,8 +468,9 @@ def _spend_document(session: Any, stack_name: str, now: dt.datetime) -> dict[str
                                dynamodb=session.client("dynamodb"))
 
 
-def _cost_subscribe(args: argparse.Namespace) -> int:
-    from hpops_core.common.validation import InvalidValue, check_posix_user, shown
+def _stack_and_user(args: argparse.Namespace) -> None:
+    """`cost subscribe` and `cost release`: a stack named, and USER a POSIX user name."""
+    from hpops_core.common.validation import InvalidValue, check_posix_user
 
     if not args.stack_name:
         raise CliError("give --stack-name S")
@@ -473,6 +478,12 @@ def _cost_subscribe(args: argparse.Namespace) -> int:
         check_posix_user(args.user, "USER")
     except InvalidValue as error:
         raise CliError(str(error)) from None
+
+
+def _cost_subscribe(args: argparse.Namespace) -> int:
+    from hpops_core.common.validation import shown
+
+    _stack_and_user(args)
     if not EMAIL_RE.fullmatch(args.email):
         raise CliError(f"EMAIL {shown(args.email)} is not an e-mail address")
     outputs, _, session = _stack(args.stack_name, args.region)
@@ -508,6 +519,39 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     else:
         raise CliError("give --stack-name S, or --cluster NAME and --region R (before a deploy), or --twin")
     return print_doctor(target, run_doctor(session, target, _utc_now()), args.json)
+
+
+RELEASE_REASON_MAX = 300
+
+
+def release_user(dynamodb: Any, table: str, cluster: str, user: str, reason: str, by: str, now: dt.datetime) -> Any:
+    """Record an operator's release of ``user`` for the rest of this month: the next sweep lifts the hold."""
+    from hpops_core.budget_guard.hold_state import put_release
+    from hpops_core.budget_guard.holds import Release
+
+    release = Release(user, f"{now:%Y-%m}", by, reason, now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    put_release(table, release, cluster, now, dynamodb)
+    return release
+
+
+def _cost_release(args: argparse.Namespace) -> int:
+    _stack_and_user(args)
+    reason = " ".join(args.reason.split())
+    if not reason or len(reason) > RELEASE_REASON_MAX or not reason.isprintable():
+        raise CliError(f"--reason must be 1 to {RELEASE_REASON_MAX} printable characters: it is kept with the "
+                       "release and shown by `hpops cost`")
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    by = session.client("sts").get_caller_identity()["Arn"]
+    now = _utc_now()
+    release = release_user(session.client("dynamodb"), outputs["SyncStateTableName"], parameters["ClusterName"],
+                           args.user, reason, by, now)
+    sweep = session.client("stepfunctions").start_execution(
+        stateMachineArn=outputs["BudgetGuardStateMachineArn"],
+        input=json.dumps({"cluster": parameters["ClusterName"], "mode": "sweep"}))["executionArn"]
+    print(f"released {args.user} for the rest of {release.month} (by {by}: {reason})")
+    print(f"a budget sweep lifts the hold now: {sweep}")
+    print("the controller's agent restores their Slurm limits within one poll; `hpops cost` shows the release")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -578,7 +622,7 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--json", action="store_true", help="the report as JSON (money as strings)")
     form.add_argument("--csv", action="store_true", help="one row per user, then idle, other and cluster")
     cost.set_defaults(func=cmd_cost, cost_command=None)
-    cost_commands = cost.add_subparsers(dest="cost_command", metavar="[subscribe]")
+    cost_commands = cost.add_subparsers(dest="cost_command", metavar="[subscribe | release]")
     subscribe = cost_commands.add_parser(
         "subscribe", help="e-mail USER's own spend alerts to EMAIL (SNS filter policy on the user)")
     # SUPPRESS: `hpops cost --stack-name S subscribe ...` works too (the value set before `subscribe` stays).
@@ -586,6 +630,12 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe.add_argument("--region", default=argparse.SUPPRESS)
     subscribe.add_argument("user", metavar="USER", help="the POSIX user whose alerts to send")
     subscribe.add_argument("email", metavar="EMAIL")
+    release = cost_commands.add_parser(
+        "release", help="let USER's jobs start again this month though they are over their limit (UserBudgetAction hold)")
+    release.add_argument("--stack-name", default=argparse.SUPPRESS)
+    release.add_argument("--region", default=argparse.SUPPRESS)
+    release.add_argument("user", metavar="USER", help="the POSIX user to release")
+    release.add_argument("--reason", required=True, help="why (kept with who released them, shown by hpops cost)")
 
     doctor = commands.add_parser(
         "doctor", help="what the account or cluster lacks for hpops: one line per check, OK or the problem and its fix",

@@ -123,6 +123,34 @@ def print_cost(document: dict, form: str = "table") -> None:
         print(f"warning {warning['name']}: {warning['reason']}")
     for finding in document.get("findings", []):
         print(f"over a threshold: {finding}")
+    for line in hold_lines(document.get("holds")):
+        print(line)
+
+
+def hold_lines(holds: Mapping | None) -> list[str]:
+    """Who is held in Slurm for spend, who was released and why (`hpops cost`, `hpops status`)."""
+    if not holds or (holds["action"] != "hold" and not holds["held"] and not holds["releases"]):
+        return []  # alerts only, and nobody held from before: nothing to say
+    mode = f"UserBudgetAction {holds['action']}" + (" (dry run)" if holds["dryRun"] else "")
+    lines = [f"holds ({mode}): {len(holds['held'])} user(s) held"
+             + (f", decided {holds['decidedAt']}" if holds.get("decidedAt") else "")]
+    for h in holds["held"]:
+        applied = f"; controller: {h['agent']} ({h['agentReason']})" if h.get("agent") else "; controller: not reported yet"
+        lines.append(f"  held {h['user']} since {h['since']}: {h['reason']}{applied}")
+    if holds["held"]:
+        lines.append(f"  {holds['ends']}")
+    waiting = [u for u in holds["wouldHold"] if u not in {h["user"] for h in holds["held"]}]
+    if waiting:
+        verb = "would hold" if holds["dryRun"] or holds["action"] != "hold" else "next sweep holds"
+        lines.append(f"  {verb}: {', '.join(waiting)}")
+    for r in holds["releases"]:
+        lines.append(f"  released {r['user']} at {r['at']} by {r['by']}: {r['reason']}")
+    agent = holds.get("agent")
+    if agent and agent.get("enforced") is False:
+        lines.append(f"  HOLDS CANNOT APPLY: {agent['enforceReason']}")
+    elif agent is None and holds["action"] == "hold":
+        lines.append("  no holds report from the controller's agent yet")
+    return lines
 
 
 # ---------------------------------------------------------------------------- hpops status
@@ -312,6 +340,7 @@ def status_text(document: Mapping) -> list[str]:
             lines.append(f"  {u['user'][:16]:<16} {_money(u['usd']):>12} USD{share}")
         if not spend["topUsers"]:
             lines.append("  (no Slurm usage this month)")
+        lines += hold_lines(spend.get("holds"))
     return lines
 
 
@@ -330,4 +359,4 @@ def top_spenders(document: Mapping, count: int = 5) -> dict:
             "topUsers": [{"user": u["user"], "usd": u["usd"], "limitUsd": u["limitUsd"],
                           "percentOfLimit": u["percentOfLimit"], "projectedUsd": u["projectedUsd"]}
                          for u in users[:count]],
-            "warnings": [w["name"] for w in document.get("warnings", [])]}
+            "warnings": [w["name"] for w in document.get("warnings", [])], "holds": document.get("holds")}

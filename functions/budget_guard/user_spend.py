@@ -31,7 +31,7 @@ def _field(event: object, key: str, kind: type = dict):
 @tracer.capture_lambda_handler
 @metrics.log_metrics(raise_on_empty_metrics=False)
 def check_user_spend(event: dict, context: LambdaContext) -> dict:
-    """{"request", "cluster", "owner"} -> {users, usersUsd, idleUsd, clusterCostUsd, alerts, warnings, reason}."""
+    """{"request", "cluster", "owner"} -> {users, usersUsd, idleUsd, clusterCostUsd, alerts, warnings, reason, holds}."""
     config = UserSpendConfig.from_env()
     request, observed, owner = _field(event, "request"), _field(event, "cluster"), _field(event, "owner", str)
     result = spend_check.check_user_spend(config, request, observed, ce=ce_client(), pricing=pricing_client(), owner=owner)
@@ -39,6 +39,11 @@ def check_user_spend(event: dict, context: LambdaContext) -> dict:
     # Month-to-date dollars (CloudWatch has no currency unit): the dashboard's spend widget.
     for name, key in (("ClusterCostUsd", "clusterCostUsd"), ("UsersUsd", "usersUsd"), ("IdleUsd", "idleUsd")):
         metrics.add_metric(name=name, unit=MetricUnit.NoUnit, value=float(result[key]))
+    holds = result["holds"]
+    metrics.add_metric(name="UsersHeld", unit=MetricUnit.Count, value=holds["heldCount"])
+    for decision in holds["decisions"]:
+        logger.info("user hold decision", extra=decision)
+    logger.info(holds["reason"], extra={"held": holds["held"], "failed": holds["failed"], "agent": holds["agent"]})
     for row in result.pop("userRows"):
         logger.info("user spend", extra=row)
     for warning in result["warnings"]:

@@ -16,7 +16,9 @@ One tick:
 
 On the controller node (where slurmctld runs) the loop is another one: every usageSeconds it
 collects per-user Slurm usage from accounting (usage.py) and sends it, one entry per window part,
-with the same events:PutEvents path (detail-type contract.USAGE_DETAIL_TYPE).
+with the same events:PutEvents path (detail-type contract.USAGE_DETAIL_TYPE); every poll it
+converges Slurm's association limits to the budget holds parameter (slurm_holds.py) and reports
+what it applied when that changed (detail-type user_holds.HOLDS_DETAIL_TYPE).
 
 Nothing here ever logs or reports key material: reports carry versions, fingerprints, public
 keys and host_keys' one-line, secret-free reasons.
@@ -42,9 +44,9 @@ from typing import Any, Callable, Dict, Optional
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops_core.node_channel import contract
+from hpops_core.node_channel import contract, user_holds
 
-from . import __version__, host_keys, login_limits, usage
+from . import __version__, host_keys, login_limits, slurm_holds, usage
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 
@@ -173,6 +175,7 @@ class NodeAgent:
         self._public_keys_cache: Optional[tuple] = None
         self._last_logged: Dict[str, Any] = {}
         self._usage: Optional[usage.UsageCollector] = None
+        self._holds: Optional[slurm_holds.SlurmHolds] = None
 
     # ------------------------------------------------------------------ plumbing
 
@@ -251,12 +254,20 @@ class NodeAgent:
 
     def run_usage(self, stop: threading.Event) -> None:
         log("started", role="controller", agentVersion=__version__, usageSeconds=self.config.usage_seconds)
+        usage_due = 0.0
         while not stop.is_set():
+            if self.clock() >= usage_due:
+                usage_due = self.clock() + self.config.usage_seconds
+                try:
+                    self.usage_tick()
+                except Exception as error:  # a bug must not end the loop; systemd would only restart it
+                    log("usage-crashed", reason=short("{}: {}".format(type(error).__name__, error)))
+            # Holds are polled like login nodes poll their desired state: a hold lands within a poll.
             try:
-                self.usage_tick()
-            except Exception as error:  # a bug must not end the loop; systemd would only restart it
-                log("usage-crashed", reason=short("{}: {}".format(type(error).__name__, error)))
-            stop.wait(self.config.usage_seconds)
+                self.holds_tick()
+            except Exception as error:
+                log("holds-crashed", reason=short("{}: {}".format(type(error).__name__, error)))
+            stop.wait(min(self.next_interval(), max(0.0, usage_due - self.clock())))
         log("stopped", reason="stop requested")
 
     def next_interval(self) -> float:
@@ -603,3 +614,59 @@ class NodeAgent:
                     reason=short("events:PutEvents: {}".format(failed[0].get("ErrorCode", "entry failed"))))
                 return False
         return True
+
+    # ------------------------------------------------------------------ Slurm holds (controller)
+
+    def slurm_holds(self) -> Optional[slurm_holds.SlurmHolds]:
+        if self._holds is None:
+            sacct = usage.find_sacct(self.config.sacct_cmd)
+            if sacct is None:
+                return None
+            self._holds = slurm_holds.SlurmHolds(
+                os.path.join(self.config.under_root(self.config.state_dir), slurm_holds.STATE_FILE),
+                os.path.dirname(sacct), log=log)
+        return self._holds
+
+    def holds_tick(self) -> Optional[Dict[str, Any]]:
+        """Poll the holds parameter, converge Slurm to it, report when the outcome changed (or heartbeat)."""
+        self._calls = collections.Counter()
+        holds = self.slurm_holds()
+        if holds is None:
+            return None
+        name = user_holds.user_holds_parameter(self.config.cluster)
+        try:
+            response = self._call("ssm", "GetParameters", "get_parameters", Names=[name])
+        except AWS_ERRORS as error:
+            log("holds-poll-failed", reason=aws_reason("ssm:GetParameters", error))
+            return None
+        found = [p for p in response.get("Parameters", []) if p.get("Name") == name]
+        now = self.clock()
+        body = holds.converge(found[0]["Value"] if found else None, now)
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+        sent_at = float(holds.state.get("lastReportAt") or 0)
+        if digest == holds.state.get("lastReportDigest") and now - sent_at < self.config.heartbeat_seconds:
+            return body
+        instance_id = self.usage_collector().instance_id
+        if instance_id is None:
+            return body
+        report = dict(body, format=user_holds.HOLDS_REPORT_FORMAT, cluster=self.config.cluster,
+                      instanceId=instance_id, agentVersion=__version__,
+                      reportedAt=datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+                      .strftime("%Y-%m-%dT%H:%M:%SZ"))
+        entry = {"Source": contract.REPORT_SOURCE, "DetailType": user_holds.HOLDS_DETAIL_TYPE,
+                 "Detail": json.dumps(report, sort_keys=True, separators=(",", ":")),
+                 "EventBusName": self.config.report_bus}
+        try:
+            response = self._call("events", "PutEvents", "put_events", Entries=[entry])
+        except AWS_ERRORS as error:
+            log("holds-report-not-sent", reason=aws_reason("events:PutEvents", error))
+            return body
+        if response.get("FailedEntryCount"):
+            log("holds-report-not-sent", reason="events:PutEvents: entry failed")
+            return body
+        log("holds-report-sent", version=body["version"], enforced=body["enforced"],
+            held=[u["user"] for u in body["users"] if u["state"] == user_holds.HELD],
+            failed=[u["user"] for u in body["users"] if u["state"] != user_holds.HELD])
+        holds.state["lastReportDigest"], holds.state["lastReportAt"] = digest, now
+        holds.save()
+        return body

@@ -503,26 +503,33 @@ def test_controller_agent_sends_usage_with_the_report_path(tmp_path, events_queu
     assert sum(len(detail["records"]) for detail in sent) == 3000
 
 
-def test_controller_loop_collects_every_usage_interval_until_stopped(tmp_path, monkeypatch):
+def test_controller_loop_collects_every_usage_interval_and_polls_holds_in_between(tmp_path, monkeypatch):
     config = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
                                     "ip": "10.1.0.2", "instanceId": INSTANCE_ID, "root": str(tmp_path),
-                                    "usageSeconds": 60})
-    agent = NodeAgent(config, session=None)
+                                    "usageSeconds": 60, "pollSeconds": 20})
+    now = [1000.0]
+    agent = NodeAgent(config, session=None, clock=lambda: now[0])
     stop = threading.Event()
-    ticks = []
-    waits = []
+    ticks, polls, waits = [], [], []
 
     def usage_tick():
-        ticks.append(1)
+        ticks.append(now[0])
         if len(ticks) == 2:
             raise RuntimeError("a bug")  # logged; the loop goes on
         if len(ticks) == 3:
             stop.set()
 
+    def wait(seconds):
+        waits.append(seconds)
+        now[0] += seconds
+
     monkeypatch.setattr(agent, "usage_tick", usage_tick)
-    monkeypatch.setattr(stop, "wait", lambda seconds: waits.append(seconds))
+    monkeypatch.setattr(agent, "holds_tick", lambda: polls.append(now[0]))
+    monkeypatch.setattr(agent, "next_interval", lambda: 20)
+    monkeypatch.setattr(stop, "wait", wait)
     agent.run(stop)
-    assert len(ticks) == 3 and waits == [60, 60, 60]
+    assert ticks == [1000, 1060, 1120]
+    assert polls == [1000, 1020, 1040, 1060, 1080, 1100, 1120] and set(waits) == {20}
     assert agent.tick().api_calls == {}  # nothing of the login node's loop
 
 

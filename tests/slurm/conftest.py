@@ -10,6 +10,7 @@ slurmd's spool (see ``__init__``). Jobs are submitted as the test users with roo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -50,8 +51,9 @@ GPUS = 2
 
 
 class SlurmWithAccounting:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, enforce: str = "associations") -> None:
         self.base = Path(base)
+        self.enforce = enforce
         self.host = socket.gethostname().split(".")[0]
         self.cpus = os.cpu_count() or 1
         self.ports = {name: free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb")}
@@ -192,7 +194,7 @@ class SlurmWithAccounting:
                 "AccountingStoragePass={}".format(self.munge_socket),
                 # GPUs are only in AllocTRES when accounting tracks them.
                 "AccountingStorageTRES=gres/gpu",
-                "AccountingStorageEnforce=associations",
+                "AccountingStorageEnforce=" + self.enforce,
             ]
         else:
             lines.append("AccountingStorageType=accounting_storage/none")
@@ -322,16 +324,24 @@ def add_user(name: str) -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """One Slurm with accounting for the module's tests, up with USERS associated; torn down by pid files."""
-    real_tools.require_root_and_programs(TOOLS, "real Slurm accounting tests", INSTALL)
-    created = [user for user in USERS if add_user(user)]
-    cluster = SlurmWithAccounting(tmp_path_factory.mktemp("slurm"))
+@contextlib.contextmanager
+def running_slurm(base: Path, users: tuple[str, ...], what: str, tools: tuple[str, ...] = TOOLS,
+                  enforce: str = "associations"):
+    """A Slurm with accounting up with `users` associated; torn down by pid files, users we made deleted."""
+    real_tools.require_root_and_programs(tools, what, INSTALL)
+    created = [user for user in users if add_user(user)]
+    cluster = SlurmWithAccounting(base, enforce=enforce)
     try:
-        cluster.start(USERS)
+        cluster.start(users)
         yield cluster
     finally:
         cluster.stop_all()
         for user in created:
             subprocess.run(["/usr/sbin/userdel", user], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """One Slurm with accounting for the module's tests, up with USERS associated."""
+    with running_slurm(tmp_path_factory.mktemp("slurm"), USERS, "real Slurm accounting tests") as cluster:
+        yield cluster

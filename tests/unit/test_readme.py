@@ -95,6 +95,7 @@ SKIPPED = {
     "hpops cost subscribe --stack-name S USER EMAIL": AWS,
     "hpops doctor --stack-name S": AWS,
     "hpops doctor --cluster NAME --region R": AWS,
+    "hpops cost release --stack-name S USER --reason TEXT": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
@@ -105,6 +106,7 @@ MENTIONS = {
     "hpops cost": f"{AWS}; `hpops cost --twin` runs above",
     "hpops repair": AWS,
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
+    "hpops status": AWS,
 }
 
 

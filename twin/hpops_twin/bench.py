@@ -10,6 +10,7 @@ key rotation take, from the agents' own call counts and the state machines'.
 Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports against `import boto3`
 in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
 Slurm usage (hpops_twin/usage_bench.py): one collection sweep over a synthetic month of 10,000 jobs.
+Budget holds (hpops_twin/holds_bench.py): sweeps and agent polls from the crossing usage report to the hold.
 
 Progress goes to stderr, flushed: one line when a section starts, one with its seconds when it ends.
 The tables (stdout) are unchanged. `--json FILE` also records each section's seconds and the machine,
@@ -229,7 +230,7 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
 
 
 def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
-    progress = Progress(total=len(sizes) + 6)
+    progress = Progress(total=len(sizes) + 7)
     rows = []
     for size in sizes:
         with progress.section(f"LoginNodeSync at {size:,} cluster nodes: idle sweep, replacement, 20-event burst"):
@@ -280,6 +281,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section(f"Slurm usage: collection sweeps over a synthetic month of {JOBS:,} jobs"):
         usage_result, usage_verdicts = usage_section()
     verdicts |= usage_verdicts
+    from hpops_twin.holds_bench import holds_section
+
+    with progress.section("budget holds: sweeps and agent polls from the crossing usage report to the hold, and a release"):
+        hold_rows, hold_verdicts = holds_section()
+    verdicts |= hold_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
@@ -291,6 +297,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        "session_limits": [asdict(r) for r in session_rows],
                        "budget_guard": [asdict(r) for r in budget_rows],
                        "footprint": asdict(footprint), "usage": asdict(usage_result),
+                       "budget_holds": [asdict(r) for r in hold_rows],
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)

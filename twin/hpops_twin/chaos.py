@@ -55,6 +55,7 @@ LNS = "LoginNodeSyncStateMachine"
 SESSIONS = "SessionLimitsStateMachine"
 BUDGET = "BudgetGuardStateMachine"
 NODE_REPORTS = "RecordNodeReportFunction"
+USAGE_REPORTS = "RecordUsageReportFunction"
 BUDGET_TAG = "hpops:monthly-budget-usd"
 NOV_10 = dt.datetime(2026, 11, 10, 12, 0, tzinfo=dt.timezone.utc)
 SESSION_LIMIT = 2  # MaxSessionsPerUser's default in template.yaml
@@ -77,12 +78,14 @@ def show(value: Any, limit: int = 150) -> str:
 
 def rejection_errors() -> frozenset[str]:
     """The error names that mean "input rejected, nothing changed": MalformedEventError,
-    UnknownClusterError and their subclasses, and NodeReportRejected."""
+    UnknownClusterError and their subclasses, NodeReportRejected, and the usage reports' two."""
     import hpops_core.node_channel.reports as reports  # noqa: F401  (defines subclasses)
     import hpops_core.session_limits.trigger  # noqa: F401
+    from hpops_core.budget_guard.usage_reports import MalformedUsageReport, UsageReportRejected
     from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 
-    names, todo = set(), [MalformedEventError, UnknownClusterError, reports.NodeReportRejected]
+    names, todo = set(), [MalformedEventError, UnknownClusterError, reports.NodeReportRejected,
+                          MalformedUsageReport, UsageReportRejected]
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)
@@ -407,7 +410,51 @@ def hostile_cases(world: TwinWorld) -> list[Hostile]:
         ("whole event is a number", 42),
         ("detail nested 64 levels deep", _set(report, ["detail"], _nested("detail"))),
     ], base=report)
+    _usage_and_hold_reports(cluster, login[0].instance_id, add)
     return cases
+
+
+def _usage_and_hold_reports(cluster: str, login_instance: str, add: Callable[..., None]) -> None:
+    """The controller's reports on the node-report bus: usage (what users spent) and holds (what the
+    agent applied). Only the controller group's node is believed, and a holds report never decides
+    who is held: a forged one must hold or release no one (no mutating call)."""
+    envelope = {"version": "0", "id": "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9", "source": "hpops.node",
+                "account": ACCOUNT_ID, "time": "2026-11-23T08:00:01Z", "region": "us-east-1", "resources": []}
+    start = "2026-11-23T07:00:00Z"
+    usage = envelope | {"detail-type": "HyperPod Slurm Usage Report", "detail": {
+        "format": "hpops.node.usage.v1", "cluster": cluster, "instanceId": login_instance, "agentVersion": "1.0.0",
+        "windowStart": start, "windowEnd": "2026-11-23T08:00:00Z", "final": True, "status": "ok", "reason": "",
+        "collectedAt": "2026-11-23T08:00:01Z", "partitionGroups": {}, "part": 1, "parts": 1,
+        "records": [{"key": f"{cluster}/{start}/alice/gpu", "user": "alice", "partition": "gpu", "nodeSeconds": 3600,
+                     "cpuSeconds": 3600, "gpuSeconds": 0, "jobs": 1}]}}
+    record = ["detail", "records", 0]
+    add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "MalformedUsageReport", [
+        ("record user with shell metacharacters", _set(usage, record + ["user"], "alice; reboot")),
+        ("record nodeSeconds negative (refunding spend)", _set(usage, record + ["nodeSeconds"], -3600)),
+        ("record key of another window (replayed into this one)", _set(usage, record + ["key"], f"{cluster}/x/alice/gpu")),
+        ("status not one the agent sends", _set(usage, ["detail", "status"], "ok\u0000")),
+        ("part past parts", _set(usage, ["detail", "part"], 2)),
+    ], base=usage)
+    add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "UsageReportRejected", [
+        ("well-formed report from a login node (not the controller)", usage),
+    ], base=usage)
+    holds = envelope | {"detail-type": "HyperPod Slurm Holds Report", "detail": {
+        "format": "hpops.node.user-holds-report.v1", "cluster": cluster, "instanceId": login_instance,
+        "agentVersion": "1.0.0", "reportedAt": "2026-11-23T08:00:01Z", "version": "0123456789abcdef",
+        "enforced": True, "enforceReason": "AccountingStorageEnforce = associations,limits",
+        "users": [{"user": "alice", "state": "held", "reason": "GrpJobs=0 MaxJobs=0"}]}}
+    row = ["detail", "users", 0]
+    add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "MalformedUsageReport", [
+        ("holds report user with a subshell", _set(holds, row + ["user"], SUBSHELL)),
+        ("holds report state lifted (no such state)", _set(holds, row + ["state"], "lifted")),
+        ("holds report reason of 10 kB", _set(holds, row + ["reason"], BIG)),
+        ("holds report enforced is the string true", _set(holds, ["detail", "enforced"], "true")),
+        ("holds report version with path traversal", _set(holds, ["detail", "version"], TRAVERSAL)),
+        ("holds report unknown extra key releaseAll", _set(holds, ["detail", "releaseAll"], True)),
+    ], base=holds)
+    add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "UsageReportRejected", [
+        ("well-formed holds report from a login node (not the controller)", holds),
+    ], base=holds)
 
 
 def _matches(pattern: dict, payload: Any) -> bool:

@@ -247,6 +247,7 @@ class Demo:
 
 def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
     from hpops_twin.certificate_demo import run_certificate_chapter
+    from hpops_twin.holds_demo import run_holds_chapter
     from hpops_twin.user_spend_demo import run_user_spend_chapter
 
     from hpops_twin.iam.enforce import SUITE_DENIALS
@@ -261,6 +262,7 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
         steps = demo.run()
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
     run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
+    run_holds_chapter(demo)  # its own twin: holds are a stack parameter
     out("")
     out(demo.table())
     denials = SUITE_DENIALS[denials_before:]  # every chapter's twin enforces IAM (hpops_twin/iam)

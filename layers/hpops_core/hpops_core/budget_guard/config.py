@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 
 from hpops_core.common import validation
+from hpops_core.budget_guard.holds import ACTIONS, HoldPolicy
 from hpops_core.budget_guard.rate_overrides import InvalidRateOverrides, rate_overrides
 from hpops_core.budget_guard.user_spend import UserLimits
 from hpops_core.common.config import env_bool, env_str, environment
@@ -183,6 +184,8 @@ class UserSpendConfig:
     region: str
     limits: UserLimits
     rate_overrides: Mapping[str, Decimal] = field(repr=False)
+    hold_policy: HoldPolicy = HoldPolicy()
+    stack_name: str = "S"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> UserSpendConfig:
@@ -196,7 +199,24 @@ class UserSpendConfig:
             limits=UserLimits(_optional_amount(env, "USER_MONTHLY_BUDGET_USD"),
                               _user_overrides(env, "USER_BUDGET_OVERRIDES")),
             rate_overrides=projection.rate_overrides,
+            hold_policy=_hold_policy(env),
+            stack_name=env.get("STACK_NAME", "").strip() or "S",
         )
+
+
+def _hold_policy(env: Mapping[str, str]) -> HoldPolicy:
+    """UserBudgetAction, UserBudgetHoldDryRun, UserBudgetExemptUsers; unset: alerts only, as before holds."""
+    action = env.get("USER_BUDGET_ACTION", "").strip() or "alert"
+    if action not in ACTIONS:
+        raise ConfigurationError(f"environment variable USER_BUDGET_ACTION must be one of {', '.join(ACTIONS)}")
+    exempt = set()
+    for user in (u.strip() for u in env.get("USER_BUDGET_EXEMPT_USERS", "").split(",")):
+        if user and not validation.is_posix_user(user):
+            raise ConfigurationError(f"environment variable USER_BUDGET_EXEMPT_USERS: {validation.shown(user)} "
+                                     "is not a POSIX user name")
+        if user:
+            exempt.add(user)
+    return HoldPolicy(action, env_bool(env, "USER_BUDGET_HOLD_DRY_RUN"), frozenset(exempt))
 
 
 @dataclass(frozen=True)

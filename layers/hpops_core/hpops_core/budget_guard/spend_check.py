@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from hpops_core.budget_guard import usage_store
+from hpops_core.budget_guard import hold_state, usage_store
 from hpops_core.budget_guard.guard import AlertDeliveryError
 from hpops_core.budget_guard.alert_state import alert_table, fired_keys, mark_fired
 from hpops_core.budget_guard.pricing import rates_for
@@ -30,11 +30,13 @@ MAX_USER_ROWS = 200
 
 
 def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any,
-                  dynamodb: Any = None) -> SpendReport:
-    """Everything the report needs, read once: the month's usage, the collector's status, rates."""
+                  dynamodb: Any = None, items: dict[str, dict[str, Any]] | None = None) -> SpendReport:
+    """Everything the report needs, read once: the month's usage, the collector's status, rates.
+
+    ``items``: usage_store.cluster_items() when the caller read them (the collector's status is one)."""
     month = f"{now.astimezone(dt.timezone.utc):%Y-%m}"
     windows = usage_store.month_usage(config.state_table, config.cluster_name, month, dynamodb)
-    collector = usage_store.collector_status(config.state_table, config.cluster_name, dynamodb)
+    collector = usage_store.collector_status(config.state_table, config.cluster_name, dynamodb, items)
     groups = observed.get("InstanceGroups") or []
     types = sorted({g["InstanceType"] for g in groups if isinstance(g.get("InstanceType"), str)})
     rates, billed = rates_for(types, ce=ce, pricing=pricing, cluster_name=config.cluster_name, region=config.region,
@@ -47,7 +49,8 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
     """The month so far per user -> the alerts not sent yet, marked fired. Returns a summary, not the
     whole report: Step Functions state is capped at 256 KB and a cluster can have hundreds of users."""
     now = dt.datetime.fromisoformat(request["now"])
-    report = gather_report(config, observed, now, ce=ce, pricing=pricing)
+    items = usage_store.cluster_items(config.state_table, config.cluster_name)
+    report = gather_report(config, observed, now, ce=ce, pricing=pricing, items=items)
     table = alert_table(config.state_table)
     with transient_errors_named("dynamodb:Query"):
         already = fired_keys(table, config.cluster_name, report.month)
@@ -64,6 +67,9 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
             alerts.append({"cluster": report.cluster, "month": report.month, "asOf": report.as_of, "user": alert.user,
                            "kind": alert.kind, "thresholdPercent": f"{alert.threshold.normalize():f}",
                            "summary": alert.summary, "spend": spend_of[alert.user]})
+    # Holds are decided from the same report, after the spend alerts (their alerts go out with them).
+    holds = hold_state.check_holds(config, report, now, owner, config.stack_name, items)
+    alerts += holds.pop("alerts")
     top = ", ".join(f"{u['user']} ${u['usd']}" for u in document["users"][:3])
     rows = [{k: u[k] for k in ("user", "nodeHours", "gpuHours", "usd", "percentOfLimit", "projectedUsd")}
             for u in document["users"][:MAX_USER_ROWS]]
@@ -72,6 +78,7 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
         "users": len(report.users), "usersUsd": document["usersUsd"], "idleUsd": document["idle"]["usd"],
         "clusterCostUsd": document["clusterCost"]["usd"], "warnings": document["warnings"], "alerts": alerts, "alertCount": len(alerts),
         "reason": (f"{len(report.users)} user(s) this month, top: {top or 'none'}; {len(alerts)} new alert(s)"),
+        "holds": holds,
     }
 
 
@@ -93,10 +100,14 @@ def user_alert_text(alert: Mapping[str, Any]) -> str:
 def publish_user_alert(config: Any, alert: Mapping[str, Any], *, sns: Any, events: Any) -> dict[str, Any]:
     """To the platform team's topic, to the users' topic with the user as a message attribute (a
     user's e-mail subscription filters on it), and as an event on the default bus."""
-    subject = f"[hpops] {alert['cluster']}: {alert['user']} at {alert['thresholdPercent']}% ({alert['kind']})"[:100]
-    text = user_alert_text(alert)
+    if alert.get("kind") == "hold":  # a Slurm hold's transition: held, released, could not apply
+        subject = f"[hpops] {alert['cluster']}: {alert['user']} {alert['transition']}"[:100]
+        text, kind = alert["text"], "user-hold"
+    else:
+        subject = f"[hpops] {alert['cluster']}: {alert['user']} at {alert['thresholdPercent']}% ({alert['kind']})"[:100]
+        text, kind = user_alert_text(alert), "user-spend"
     attributes = {USER_ATTRIBUTE: {"DataType": "String", "StringValue": alert["user"]},
-                  "kind": {"DataType": "String", "StringValue": "user-spend"}}
+                  "kind": {"DataType": "String", "StringValue": kind}}
     ids = {}
     with transient_errors_named("sns:Publish"):
         ids["platformMessageId"] = sns.publish(TopicArn=config.alert_topic_arn, Subject=subject, Message=text,

@@ -127,11 +127,28 @@ def month_usage(table: str, cluster: str, month: str, dynamodb: Any = None) -> l
     return [_window_of(items) for _, items in sorted(by_window.items())]
 
 
-def collector_status(table: str, cluster: str, dynamodb: Any = None) -> CollectorStatus | None:
-    with transient_errors_named("dynamodb:GetItem"):
-        item = (dynamodb or client("dynamodb")).get_item(
-            TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": "status"}}, ConsistentRead=True,
-        ).get("Item")
+def cluster_items(table: str, cluster: str, dynamodb: Any = None) -> dict[str, dict[str, Any]]:
+    """Every item under ``usage#<cluster>`` by sort key, in one Query: the collector's status and the
+    budget holds' state and agent report (hold_state), which a sweep reads together."""
+    items: dict[str, dict[str, Any]] = {}
+    paginator = (dynamodb or client("dynamodb")).get_paginator("query")
+    with transient_errors_named("dynamodb:Query"):
+        for page in paginator.paginate(TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+                                       ExpressionAttributeValues={":pk": {"S": status_key(cluster)}}):
+            items.update((item["sk"]["S"], item) for item in page.get("Items", []))
+    return items
+
+
+def collector_status(table: str, cluster: str, dynamodb: Any = None,
+                     items: dict[str, dict[str, Any]] | None = None) -> CollectorStatus | None:
+    """``items``: cluster_items() already read; else one GetItem."""
+    if items is not None:
+        item = items.get("status")
+    else:
+        with transient_errors_named("dynamodb:GetItem"):
+            item = (dynamodb or client("dynamodb")).get_item(
+                TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": "status"}}, ConsistentRead=True,
+            ).get("Item")
     if not item:
         return None
     return CollectorStatus(item["status"]["S"], item.get("reason", {}).get("S", ""), item["collectedAt"]["S"],

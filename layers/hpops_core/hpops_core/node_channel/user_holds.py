@@ -1,0 +1,98 @@
+"""Slurm holds of users over their monthly dollar limit: the one document shape both sides use.
+
+Standard library, Python 3.8+ (the agent bundle ships this file). The stack (budget_guard.holds)
+publishes the users to hold; the agent on the controller node (hpops_node_agent.slurm_holds)
+holds them with Slurm's own association limits and reports what it applied.
+
+Desired state, /hpops/<cluster>/node/user-holds (written by the BudgetGuard sweep only):
+
+  {"format": USER_HOLDS_FORMAT, "version": str, "month": "YYYY-MM",
+   "expiresAt": ISO-8601 UTC (the month's end: an agent lifts every hold past it, even if the stack
+                is gone and never publishes again),
+   "dryRun": bool (true: "users" is empty; the stack decided, nothing is held),
+   "users": [POSIX user, ...] (sorted, unique; never root)}
+
+Report (the controller's agent, events:PutEvents to the node-report bus):
+
+  Source contract.REPORT_SOURCE, DetailType HOLDS_DETAIL_TYPE, Detail:
+  {"format": HOLDS_REPORT_FORMAT, "cluster": str, "instanceId": str, "agentVersion": str,
+   "reportedAt": ISO-8601 UTC, "version": str|null (the document applied; null: none readable),
+   "enforced": true|false|null (AccountingStorageEnforce includes limits; null: unknown),
+   "enforceReason": str,
+   "users": [{"user": str, "state": one of HOLD_STATES, "reason": str}]}
+
+A report only informs (status, "could not apply" alerts); it never decides who is held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from hpops_core.common import validation
+from hpops_core.common.errors import HpopsError
+from hpops_core.node_channel import contract
+
+USER_HOLDS_FORMAT = "hpops.node.user-holds.v1"
+HOLDS_REPORT_FORMAT = "hpops.node.user-holds-report.v1"
+HOLDS_DETAIL_TYPE = "HyperPod Slurm Holds Report"
+HELD, FAILED = "held", "failed"
+HOLD_STATES = (HELD, FAILED)
+# What slurmctld shows in squeue's REASON column for a job of a held user (GrpJobs=0 on the
+# association; AssocMaxJobsLimit when a QOS sets GrpJobs and MaxJobs=0 is what holds).
+HOLD_REASONS = ("AssocGrpJobsLimit", "AssocMaxJobsLimit")
+# A standard parameter holds 4 KB: about 110 users of the longest names, far more of usual ones.
+MAX_DOCUMENT_BYTES = 4096
+MAX_REPORTED_USERS = 300
+
+
+class BadHolds(HpopsError, ValueError):
+    """The holds document is not what the stack writes; the agent changes nothing on it."""
+
+
+def user_holds_parameter(cluster: str) -> str:
+    return contract.parameter_prefix(cluster) + "node/user-holds"
+
+
+def holds_version(month: str, expires_at: str, dry_run: bool, users: list) -> str:
+    text = json.dumps([month, expires_at, dry_run, users], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def desired_document(month: str, expires_at: str, dry_run: bool, users: list) -> dict:
+    users = sorted(set(users))
+    for user in users:
+        validation.check_limited_user(user, "held user")
+    if dry_run:
+        users = []
+    return {"format": USER_HOLDS_FORMAT, "version": holds_version(month, expires_at, dry_run, users),
+            "month": month, "expiresAt": expires_at, "dryRun": dry_run, "users": users}
+
+
+def canonical_json(document: dict) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def parse_document(text: str) -> dict:
+    """The parameter's value -> the document, checked field by field; BadHolds otherwise."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise BadHolds("holds document is not JSON") from None
+    if not isinstance(document, dict) or document.get("format") != USER_HOLDS_FORMAT:
+        raise BadHolds("holds document format is not {}".format(USER_HOLDS_FORMAT))
+    if set(document) != {"format", "version", "month", "expiresAt", "dryRun", "users"}:
+        raise BadHolds("holds document has other fields than the stack writes")
+    users = document["users"]
+    if not isinstance(users, list) or not all(validation.is_posix_user(u) for u in users):
+        raise BadHolds("holds document users are not POSIX user names")
+    if "root" in users or len(set(users)) != len(users):
+        raise BadHolds("holds document holds root or names a user twice")
+    if not isinstance(document["dryRun"], bool) or (document["dryRun"] and users):
+        raise BadHolds("holds document dryRun is not a boolean, or holds users in a dry run")
+    if not isinstance(document["month"], str) or not isinstance(document["expiresAt"], str) or \
+            not contract.USAGE_WINDOW_START_RE.match(document["expiresAt"]):
+        raise BadHolds("holds document month or expiresAt is malformed")
+    if document["version"] != holds_version(document["month"], document["expiresAt"], document["dryRun"], users):
+        raise BadHolds("holds document version does not match its content")
+    return document

@@ -1,0 +1,74 @@
+"""The controller agent's holds poll: what it reports and when (the Slurm side is tests/slurm's)."""
+
+from __future__ import annotations
+
+import json
+
+from hpops_core.node_channel import user_holds
+from hpops_node_agent.agent import NodeAgent
+from hpops_node_agent.config import AgentConfig
+from hpops_twin.holds_twin import FakeSlurmLimits
+
+CLUSTER, INSTANCE_ID = "ml-research", "i-0123456789abcdef0"
+
+
+class FakeAws:
+    def __init__(self) -> None:
+        self.value: str | None = None
+        self.sent: list[dict] = []
+
+    def client(self, service: str, **_: object) -> "FakeAws":
+        return self
+
+    def get_parameters(self, Names: list[str]) -> dict:
+        return {"Parameters": [{"Name": Names[0], "Value": self.value}] if self.value is not None else []}
+
+    def put_events(self, Entries: list[dict]) -> dict:
+        self.sent += [json.loads(entry["Detail"]) for entry in Entries]
+        return {"FailedEntryCount": 0}
+
+
+def agent_with_slurm(tmp_path):
+    sacct = tmp_path / "bin" / "sacct"
+    sacct.parent.mkdir()
+    sacct.write_text("#!/bin/sh\nexit 99\n")
+    sacct.chmod(0o755)
+    config = AgentConfig.from_dict({"cluster": CLUSTER, "region": "us-east-1", "reportBus": "bus", "role": "controller",
+                                    "instanceId": INSTANCE_ID, "root": str(tmp_path), "sacctCmd": str(sacct)})
+    aws, now = FakeAws(), [1_800_000_000.0]
+    agent = NodeAgent(config, aws, clock=lambda: now[0])
+    slurm = FakeSlurmLimits(["alice", "bob"])
+    agent.slurm_holds().run = slurm
+    return agent, aws, slurm, now
+
+
+def document(*users: str) -> str:
+    return user_holds.canonical_json(user_holds.desired_document("2027-01", "2027-02-01T00:00:00Z", False, list(users)))
+
+
+def test_the_agent_reports_a_hold_once_then_on_heartbeat_and_lifts_when_the_parameter_goes(tmp_path):
+    agent, aws, slurm, now = agent_with_slurm(tmp_path)
+    aws.value = document("alice")
+    agent.holds_tick()
+    assert slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == ("", "")
+    [report] = aws.sent
+    assert report["instanceId"] == INSTANCE_ID and report["enforced"] is True
+    assert report["users"] == [{"user": "alice", "state": "held", "reason": report["users"][0]["reason"]}]
+    agent.holds_tick()
+    assert len(aws.sent) == 1  # nothing changed, heartbeat not due
+    now[0] += agent.config.heartbeat_seconds
+    agent.holds_tick()
+    assert len(aws.sent) == 2
+    aws.value = None  # the stack (or its parameter) is gone: no one is desired held
+    agent.holds_tick()
+    assert slurm.limits("alice") == ("", "") and aws.sent[-1]["users"] == []
+
+
+def test_a_document_the_stack_did_not_write_keeps_the_holds_and_says_so(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    aws.value = document("alice")
+    agent.holds_tick()
+    aws.value = document("alice").replace('"alice"', '"bob"')
+    agent.holds_tick()
+    assert slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == ("", "")
+    assert aws.sent[-1]["version"] is None and aws.sent[-1]["users"][0]["state"] == "failed"

@@ -1,0 +1,76 @@
+"""The demo's budget holds chapter: alice crosses 100 % of her limit, Slurm holds her, the operator releases her.
+
+The user spend chapter's month on a stack deployed with UserBudgetAction=hold (holds_twin.HOLD_PARAMETERS).
+The real BudgetGuard sweep decides, the holds parameter carries the decision, the controller's real
+agent sets alice's association limits (in holds_twin.FakeSlurmLimits: the real Slurm's answers are
+tests/slurm/test_holds_real_slurm.py's), alerts go to alice and the platform team, and the release
+`hpops cost release` records lifts the hold at the next sweep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import TYPE_CHECKING
+
+from hpops.main import release_user
+from hpops_twin import user_spend_demo as chapter
+from hpops_twin.holds_twin import HOLD_PARAMETERS, OPERATOR, attach, holds_world, run_holds
+from hpops_core.node_channel import user_holds
+
+if TYPE_CHECKING:
+    from hpops_twin.demo import Demo
+
+
+def run_holds_chapter(main: Demo) -> None:
+    from hpops_twin.demo import Demo
+
+    first, second = chapter.SWEEPS
+    main.say("budget holds: the same month on a stack with " + ", ".join(f"{k}={v}" for k, v in HOLD_PARAMETERS.items()))
+    with holds_world() as world:
+        demo = Demo(world, main.out)
+        demo.steps, demo.started = main.steps, main.started  # one table, one clock
+        world.wait([world.run_schedule("Sweep")])
+        month = chapter.prepare(world)
+        slurm = attach(month.controller, chapter.USERS)
+        ssm = world.aws.client("ssm")
+        parameter = user_holds.user_holds_parameter(world.cluster_name)
+        decided: list[dict] = []
+
+        def held_users() -> list[str]:
+            return json.loads(ssm.get_parameter(Name=parameter)["Parameter"]["Value"])["users"]
+
+        def sweep(when: dt.datetime) -> list[str]:
+            [result] = world.budget.run([month.start_sweep(when)])
+            decided.append(result.output["userSpend"]["holds"])
+            return []
+
+        def hold_subjects(user: str) -> list[str]:
+            return [m["Subject"] for m in month.spend.user_inbox(user)
+                    if m["MessageAttributes"]["kind"]["Value"] == "user-hold"]
+
+        demo.step(f"budget holds: budget sweep at {first:%b %d %H:%M}", lambda: sweep(first),
+                  "alice (over her limit) is held: the holds parameter names her, she gets one 'held' alert",
+                  lambda: held_users() == ["alice"] and len(hold_subjects("alice")) == 1 and not hold_subjects("bob"))
+        for row in decided[-1]["decisions"]:
+            demo.say(f"          {row['user']}: {'HOLD' if row['hold'] else 'no hold'}: {row['reason']}")
+        def poll() -> list[str]:
+            run_holds(month.controller, first + dt.timedelta(minutes=1))
+            return []
+
+        demo.step("budget holds: the controller's agent polls", poll,
+                  "alice's associations GrpJobs=0 MaxJobs=0 (her jobs pend AssocGrpJobsLimit); bob's, carol's untouched",
+                  lambda: slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == slurm.limits("carol") == ("", ""))
+
+        def release() -> list[str]:
+            release_user(world.aws.client("dynamodb"), world.resolver.physical_ids["SyncStateTable"], world.cluster_name,
+                         "alice", "grant renewed", OPERATOR, first + dt.timedelta(minutes=30))
+            sweep(second)
+            run_holds(month.controller, second + dt.timedelta(minutes=1))
+            return []
+
+        demo.step("budget holds: `hpops cost release` alice, then the next sweep and poll", release,
+                  "alice released (one 'released' alert naming who and why), her limits restored",
+                  lambda: held_users() == [] and slurm.limits("alice") == ("", "") and len(hold_subjects("alice")) == 2)
+        for subject in hold_subjects("alice"):
+            demo.say(f"          alice's inbox: {subject}")
