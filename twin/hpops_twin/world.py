@@ -71,7 +71,7 @@ NOT_PROVISIONED = {
     "AWS::SNS::Subscription",
     "AWS::SNS::TopicPolicy",
     "AWS::IAM::Policy",
-    "AWS::IAM::ManagedPolicy",  # moto does not enforce IAM; tests/unit/test_template.py checks the policies
+    "AWS::IAM::ManagedPolicy",  # moto does not enforce IAM; the twin does (iam/), from the template itself
     "AWS::KMS::Alias",
 }
 
