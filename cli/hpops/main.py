@@ -208,7 +208,15 @@ def _active_sessions(ssm: Any, group: str, login_nodes: list[dict]) -> dict:
                 owner = str(record.get("Owner") or "")
                 counts[principal_name(owner) or owner or "unknown"] += 1
     return {"available": True, "active": sum(counts.values()), "groupedBy": "IAM principal",
-            "topUsers": [{"user": user, "sessions": n} for user, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:5]]}
+            "topUsers": [{"user": user, "sessions": n} for user, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:5]],
+            "runAs": _run_as_state(ssm)}
+
+
+def _run_as_state(ssm: Any) -> str:
+    """What the account's Session Manager preferences mean for the limits (Run As off: nothing applies)."""
+    from hpops_core.session_limits.session_api import Boto3SessionDirectory
+
+    return Boto3SessionDirectory(ssm).run_as_preferences().describe()
 
 
 def _optional(section: Callable[[], dict], region: str | None) -> dict:

@@ -301,6 +301,8 @@ def status_text(document: Mapping) -> list[str]:
     else:
         top = ", ".join(f"{u['user']} {u['sessions']}" for u in sessions["topUsers"]) or "none"
         lines += ["", f"sessions: {sessions['active']} active on login nodes; by {sessions['groupedBy']}: {top}"]
+        if sessions.get("runAs"):
+            lines.append(f"  Session Manager: {sessions['runAs']}")
     spend = d["spend"]
     if not spend.get("available"):
         lines.append(f"spend: unavailable ({spend.get('reason', 'unknown')})")

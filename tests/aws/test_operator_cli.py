@@ -443,6 +443,9 @@ def test_status_counts_active_sessions_on_the_login_nodes_per_principal(deployme
 
     assert status == 0
     assert "sessions: 3 active on login nodes; by IAM principal: alice 2, bob 1" in out.splitlines()
+    # No Session Manager preferences saved: HyperPod runs every shell as root.
+    assert ("  Session Manager: Run As is off: sessions run as root, per-user limits cannot apply "
+            "(no SSM-SessionManagerRunShell document: Session Manager's defaults)") in out.splitlines()
 
 
 def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):

@@ -101,7 +101,9 @@ def test_a_sweep_over_the_limit_ends_the_newest_records_it_and_says_why(aws):
                                          "reason": "3 active > default limit 2; ending the 1 newest"}]
     assert output["scope"] == "all" and output["recorded"] == 1 and output["notified"] is True
     assert output["apiCalls"] == {"DescribeSessions": 1, "GetDocument": 1, "ListRoleTags": 2, "TerminateSession": 1}
-    assert aws.dynamodb == ["Query", "BatchWriteItem"], "the ledger is read once the plan ends something"
+    # The ledger is read once the plan ends something; PutItem records that Run As is on (no alert:
+    # it never was off).
+    assert aws.dynamodb == ["Query", "BatchWriteItem", "PutItem"], "the ledger is read once the plan ends something"
     assert ledger_kinds() == {alice[2]: ledger.ENDED}
     (message,) = aws.sns
     assert "alice" in message["Subject"] and "User alice: limit 2, 3 active session(s); ended 1" in message["Message"]

@@ -104,3 +104,34 @@ def record_sessions(
         if pending:
             raise TransientAwsError(f"dynamodb:BatchWriteItem left {len(pending.get(table, []))} item(s) unprocessed")
     return len(requests)
+
+
+RUN_AS_SK = "run-as"
+RUN_AS_OFF = "off"
+RUN_AS_ON = "on"
+
+
+def record_run_as_state(table: str, cluster: str, state: str, at: datetime) -> bool:
+    """Record whether Run As is on or off; True only when that changed (so the caller alerts once
+    per change of state, not on every run).
+
+    One conditional ``PutItem`` and no read. Never recorded counts as "on" (what the product needs),
+    so the first run that finds Run As off alerts, and a first run that finds it on does not."""
+    if state not in (RUN_AS_OFF, RUN_AS_ON):
+        raise ValueError("run-as state must be 'on' or 'off'")
+    condition = "attribute_not_exists(#state) OR #state <> :state" if state == RUN_AS_OFF else "#state = :off"
+    values = {":state": {"S": state}} if state == RUN_AS_OFF else {":off": {"S": RUN_AS_OFF}}
+    item = {
+        "pk": {"S": _pk(cluster)},
+        "sk": {"S": RUN_AS_SK},
+        "state": {"S": state},
+        "at": {"S": at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")},
+    }
+    ddb = client("dynamodb")
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            ddb.put_item(TableName=table, Item=item, ConditionExpression=condition,
+                         ExpressionAttributeNames={"#state": "state"}, ExpressionAttributeValues=values)
+    except ddb.exceptions.ConditionalCheckFailedException:
+        return False
+    return True

@@ -30,6 +30,7 @@ from .decide import decide
 from .enforce import EnforcementReport, Notification
 from .errors import SessionLimitError
 from .gather import gather
+from .identity import RUN_AS_OFF_REASON, RunAsPreferences
 from .request import SessionLimitsRequest
 from .session_api import Boto3SessionDirectory, RunAsPreferencesUnavailable, SessionListingFailed
 from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
@@ -108,7 +109,13 @@ def enforce_limits(
     report = EnforcementReport.of(snapshot, plan, outcome, dry_run=dry_run, trigger=request.trigger)
 
     written, notified, problems = _record_and_notify(config, report, recorded, now)
+    run_as_alerted = _alert_run_as_change(config, snapshot.run_as, now, problems)
     output = enforcement_output(report, request, snapshot.scope, notified=notified, recorded=written)
+    if snapshot.run_as is not None:
+        output["limitsApply"] = snapshot.run_as.enabled
+        output["runAsAlerted"] = run_as_alerted
+    if snapshot.run_as is not None and not snapshot.run_as.enabled:
+        output["note"] = RUN_AS_OFF_REASON
     log = [LogLine("info", f"{len(report.ended)} ended, {len(report.planned)} planned, "
                            f"{len(report.users_over_limit)} user(s) over limit", {"report": output})]
     skipped = [{"sessionId": u.session_id, "reason": u.reason}
@@ -161,6 +168,32 @@ def _record_and_notify(
         except (HpopsError, ClientError, BotoCoreError) as exc:
             problems.append(f"SNS notification failed: {type(exc).__name__}: {exc}")
     return written, notified, problems
+
+
+def _alert_run_as_change(config: SessionLimitsConfig, run_as: RunAsPreferences | None, now: datetime,
+                         problems: list[str]) -> bool:
+    """One alert when Run As turns off (nobody can be limited) and one when it is back on; not on
+    every run. Read only when someone could be over a limit, which is when it matters."""
+    if run_as is None:
+        return False
+    state = ledger.RUN_AS_ON if run_as.enabled else ledger.RUN_AS_OFF
+    try:
+        if not ledger.record_run_as_state(config.state_table, config.cluster_name, state, now):
+            return False
+        if run_as.enabled:
+            subject = f"HyperPod {config.cluster_name}: Session Manager Run As is on again; per-user limits apply"
+            text = f"{subject}.\nSession Manager preferences: {run_as.describe()}."
+        else:
+            subject = f"HyperPod {config.cluster_name}: Run As is off; session limits cannot apply"
+            text = (f"{RUN_AS_OFF_REASON}.\nOn HyperPod nodes a Session Manager session with Run As off connects "
+                    "as root, which is never limited, so no Session Manager shell is counted or ended until Run As "
+                    f"is turned on.\nSession Manager preferences: {run_as.describe()}.")
+        _publish(config.topic_arn, Notification(subject=subject[:100], text=text,
+                                                data={"cluster": config.cluster_name, "runAs": state}))
+        return True
+    except (HpopsError, ClientError, BotoCoreError) as exc:
+        problems.append(f"Run As alert failed: {type(exc).__name__}: {exc}")
+        return False
 
 
 def _publish(topic_arn: str, notification: Notification) -> None:
