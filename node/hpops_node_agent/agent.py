@@ -44,7 +44,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract
 
-from . import __version__, host_keys, login_limits, usage
+from . import __version__, host_keys, login_limits, ssh_sessions, usage
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, resolve
 
@@ -133,6 +133,7 @@ def report_digest(report: Dict[str, Any]) -> str:
         "ip": report.get("ip"),
         "hostIdentity": normal(report.get("hostIdentity")),
         "loginLimits": normal(report.get("loginLimits")),
+        "sessions": report.get("sessions"),  # a session opened or closed is news for the stack
     }
     return hashlib.sha256(json.dumps(essence, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -278,6 +279,7 @@ class NodeAgent:
             "host": contract.host_identity_parameter(cluster),
             "limits": contract.login_limits_parameter(cluster),
             "certificate": contract.certificate_parameter(cluster, node.instance_id),
+            "endSessions": contract.end_sessions_parameter(cluster, node.instance_id),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -293,6 +295,11 @@ class NodeAgent:
         self._log_once("limits", "login-limits", limits)
 
         report = self._report(node, host, limits)
+        end = found.get(names["endSessions"])
+        sessions, self.state["sessionsEnded"] = ssh_sessions.report_section(
+            end["Value"] if end else None, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
+        if sessions is not None:
+            report["sessions"] = sessions
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,

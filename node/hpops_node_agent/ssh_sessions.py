@@ -328,3 +328,33 @@ def end_sessions(document: object, done: Iterable[str] = (), proc: Path = Path("
     handled = set(done)
     return [end_session(handle, user, proc, grace_seconds)
             for handle, user in parse_end_sessions(document) if handle not in handled]
+
+
+def report_section(end_parameter_value: Optional[str], acted: Dict[str, Dict[str, str]], proc: Path = Path("/proc"),
+                   grace_seconds: float = 5.0) -> Tuple[Optional[Dict[str, object]], Dict[str, Dict[str, str]]]:
+    """One agent tick: end what this node's end-sessions parameter lists (each handle once), then list
+    the node's sessions. Returns the report's "sessions" section (None when /proc cannot be read)
+    and the outcomes to keep: one per handle the current instruction still lists, so the reports
+    keep saying what became of it until the stack drops it."""
+    from hpops_core.node_channel import contract
+
+    kept: Dict[str, Dict[str, str]] = {}
+    if end_parameter_value is not None:
+        import json
+
+        try:
+            document = json.loads(end_parameter_value)
+            wanted = parse_end_sessions(document)
+        except ValueError as error:
+            wanted = []
+            kept["-"] = {"handle": "", "user": "", "result": "refused", "reason": str(error)[:200]}
+        for handle, user in wanted:
+            kept[handle] = acted.get(handle) or end_session(handle, user, proc, grace_seconds).to_report()
+    kept.pop("-", None)  # a refused document is logged by the caller, not reported as a session
+    try:
+        listed = list_sessions(proc)
+    except OSError:
+        return None, kept
+    entries = [s.to_report() for s in listed[: contract.MAX_REPORTED_SESSIONS]]
+    return ({"list": entries, "omitted": max(0, len(listed) - len(entries)),
+             "ended": list(kept.values())[: contract.MAX_END_SESSIONS]}, kept)
