@@ -82,7 +82,8 @@ def test_a_sweep_under_the_limit_reads_no_ledger_and_tells_nobody(aws):
     open_sessions(fake, "alice", 2)
     result = enforce_limits(config(), SWEEP, NOW, fake)
     assert result.error is None and fake.terminated == []
-    assert aws.dynamodb == [] and aws.sns == []
+    # One Query: the login nodes' reports (their SSH sessions count too); no ledger read, no alert.
+    assert aws.dynamodb == ["Query"] and aws.sns == []
     assert result.output["plannedCount"] == 0 and result.output["notified"] is False
     assert result.output["apiCalls"] == {"DescribeSessions": 1}
 
@@ -103,7 +104,8 @@ def test_a_sweep_over_the_limit_ends_the_newest_records_it_and_says_why(aws):
     assert output["apiCalls"] == {"DescribeSessions": 1, "GetDocument": 1, "ListRoleTags": 2, "TerminateSession": 1}
     # The ledger is read once the plan ends something; PutItem records that Run As is on (no alert:
     # it never was off).
-    assert aws.dynamodb == ["Query", "BatchWriteItem", "PutItem"], "the ledger is read once the plan ends something"
+    assert aws.dynamodb == ["Query", "Query", "BatchWriteItem", "PutItem"], \
+        "node reports, then the ledger once the plan ends something"
     assert ledger_kinds() == {alice[2]: ledger.ENDED}
     (message,) = aws.sns
     assert "alice" in message["Subject"] and "User alice: limit 2, 3 active session(s); ended 1" in message["Message"]

@@ -28,6 +28,7 @@ from hpops_core.common import validation
 from hpops_core.node_channel import contract
 
 from .policy import ActiveSession, LimitPolicy, UserVerdict, decide_terminations
+from .targets import parse_target
 
 SSH_KEY_PREFIX = "ssh/"
 
@@ -99,7 +100,8 @@ def decide_cluster_wide(
         if policy.principal_exempt(session.owner) is None:
             active.append(session)
             if session.posix_user is not None and session.session_id not in done:
-                by_user[session.posix_user]["ssm"][session.target.rsplit("_", 1)[-1]] += 1
+                parsed = parse_target(session.target)
+                by_user[session.posix_user]["ssm"][parsed[2] if parsed else session.target] += 1
     for session in ssh:
         if not (validation.is_instance_id(session.instance_id) and contract.SESSION_HANDLE_RE.match(session.handle)
                 and validation.is_limited_user(session.user)):

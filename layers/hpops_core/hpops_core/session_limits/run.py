@@ -23,7 +23,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hpops_core.common.clients import THROTTLING_CODES, client, transient_errors_named
 from hpops_core.common.errors import HpopsError, TransientAwsError
 
-from . import ledger
+from . import ledger, node_sessions
+from .cluster_sessions import SSH_KEY_PREFIX
 from .apply import apply
 from .config import SessionLimitsConfig
 from .decide import decide
@@ -96,19 +97,26 @@ def enforce_limits(
     """
     dry_run = request.dry_run or config.dry_run
     owner_listing = directory.owner_scoped(request.owner) if request.mode == "event" and request.owner else None
+    # The login nodes' own lists: SSH sessions count with the shells, one limit per user cluster-wide.
+    nodes = node_sessions.reported_sessions(config.state_table, config.cluster_name, now)
+    if request.mode == "event" and owner_listing is not None and nodes.ssh:
+        owner_listing = None  # another user's SSH sessions may put them over: list every shell
     with listing_errors():
         snapshot = gather(directory, config.cluster_id, config.login_group, config.policy, config.identity,
-                          trigger_session_id=request.session_id, owner_listing=owner_listing)
-    plan = decide(snapshot, config.policy, config.identity, now)
+                          trigger_session_id=request.session_id, owner_listing=owner_listing,
+                          other_sessions=len(nodes.ssh))
+    plan = decide(snapshot, config.policy, config.identity, now, ssh_sessions=nodes.ssh)
     recorded: dict[str, str] = {}
-    if plan.to_end:
+    if plan.to_end or plan.ssh_to_end:
         recorded = ledger.recorded_sessions(config.state_table, config.cluster_name, now)
         ended_before = {sid for sid, kind in recorded.items() if kind == ledger.ENDED}
-        plan = decide(snapshot, config.policy, config.identity, now, ended_before)
+        plan = decide(snapshot, config.policy, config.identity, now, ended_before, ssh_sessions=nodes.ssh)
     outcome = apply(directory, plan, dry_run)
     report = EnforcementReport.of(snapshot, plan, outcome, dry_run=dry_run, trigger=request.trigger)
 
+    instructed, ssh_problems = _instruct_nodes(config, plan, nodes, recorded, dry_run, now)
     written, notified, problems = _record_and_notify(config, report, recorded, now)
+    problems = ssh_problems + problems
     run_as_alerted = _alert_run_as_change(config, snapshot.run_as, now, problems)
     output = enforcement_output(report, request, snapshot.scope, notified=notified, recorded=written)
     if snapshot.run_as is not None:
@@ -116,6 +124,7 @@ def enforce_limits(
         output["runAsAlerted"] = run_as_alerted
     if snapshot.run_as is not None and not snapshot.run_as.enabled:
         output["note"] = RUN_AS_OFF_REASON
+    output["ssh"] = ssh_output(plan, nodes, instructed, dry_run)
     log = [LogLine("info", f"{len(report.ended)} ended, {len(report.planned)} planned, "
                            f"{len(report.users_over_limit)} user(s) over limit", {"report": output})]
     skipped = [{"sessionId": u.session_id, "reason": u.reason}
@@ -168,6 +177,43 @@ def _record_and_notify(
         except (HpopsError, ClientError, BotoCoreError) as exc:
             problems.append(f"SNS notification failed: {type(exc).__name__}: {exc}")
     return written, notified, problems
+
+
+def _instruct_nodes(config: SessionLimitsConfig, plan: Any, nodes: node_sessions.ReportedSessions,
+                    recorded: Mapping[str, str], dry_run: bool, now: datetime) -> tuple[dict[str, int], list[str]]:
+    """Tell each node holding an SSH session to end which one (its end-sessions parameter), then
+    record the sessions so the next run neither counts nor picks them while the node's report
+    still lists them. A dry run tells no node."""
+    if dry_run or not plan.ssh_to_end:
+        return {}, []
+    earlier = [key for key, kind in recorded.items() if kind == ledger.ENDED and key.startswith(SSH_KEY_PREFIX)]
+    try:
+        instructed = node_sessions.instruct_nodes(config.cluster_name, plan.ssh_to_end, nodes.ssh, earlier)
+        ledger.record_sessions(config.state_table, config.cluster_name,
+                               [ledger.RecordedSession(f"{SSH_KEY_PREFIX}{s.instance_id}/{s.handle}", s.user)
+                                for s in plan.ssh_to_end], ledger.ENDED, now)
+    except (HpopsError, ClientError, BotoCoreError) as exc:
+        return {}, [f"telling login nodes to end SSH sessions failed: {type(exc).__name__}: {exc}"]
+    return instructed, []
+
+
+def ssh_output(plan: Any, nodes: node_sessions.ReportedSessions, instructed: Mapping[str, int],
+               dry_run: bool) -> dict[str, Any]:
+    """The SSH half of the cluster-wide limit in the task output: what the nodes reported, which
+    sessions their agents are told to end, what they said they did, and each user by path and node."""
+    return {
+        "nodesReporting": list(nodes.nodes[:OUTPUT_LIST_MAX]),
+        "staleReports": list(nodes.stale[:OUTPUT_LIST_MAX]),
+        "sessionsReported": len(nodes.ssh),
+        "omittedByNodes": nodes.omitted,
+        "toEnd": [{"node": s.instance_id, "handle": s.handle, "user": s.user, "reason": s.reason}
+                  for s in plan.ssh_to_end[:OUTPUT_LIST_MAX]],
+        "toEndCount": len(plan.ssh_to_end),
+        "nodesTold": {} if dry_run else dict(instructed),
+        "endedByNodes": [dict(outcome) for outcome in list(nodes.ended.values())[:OUTPUT_LIST_MAX]],
+        "byUser": {user: {path: dict(n) for path, n in paths.items()}
+                   for user, paths in list(plan.by_user.items())[:OUTPUT_LIST_MAX]},
+    }
 
 
 def _alert_run_as_change(config: SessionLimitsConfig, run_as: RunAsPreferences | None, now: datetime,
