@@ -23,6 +23,7 @@ from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.report_store import SK_PREFIX
 
+from . import ledger
 from .cluster_sessions import SSH_KEY_PREFIX, NodeSshSession, SshSessionToEnd, end_sessions_document, ssh_sessions_of_report
 
 # Agents report on change and at least every heartbeat (600 s by default): two heartbeats and a
@@ -47,24 +48,49 @@ def _received(value: str | None) -> datetime | None:
         return None
 
 
-def reported_sessions(table: str, cluster: str, now: datetime,
-                      max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> ReportedSessions:
-    """Every login node's reported sessions (one Query, paged)."""
+@dataclass(frozen=True)
+class ClusterState:
+    """What one Query of the cluster's partition says: the nodes' sessions, the ledger of sessions
+    already ended (ledger.py) and whether Run As was last seen off."""
+
+    nodes: ReportedSessions
+    recorded: Mapping[str, str]  # ledger: session id or SSH key -> kind
+    run_as: str | None  # ledger.RUN_AS_ON / RUN_AS_OFF, None when never recorded
+
+
+def read_cluster_state(table: str, cluster: str, now: datetime,
+                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> ClusterState:
+    """The cluster's partition of the state table in one Query (paged): node reports, ledger, Run As.
+
+    One read instead of two: every run needs the nodes' SSH sessions (they can put a user over with
+    a single new shell), and the ledger and the Run As state sit in the same partition."""
     ddb = client("dynamodb")
     kwargs = {
         "TableName": table,
-        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-        "ExpressionAttributeValues": {":pk": {"S": f"cluster#{cluster}"}, ":prefix": {"S": SK_PREFIX}},
-        "ProjectionExpression": "sk, report, receivedAt",
+        "KeyConditionExpression": "pk = :pk",
+        "ExpressionAttributeValues": {":pk": {"S": f"cluster#{cluster}"}},
+        "ProjectionExpression": "sk, report, receivedAt, #kind, #ttl, #state",
+        "ExpressionAttributeNames": {"#kind": "kind", "#ttl": "ttl", "#state": "state"},  # reserved words
         "ConsistentRead": True,
     }
     ssh: list[NodeSshSession] = []
     nodes, stale, ssm, omitted, ended = [], [], 0, 0, {}
+    recorded: dict[str, str] = {}
+    run_as = None
+    cutoff = int(now.timestamp())
     while True:
         with transient_errors_named("dynamodb:Query"):
             page = ddb.query(**kwargs)
         for item in page.get("Items", []):
-            instance = item["sk"]["S"][len(SK_PREFIX):]
+            sk = item["sk"]["S"]
+            record = ledger.session_record(item, cutoff)
+            if record is not None:
+                recorded[record[0]] = record[1]
+            if sk == ledger.RUN_AS_SK:
+                run_as = item.get("state", {}).get("S")
+            if not sk.startswith(SK_PREFIX):
+                continue
+            instance = sk[len(SK_PREFIX):]
             received = _received(item.get("receivedAt", {}).get("S"))
             report = json.loads(item.get("report", {}).get("S") or "{}")
             sessions = report.get("sessions")
@@ -82,7 +108,8 @@ def reported_sessions(table: str, cluster: str, now: datetime,
         if "LastEvaluatedKey" not in page:
             break
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-    return ReportedSessions(tuple(ssh), ssm, tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended)
+    reported = ReportedSessions(tuple(ssh), ssm, tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended)
+    return ClusterState(reported, recorded, run_as)
 
 
 def instruct_nodes(cluster: str, to_end: Iterable[SshSessionToEnd], reported: Iterable[NodeSshSession],

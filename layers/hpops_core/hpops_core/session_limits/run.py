@@ -98,26 +98,21 @@ def enforce_limits(
     dry_run = request.dry_run or config.dry_run
     owner_listing = directory.owner_scoped(request.owner) if request.mode == "event" and request.owner else None
     # The login nodes' own lists: SSH sessions count with the shells, one limit per user cluster-wide.
-    nodes = node_sessions.reported_sessions(config.state_table, config.cluster_name, now)
-    if request.mode == "event" and owner_listing is not None and nodes.ssh:
-        owner_listing = None  # another user's SSH sessions may put them over: list every shell
+    state = node_sessions.read_cluster_state(config.state_table, config.cluster_name, now)
+    nodes, recorded = state.nodes, dict(state.recorded)
     with listing_errors():
         snapshot = gather(directory, config.cluster_id, config.login_group, config.policy, config.identity,
                           trigger_session_id=request.session_id, owner_listing=owner_listing,
                           other_sessions=len(nodes.ssh))
-    plan = decide(snapshot, config.policy, config.identity, now, ssh_sessions=nodes.ssh)
-    recorded: dict[str, str] = {}
-    if plan.to_end or plan.ssh_to_end:
-        recorded = ledger.recorded_sessions(config.state_table, config.cluster_name, now)
-        ended_before = {sid for sid, kind in recorded.items() if kind == ledger.ENDED}
-        plan = decide(snapshot, config.policy, config.identity, now, ended_before, ssh_sessions=nodes.ssh)
+    ended_before = {sid for sid, kind in recorded.items() if kind == ledger.ENDED}
+    plan = decide(snapshot, config.policy, config.identity, now, ended_before, ssh_sessions=nodes.ssh)
     outcome = apply(directory, plan, dry_run)
     report = EnforcementReport.of(snapshot, plan, outcome, dry_run=dry_run, trigger=request.trigger)
 
     instructed, ssh_problems = _instruct_nodes(config, plan, nodes, recorded, dry_run, now)
     written, notified, problems = _record_and_notify(config, report, recorded, now)
     problems = ssh_problems + problems
-    run_as_alerted = _alert_run_as_change(config, snapshot.run_as, now, problems)
+    run_as_alerted = _alert_run_as_change(config, snapshot.run_as, state.run_as, now, problems)
     output = enforcement_output(report, request, snapshot.scope, notified=notified, recorded=written)
     if snapshot.run_as is not None:
         output["limitsApply"] = snapshot.run_as.enabled
@@ -216,13 +211,16 @@ def ssh_output(plan: Any, nodes: node_sessions.ReportedSessions, instructed: Map
     }
 
 
-def _alert_run_as_change(config: SessionLimitsConfig, run_as: RunAsPreferences | None, now: datetime,
-                         problems: list[str]) -> bool:
+def _alert_run_as_change(config: SessionLimitsConfig, run_as: RunAsPreferences | None, last_seen: str | None,
+                         now: datetime, problems: list[str]) -> bool:
     """One alert when Run As turns off (nobody can be limited) and one when it is back on; not on
-    every run. Read only when someone could be over a limit, which is when it matters."""
+    every run. Read only when someone could be over a limit, which is when it matters. Written only
+    when it differs from what the run read (never recorded counts as on)."""
     if run_as is None:
         return False
     state = ledger.RUN_AS_ON if run_as.enabled else ledger.RUN_AS_OFF
+    if state == (last_seen or ledger.RUN_AS_ON):
+        return False
     try:
         if not ledger.record_run_as_state(config.state_table, config.cluster_name, state, now):
             return False
