@@ -29,59 +29,18 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import subprocess
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from hpops_core.common import validation
+from hpops_core.node_channel.user_caps import KEYS, BadCaps, caps_of_document, parse_caps  # noqa: F401
 
 from . import host_keys
 
 DROPIN = "90-hpops-caps.conf"
 UNIT_DIR = Path("etc/systemd/system")
-_CPU = re.compile(r"\A[1-9][0-9]{0,5}%\Z")
-_MEMORY = re.compile(r"\A([1-9][0-9]{0,8}[KMGT]?|[1-9][0-9]?%|100%)\Z")
-_TASKS = re.compile(r"\A([1-9][0-9]{0,6}|[1-9][0-9]?%|100%)\Z")
-KEYS = {"cpuQuota": ("CPUQuota", _CPU), "memoryMax": ("MemoryMax", _MEMORY), "tasksMax": ("TasksMax", _TASKS)}
 UNCAPPED = "[Slice]\nCPUQuota=\nMemoryMax=infinity\nTasksMax=infinity\n"
 HEADER = "# Managed by hpops (HyperPod login-node autopilot): per-user caps. Do not edit.\n"
-
-
-class BadCaps(ValueError):
-    """Caps the agent will not write (named field; nothing changed)."""
-
-
-def parse_caps(document: object) -> Optional[dict]:
-    """{"default": {cpuQuota, memoryMax, tasksMax}, "overrides": {user: {...}}, "exempt": [user]} or None (off)."""
-    if document is None:
-        return None
-    if not isinstance(document, dict) or set(document) - {"default", "overrides", "exempt"}:
-        raise BadCaps("caps must be an object with default, overrides, exempt")
-
-    def one(value: object, where: str) -> Dict[str, str]:
-        if not isinstance(value, dict) or set(value) - set(KEYS):
-            raise BadCaps(f"{where} must be an object of cpuQuota, memoryMax, tasksMax")
-        checked = {}
-        for key, raw in value.items():
-            if raw is None:
-                continue
-            text = str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
-            if not isinstance(text, str) or not KEYS[key][1].match(text):
-                raise BadCaps(f"{where}.{key} is not a systemd {KEYS[key][0]} value")
-            checked[key] = text
-        return checked
-
-    overrides = document.get("overrides") or {}
-    exempt = document.get("exempt") or []
-    if not isinstance(overrides, dict) or not isinstance(exempt, list):
-        raise BadCaps("overrides must be an object and exempt a list")
-    for user in [*overrides, *exempt]:
-        if not validation.is_limited_user(user):
-            raise BadCaps("overrides and exempt must name users (never root, which is always exempt)")
-    return {"default": one(document.get("default") or {}, "default"),
-            "overrides": {user: one(value, "overrides[]") for user, value in overrides.items()},
-            "exempt": sorted(set(exempt))}
 
 
 def render(values: Dict[str, str]) -> str:

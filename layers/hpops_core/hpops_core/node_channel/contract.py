@@ -42,6 +42,9 @@ End sessions (written by the stack for one login node, read by that node's agent
   /hpops/<cluster>/node/end-sessions/<instance id>
       {"format": END_SESSIONS_FORMAT, "sessions": [{"handle": str, "user": POSIX user}]}
 
+  /hpops/<cluster>/node/user-caps          {"format": USER_CAPS_FORMAT, "caps": {...}} (node_channel/user_caps.py);
+                                              absent: caps off (the agent removes what it wrote)
+
   The agent ends a listed session only if the handle still names a session of that user on that
   node, and reports each outcome once under "ended".
 
@@ -123,6 +126,7 @@ MAX_USAGE_REPORT_BYTES = 200 * 1024
 USAGE_MAX_PARTITION_GROUPS = 100
 
 END_SESSIONS_FORMAT = "hpops.node.end-sessions.v1"
+USER_CAPS_FORMAT = "hpops.node.user-caps.v1"
 SESSION_HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
 SESSION_PATHS = ("ssh", "ssm")
 END_RESULTS = ("ended", "gone", "refused", "failed")
@@ -172,6 +176,10 @@ def check_instance_id(instance_id: object, what: str = "instance id") -> str:
     The event rule, not botocore's: safe in a parameter path, and a node whose id AWS spells
     differently (as its own event examples do) still gets its certificate."""
     return validation.check_event_instance_id(instance_id, what)
+
+
+def user_caps_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/user-caps"
 
 
 def end_sessions_parameter(cluster: str, instance_id: str) -> str:

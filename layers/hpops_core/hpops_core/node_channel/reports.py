@@ -61,6 +61,12 @@ class LoginLimitsReport:
 
 
 @dataclass(frozen=True)
+class UserCapsReport:
+    result: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SessionsReport:
     """The node's interactive sessions (contract: "sessions"); each entry already validated."""
 
@@ -82,6 +88,7 @@ class NodeReport:
     hostIdentity: HostIdentityReport | None = None
     loginLimits: LoginLimitsReport | None = None
     sessions: SessionsReport | None = None
+    userCaps: UserCapsReport | None = None
 
     def to_json(self) -> str:
         """The report as stored: fields that are None left out."""
@@ -169,6 +176,14 @@ def _sessions(data: Any, bad: list[str]) -> SessionsReport | None:
     )
 
 
+def _user_caps(data: Any, bad: list[str]) -> UserCapsReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "userCaps", tuple(UserCapsReport.__dataclass_fields__), bad)
+    return UserCapsReport(result=f.one_of("result", contract.RESULTS),
+                          reason=f.short("reason", _MAX_REASON, default="", required=False))
+
+
 def _report(detail: Any, bad: list[str]) -> NodeReport:
     f = validation.JsonFields(detail, "", tuple(NodeReport.__dataclass_fields__), bad)
     return NodeReport(
@@ -183,6 +198,7 @@ def _report(detail: Any, bad: list[str]) -> NodeReport:
         hostIdentity=_host_identity(f.data.get("hostIdentity"), bad),
         loginLimits=_login_limits(f.data.get("loginLimits"), bad),
         sessions=_sessions(f.data.get("sessions"), bad),
+        userCaps=_user_caps(f.data.get("userCaps"), bad),
     )
 
 
