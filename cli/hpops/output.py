@@ -303,6 +303,7 @@ def status_text(document: Mapping) -> list[str]:
         lines += ["", f"sessions: {sessions['active']} active on login nodes; by {sessions['groupedBy']}: {top}"]
         if sessions.get("runAs"):
             lines.append(f"  Session Manager: {sessions['runAs']}")
+    lines += login_sessions_text(d.get("loginSessions"))
     spend = d["spend"]
     if not spend.get("available"):
         lines.append(f"spend: unavailable ({spend.get('reason', 'unknown')})")
@@ -314,6 +315,22 @@ def status_text(document: Mapping) -> list[str]:
             lines.append(f"  {u['user'][:16]:<16} {_money(u['usd']):>12} USD{share}")
         if not spend["topUsers"]:
             lines.append("  (no Slurm usage this month)")
+    return lines
+
+
+def login_sessions_text(view: Mapping | None) -> list[str]:
+    """`hpops status` lines: each user's sessions as the login nodes report them, by path and node."""
+    if not view:
+        return []
+    lines = [f"sessions the login nodes report (SSH and Session Manager together, per user): {view['userCount']} user(s)"]
+    for u in view["users"]:
+        def nodes(counts: Mapping) -> str:
+            return ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) or "none"
+        limit = "exempt" if u["limit"] is None else f"limit {u['limit']}"
+        lines.append(f"  {u['user'][:16]:<16} {u['total']} of {limit}{'  OVER' if u['over'] else ''}"
+                     f"  ssh: {nodes(u['ssh'])}; ssm: {nodes(u['ssm'])}")
+    for node, caps in sorted(view["caps"].items()):
+        lines.append(f"  caps on {node}: {caps}")
     return lines
 
 

@@ -127,3 +127,29 @@ def end_sessions_document(sessions: Iterable[SshSessionToEnd]) -> dict[str, Any]
     """The end-sessions parameter's value for one node (contract.END_SESSIONS_FORMAT)."""
     return {"format": contract.END_SESSIONS_FORMAT,
             "sessions": [{"handle": s.handle, "user": s.user} for s in sessions][: contract.MAX_END_SESSIONS]}
+
+
+def sessions_by_user(reports: Mapping[str, Mapping[str, Any]], default_limit: int, overrides: Mapping[str, int],
+                     exempt: Iterable[str], top: int = 10) -> dict[str, Any]:
+    """Pure, for ``hpops status``: per user, the sessions the login nodes report by path and node
+    against the user's limit (most sessions first), and each node's per-user caps result.
+
+    ``reports``: instance id -> latest report of the Running login nodes. Session Manager shells
+    appear under the user the node runs them as (root's, Run As off, are never listed)."""
+    exempt_users = set(exempt)
+    users: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: {"ssh": defaultdict(int), "ssm": defaultdict(int)})
+    caps = {}
+    for instance, report in sorted(reports.items()):
+        for entry in (report.get("sessions") or {}).get("list", []):
+            if entry.get("path") in ("ssh", "ssm"):
+                users[entry["user"]][entry["path"]][instance] += 1
+        if report.get("userCaps"):
+            caps[instance] = f"{report['userCaps'].get('result')}: {report['userCaps'].get('reason', '')}"
+    rows = []
+    for user, paths in users.items():
+        total = sum(paths["ssh"].values()) + sum(paths["ssm"].values())
+        limit = None if user in exempt_users else overrides.get(user, default_limit)
+        rows.append({"user": user, "limit": limit, "total": total, "over": limit is not None and total > limit,
+                     "ssh": dict(paths["ssh"]), "ssm": dict(paths["ssm"])})
+    rows.sort(key=lambda r: (-r["total"], r["user"]))
+    return {"users": rows[:top], "userCount": len(rows), "caps": caps}
