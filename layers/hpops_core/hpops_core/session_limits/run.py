@@ -135,7 +135,11 @@ def enforce_limits(
         error = SessionTerminationFailed(
             f"{len(report.failed)} TerminateSession call(s) failed: " + ", ".join(f.session_id for f in report.failed[:10])
         )
-    return TaskResult(output, report.metrics(), tuple(log), error)
+    # Sessions ended by path: SessionsEnded (Session Manager, TerminateSession), SshSessionsEnded (SSH,
+    # the holding node told to end it; its agent's next report says it did).
+    metrics = report.metrics() | {"SshSessionsEnded": len(plan.ssh_to_end) if instructed else 0,
+                                  "SshSessionsReported": len(nodes.ssh)}
+    return TaskResult(output, metrics, tuple(log), error)
 
 
 def _record_and_notify(
