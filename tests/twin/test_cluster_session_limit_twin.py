@@ -60,6 +60,9 @@ def test_ssh_and_session_manager_sessions_of_one_user_count_together_and_the_nod
     assert ssh["nodesTold"] == {second: 1}
     assert world.sessions.store.terminated_by_api() == []
     assert alice_tunnel.connected, "nothing ends before the node's agent polls"
+    (alert,) = [a for a in world.sessions.alerts() if "SSH" in a["subject"]]
+    assert "told the login nodes to end 1 SSH session(s) (alice)" in alert["subject"]
+    assert f"alice on {second}, session {alice_tunnel.handle}" in alert["message"]
 
     world.agents_poll()
 
@@ -98,3 +101,7 @@ def test_a_dry_run_tells_no_node(world, logins):
 
     assert [e["handle"] for e in out["ssh"]["toEnd"]] == [opened[2].handle] and out["ssh"]["nodesTold"] == {}
     assert all(s.connected for s in opened)
+    world.wait([world.sessions.start_check({"cluster": world.cluster_name, "mode": "sweep", "dryRun": True})],
+               timeout=120)
+    alerts = [a for a in world.sessions.alerts() if "SSH" in a["subject"]]
+    assert len(alerts) == 1 and "would end 1 SSH session(s) (alice)" in alerts[0]["subject"], "once, not every sweep"

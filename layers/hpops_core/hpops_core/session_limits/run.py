@@ -24,10 +24,10 @@ from hpops_core.common.clients import THROTTLING_CODES, client, transient_errors
 from hpops_core.common.errors import HpopsError, TransientAwsError
 
 from . import ledger, node_sessions
-from .cluster_sessions import SSH_KEY_PREFIX
 from .apply import apply
+from .cluster_sessions import SSH_KEY_PREFIX, SshSessionToEnd
 from .config import SessionLimitsConfig
-from .decide import decide
+from .decide import TerminationPlan, decide
 from .enforce import EnforcementReport, Notification
 from .errors import SessionLimitError
 from .gather import gather
@@ -91,9 +91,9 @@ def enforce_limits(
     """One check of the login nodes' sessions, end to end: what ended and why, as a TaskResult.
 
     An event is checked against the starting principal's own sessions first (one call however big
-    the account). The plan is made without the ledger first: only when it would end something is
-    the ledger read (one Query) and the plan made again without the sessions already ended.
-    Raises only before anything was ended (listing, preferences, ledger read).
+    the account). One Query reads the cluster's state first: the login nodes' reported SSH
+    sessions (counted with the shells), the ledger of sessions already ended, the Run As state.
+    Raises only before anything was ended (state read, listing, preferences).
     """
     dry_run = request.dry_run or config.dry_run
     owner_listing = directory.owner_scoped(request.owner) if request.mode == "event" and request.owner else None
@@ -178,25 +178,49 @@ def _record_and_notify(
     return written, notified, problems
 
 
-def _instruct_nodes(config: SessionLimitsConfig, plan: Any, nodes: node_sessions.ReportedSessions,
+def _ssh_key(session: SshSessionToEnd) -> str:
+    return f"{SSH_KEY_PREFIX}{session.instance_id}/{session.handle}"
+
+
+def _instruct_nodes(config: SessionLimitsConfig, plan: TerminationPlan, nodes: node_sessions.ReportedSessions,
                     recorded: Mapping[str, str], dry_run: bool, now: datetime) -> tuple[dict[str, int], list[str]]:
-    """Tell each node holding an SSH session to end which one (its end-sessions parameter), then
-    record the sessions so the next run neither counts nor picks them while the node's report
-    still lists them. A dry run tells no node."""
-    if dry_run or not plan.ssh_to_end:
+    """Tell each node holding an SSH session to end which one (its end-sessions parameter), record
+    the sessions so the next run neither counts nor picks them while the node's report still lists
+    them, and tell the AlertTopic. A dry run tells no node, and reports each session once."""
+    if not plan.ssh_to_end:
         return {}, []
-    earlier = [key for key, kind in recorded.items() if kind == ledger.ENDED and key.startswith(SSH_KEY_PREFIX)]
+    new = [s for s in plan.ssh_to_end if _ssh_key(s) not in recorded]
+    instructed: dict[str, int] = {}
     try:
-        instructed = node_sessions.instruct_nodes(config.cluster_name, plan.ssh_to_end, nodes.ssh, earlier)
-        ledger.record_sessions(config.state_table, config.cluster_name,
-                               [ledger.RecordedSession(f"{SSH_KEY_PREFIX}{s.instance_id}/{s.handle}", s.user)
-                                for s in plan.ssh_to_end], ledger.ENDED, now)
+        if dry_run:
+            ledger.record_sessions(config.state_table, config.cluster_name,
+                                   [ledger.RecordedSession(_ssh_key(s), s.user) for s in new], ledger.DRY_RUN_REPORTED, now)
+        else:
+            earlier = [k for k, kind in recorded.items() if kind == ledger.ENDED and k.startswith(SSH_KEY_PREFIX)]
+            instructed = node_sessions.instruct_nodes(config.cluster_name, plan.ssh_to_end, nodes.ssh, earlier)
+            ledger.record_sessions(config.state_table, config.cluster_name,
+                                   [ledger.RecordedSession(_ssh_key(s), s.user) for s in plan.ssh_to_end], ledger.ENDED, now)
     except (HpopsError, ClientError, BotoCoreError) as exc:
         return {}, [f"telling login nodes to end SSH sessions failed: {type(exc).__name__}: {exc}"]
+    told = new if dry_run else list(plan.ssh_to_end)
+    if not told:
+        return instructed, []
+    verb = "would end" if dry_run else "told the login nodes to end"
+    users = ", ".join(sorted({s.user for s in told}))
+    lines = [f"Login-node session limit on HyperPod cluster {config.cluster_name}: {verb} {len(told)} SSH "
+             "session(s) over the cluster-wide limit (SSH and Session Manager on all login nodes together)."]
+    lines += [f"  - {s.user} on {s.instance_id}, session {s.handle}: {s.reason}" for s in told[:OUTPUT_LIST_MAX]]
+    try:
+        _publish(config.topic_arn, Notification(
+            subject=f"HyperPod {config.cluster_name}: {verb} {len(told)} SSH session(s) ({users})"[:100],
+            text="\n".join(lines), data={"ssh": [{"node": s.instance_id, "handle": s.handle, "user": s.user}
+                                                 for s in told[:OUTPUT_LIST_MAX]], "dryRun": dry_run}))
+    except (HpopsError, ClientError, BotoCoreError) as exc:
+        return instructed, [f"SNS notification of SSH sessions failed: {type(exc).__name__}: {exc}"]
     return instructed, []
 
 
-def ssh_output(plan: Any, nodes: node_sessions.ReportedSessions, instructed: Mapping[str, int],
+def ssh_output(plan: TerminationPlan, nodes: node_sessions.ReportedSessions, instructed: Mapping[str, int],
                dry_run: bool) -> dict[str, Any]:
     """The SSH half of the cluster-wide limit in the task output: what the nodes reported, which
     sessions their agents are told to end, what they said they did, and each user by path and node."""
