@@ -349,7 +349,10 @@ def report_section(end_parameter_value: Optional[str], acted: Dict[str, Dict[str
             wanted = []
             kept["-"] = {"handle": "", "user": "", "result": "refused", "reason": str(error)[:200]}
         for handle, user in wanted:
-            kept[handle] = acted.get(handle) or end_session(handle, user, proc, grace_seconds).to_report()
+            earlier = acted.get(handle)
+            # Once per handle, except after "failed" (the monitor outlived SIGTERM): that is tried again.
+            kept[handle] = (earlier if earlier and earlier.get("result") != "failed"
+                            else end_session(handle, user, proc, grace_seconds).to_report())
     kept.pop("-", None)  # a refused document is logged by the caller, not reported as a session
     try:
         listed = list_sessions(proc)
