@@ -331,6 +331,9 @@ def login_sessions_text(view: Mapping | None) -> list[str]:
                      f"  ssh: {nodes(u['ssh'])}; ssm: {nodes(u['ssm'])}")
     for node, caps in sorted(view["caps"].items()):
         lines.append(f"  caps on {node}: {caps}")
+    for user, nodes in view.get("atCap", {}).items():
+        where = "; ".join(f"{node}: {', '.join(caps)}" for node, caps in sorted(nodes.items()))
+        lines.append(f"  at a cap: {user} ({where})")
     return lines
 
 

@@ -533,7 +533,12 @@ class NodeAgent:
             return {"result": "failed", "reason": short("cannot apply caps: {}".format(error))}
         if caps is None and outcome["result"] == "unchanged":
             return None
-        return {"result": outcome["result"], "reason": short(str(outcome["reason"]))}
+        section = {"result": outcome["result"], "reason": short(str(outcome["reason"]))}
+        if caps is not None:
+            # Who reached a cap since the last poll (their slice's counters rose): shown by `hpops status`.
+            section["atCap"], self.state["capCounters"] = user_caps.users_at_cap(
+                Path(self.config.under_root("/sys/fs/cgroup")), self.state.get("capCounters") or {})
+        return section
 
     # ------------------------------------------------------------------ report
 

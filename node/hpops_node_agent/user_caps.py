@@ -33,6 +33,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from hpops_core.common import validation
 from hpops_core.node_channel.user_caps import KEYS, BadCaps, caps_of_document, parse_caps  # noqa: F401
 
 from . import host_keys
@@ -130,3 +131,57 @@ def _describe(caps: Optional[dict], skipped: List[str]) -> str:
     default = ", ".join(f"{KEYS[k][0]}={v}" for k, v in caps["default"].items()) or "none"
     text = f"per-user caps {default}; {len(caps['overrides'])} override(s), {len(caps['exempt'])} exempt"
     return text + (f"; {len(skipped)} user(s) without an account here" if skipped else "")
+
+
+# What says a user hit a cap since the last look (cgroup v2, Documentation/admin-guide/cgroup-v2.rst):
+# memory.events "max" (usage hit MemoryMax) and "oom_kill", pids.events "max" (a fork refused at
+# TasksMax), cpu.stat "nr_throttled" (held back by CPUQuota). Counters only grow, so a rise is news.
+CAP_COUNTERS = (("memory", "memory.events", ("max", "oom_kill")), ("tasks", "pids.events", ("max",)),
+                ("cpu", "cpu.stat", ("nr_throttled",)))
+MAX_AT_CAP = 50
+
+
+def _counters(text: str, keys: Tuple[str, ...]) -> int:
+    total = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in keys and parts[1].isdigit():
+            total += int(parts[1])
+    return total
+
+
+def users_at_cap(cgroup_root: Path, seen: Dict[str, Dict[str, int]],
+                 user_of: Optional[Callable[[int], Optional[str]]] = None
+                 ) -> Tuple[List[Dict[str, object]], Dict[str, Dict[str, int]]]:
+    """Users whose slice hit a cap since ``seen`` (the previous tick's counters): [{"user", "caps"}],
+    and the counters to keep. A user seen for the first time is compared with zero only if the
+    caller had counters before (the first look after start says nothing)."""
+    user_of = user_of or _name
+    now: Dict[str, Dict[str, int]] = {}
+    at_cap: List[Dict[str, object]] = []
+    for slice_dir in sorted((cgroup_root / "user.slice").glob("user-*.slice")):
+        uid_text = slice_dir.name[len("user-"):-len(".slice")]
+        user = user_of(int(uid_text)) if uid_text.isdigit() and uid_text != "0" else None
+        if user is None or not validation.is_limited_user(user):
+            continue
+        counters = {}
+        for cap, filename, keys in CAP_COUNTERS:
+            try:
+                counters[cap] = _counters((slice_dir / filename).read_text(), keys)
+            except OSError:
+                continue
+        now[user] = counters
+        before = seen.get(user, {} if seen else None)
+        if before is None:
+            continue
+        hit = sorted(cap for cap, value in counters.items() if value > before.get(cap, 0))
+        if hit and len(at_cap) < MAX_AT_CAP:
+            at_cap.append({"user": user, "caps": hit})
+    return at_cap, now
+
+
+def _name(uid: int) -> Optional[str]:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None

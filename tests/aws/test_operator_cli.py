@@ -460,18 +460,20 @@ def test_status_shows_each_users_sessions_by_path_and_node_against_the_limit(dep
 
     _report(first_id, first_ip, "unchanged", "v1", sessions={"list": [entry(100, "alice"), entry(101, "bob"),
                                                                       entry(102, "alice", "ssm")]},
-            userCaps={"result": "unchanged", "reason": "per-user caps MemoryMax=8G; 0 override(s), 0 exempt"})
+            userCaps={"result": "unchanged", "reason": "per-user caps MemoryMax=8G; 0 override(s), 0 exempt",
+                      "atCap": [{"user": "alice", "caps": ["memory"]}]})
     _report(second_id, second_ip, "unchanged", "v1", sessions={"list": [entry(200, "alice")]})
 
     status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
 
     assert status == 0
-    assert _section(out, "sessions the login nodes report")[:4] == [
+    assert _section(out, "sessions the login nodes report")[:5] == [
         "sessions the login nodes report (SSH and Session Manager together, per user): 2 user(s)",
         f"  alice            3 of limit 2  OVER  ssh: {', '.join(f'{n} 1' for n in sorted((first_id, second_id)))}; "
         f"ssm: {first_id} 1",
         f"  bob              1 of limit 2  ssh: {first_id} 1; ssm: none",
-        f"  caps on {first_id}: unchanged: per-user caps MemoryMax=8G; 0 override(s), 0 exempt"]
+        f"  caps on {first_id}: unchanged: per-user caps MemoryMax=8G; 0 override(s), 0 exempt",
+        f"  at a cap: alice ({first_id}: memory)"]
 
 
 def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):

@@ -102,3 +102,31 @@ def test_dropping_an_override_removes_that_users_file(tmp_path):
 def test_bad_caps_are_refused_before_anything_is_written(tmp_path, caps):
     with pytest.raises(user_caps.BadCaps):
         user_caps.parse_caps(caps)
+
+
+def write_slice(root: Path, uid: int, memory_max: int = 0, oom: int = 0, pids_max: int = 0, throttled: int = 0) -> None:
+    """A user slice's counters as cgroup v2 writes them (cgroup-v2.rst: memory.events, pids.events, cpu.stat)."""
+    slice_dir = root / "user.slice" / f"user-{uid}.slice"
+    slice_dir.mkdir(parents=True, exist_ok=True)
+    (slice_dir / "memory.events").write_text(f"low 0\nhigh 0\nmax {memory_max}\noom 0\noom_kill {oom}\n")
+    (slice_dir / "pids.events").write_text(f"max {pids_max}\n")
+    (slice_dir / "cpu.stat").write_text(f"usage_usec 100\nuser_usec 50\nsystem_usec 50\nnr_periods 10\n"
+                                        f"nr_throttled {throttled}\nthrottled_usec 0\n")
+
+
+def test_who_reached_a_cap_since_the_last_poll_from_the_slices_counters(tmp_path):
+    names = {2001: "alice", 2002: "bob", 0: "root"}.get
+    write_slice(tmp_path, 2001, memory_max=3)
+    write_slice(tmp_path, 2002, throttled=7)
+    write_slice(tmp_path, 0, oom=9)
+
+    first, seen = user_caps.users_at_cap(tmp_path, {}, names)
+    assert first == [], "the first look after start has nothing to compare with"
+
+    write_slice(tmp_path, 2001, memory_max=3, oom=1, pids_max=2)  # alice: OOM-killed and a fork refused
+    write_slice(tmp_path, 2002, throttled=7)  # bob: no change
+    write_slice(tmp_path, 0, oom=10)  # root is never reported
+    at_cap, seen = user_caps.users_at_cap(tmp_path, seen, names)
+
+    assert at_cap == [{"user": "alice", "caps": ["memory", "tasks"]}]
+    assert user_caps.users_at_cap(tmp_path, seen, names)[0] == [], "no new hits, nobody at a cap"

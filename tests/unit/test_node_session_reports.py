@@ -91,3 +91,16 @@ def test_sessions_that_skipped_validation_are_still_never_ended():
     forged_node = NodeSshSession("not-an-instance", "5eed0b07:2:20", "alice", datetime(2026, 11, 23, tzinfo=timezone.utc))
     decision = decide_cluster_wide([hostile, forged_node], [], LimitPolicy(default_max=1))
     assert decision.ssh_to_end == () and decision.by_user == {}
+
+
+@pytest.mark.parametrize("at_cap", [
+    [{"user": "root", "caps": ["memory"]}],
+    [{"user": "alice", "caps": ["gpu"]}],
+    [{"user": "alice", "caps": []}],
+    [{"user": f"user{n}", "caps": ["cpu"]} for n in range(51)],
+])
+def test_forged_at_cap_lists_are_refused_by_name(at_cap):
+    detail = event({"list": []})
+    detail["detail"]["userCaps"] = {"result": "unchanged", "reason": "", "atCap": at_cap}
+    with pytest.raises(MalformedNodeReport, match="userCaps.atCap"):
+        parse_report_event(detail)

@@ -64,6 +64,7 @@ class LoginLimitsReport:
 class UserCapsReport:
     result: str
     reason: str = ""
+    atCap: tuple | None = None  # [{"user", "caps": ["cpu"|"memory"|"tasks"]}]: who reached a cap since the last poll
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ def _login_limits(data: Any, bad: list[str]) -> LoginLimitsReport | None:
     )
 
 
+_MAX_AT_CAP = 50
+_CAPS = ("cpu", "memory", "tasks")
 _STARTED_AT = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
 _SSM_SESSION_ID = re.compile(r"\A[A-Za-z0-9._@+=-]{1,96}\Z")
 
@@ -180,8 +183,16 @@ def _user_caps(data: Any, bad: list[str]) -> UserCapsReport | None:
     if data is None:
         return None
     f = validation.JsonFields(data, "userCaps", tuple(UserCapsReport.__dataclass_fields__), bad)
+
+    def at_cap(value: Any) -> bool:
+        return isinstance(value, list) and len(value) <= _MAX_AT_CAP and all(
+            isinstance(e, dict) and set(e) == {"user", "caps"} and validation.is_limited_user(e["user"])
+            and isinstance(e["caps"], list) and 0 < len(e["caps"]) <= 3 and all(c in _CAPS for c in e["caps"])
+            for e in value)
+
     return UserCapsReport(result=f.one_of("result", contract.RESULTS),
-                          reason=f.short("reason", _MAX_REASON, default="", required=False))
+                          reason=f.short("reason", _MAX_REASON, default="", required=False),
+                          atCap=tuple(f.get("atCap", at_cap, default=[], required=False)) or None)
 
 
 def _report(detail: Any, bad: list[str]) -> NodeReport:

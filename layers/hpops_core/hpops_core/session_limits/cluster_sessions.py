@@ -132,19 +132,23 @@ def end_sessions_document(sessions: Iterable[SshSessionToEnd]) -> dict[str, Any]
 def sessions_by_user(reports: Mapping[str, Mapping[str, Any]], default_limit: int, overrides: Mapping[str, int],
                      exempt: Iterable[str], top: int = 10) -> dict[str, Any]:
     """Pure, for ``hpops status``: per user, the sessions the login nodes report by path and node
-    against the user's limit (most sessions first), and each node's per-user caps result.
+    against the user's limit (most sessions first), each node's per-user caps result, and who reached
+    a cap since their node's previous poll (user -> node -> caps).
 
     ``reports``: instance id -> latest report of the Running login nodes. Session Manager shells
     appear under the user the node runs them as (root's, Run As off, are never listed)."""
     exempt_users = set(exempt)
     users: dict[str, dict[str, dict[str, int]]] = defaultdict(lambda: {"ssh": defaultdict(int), "ssm": defaultdict(int)})
     caps = {}
+    at_cap: dict[str, dict[str, list[str]]] = defaultdict(dict)
     for instance, report in sorted(reports.items()):
         for entry in (report.get("sessions") or {}).get("list", []):
             if entry.get("path") in ("ssh", "ssm"):
                 users[entry["user"]][entry["path"]][instance] += 1
         if report.get("userCaps"):
             caps[instance] = f"{report['userCaps'].get('result')}: {report['userCaps'].get('reason', '')}"
+            for hit in report["userCaps"].get("atCap") or []:
+                at_cap[hit["user"]][instance] = list(hit["caps"])
     rows = []
     for user, paths in users.items():
         total = sum(paths["ssh"].values()) + sum(paths["ssm"].values())
@@ -152,4 +156,5 @@ def sessions_by_user(reports: Mapping[str, Mapping[str, Any]], default_limit: in
         rows.append({"user": user, "limit": limit, "total": total, "over": limit is not None and total > limit,
                      "ssh": dict(paths["ssh"]), "ssm": dict(paths["ssm"])})
     rows.sort(key=lambda r: (-r["total"], r["user"]))
-    return {"users": rows[:top], "userCount": len(rows), "caps": caps}
+    return {"users": rows[:top], "userCount": len(rows), "caps": caps,
+            "atCap": {user: dict(nodes) for user, nodes in sorted(at_cap.items())}}
