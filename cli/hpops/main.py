@@ -138,17 +138,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     cluster, group = parameters["ClusterName"], parameters.get("LoginGroupName", "login")
     login_nodes = _running_login_nodes(session.client("sagemaker"), cluster, group)
     dynamodb, sfn = session.client("dynamodb"), session.client("stepfunctions")
+    reports = _node_reports(dynamodb, table, cluster)
     document = status_document(
         stack=args.stack_name, region=session.region_name, cluster=cluster, login_group=group, now=now,
         targets=_target_health(session.client("elbv2"), target_group), login_nodes=login_nodes,
-        reports=_node_reports(dynamodb, table, cluster), published=read_expected(dynamodb, table, cluster),
+        reports=reports, published=read_expected(dynamodb, table, cluster),
         executions={name: _last_execution(sfn, arn) if arn else "absent" for name, arn in machines.items()},
         alarms=_stack_alarms(session, args.stack_name), dashboard=outputs.get("DashboardName"),
         sessions=_optional(lambda: _active_sessions(session.client("ssm"), group, login_nodes), session.region_name),
         spend=_optional(lambda: top_spenders(_spend_document(session, args.stack_name, now)), session.region_name),
     )
+    running_reports = {n["instanceId"]: reports[n["instanceId"]] for n in login_nodes if reports.get(n["instanceId"])}
+    document["loginSessions"] = _login_sessions(parameters, running_reports)
     print_status(document, as_json=args.json)
     return document["exitStatus"]
+
+
+def _login_sessions(parameters: Mapping[str, str], reports: Mapping[str, Mapping]) -> dict:
+    """Per user, SSH and Session Manager sessions the Running login nodes report, against the limit."""
+    from hpops_core.session_limits.cluster_sessions import sessions_by_user
+
+    overrides = json.loads(parameters.get("SessionLimitOverrides") or "{}")
+    exempt = [u.strip() for u in (parameters.get("SessionExemptUsers") or "").split(",") if u.strip()]
+    return sessions_by_user(reports, int(parameters.get("MaxSessionsPerUser") or 2), overrides, exempt)
 
 
 def _target_health(elbv2: Any, target_group_arn: str) -> list[dict]:
@@ -212,7 +224,15 @@ def _active_sessions(ssm: Any, group: str, login_nodes: list[dict]) -> dict:
                 owner = str(record.get("Owner") or "")
                 counts[principal_name(owner) or owner or "unknown"] += 1
     return {"available": True, "active": sum(counts.values()), "groupedBy": "IAM principal",
-            "topUsers": [{"user": user, "sessions": n} for user, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:5]]}
+            "topUsers": [{"user": user, "sessions": n} for user, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:5]],
+            "runAs": _run_as_state(ssm)}
+
+
+def _run_as_state(ssm: Any) -> str:
+    """What the account's Session Manager preferences mean for the limits (Run As off: nothing applies)."""
+    from hpops_core.session_limits.session_api import Boto3SessionDirectory
+
+    return Boto3SessionDirectory(ssm).run_as_preferences().describe()
 
 
 def _optional(section: Callable[[], dict], region: str | None) -> dict:

@@ -329,6 +329,9 @@ def status_text(document: Mapping) -> list[str]:
     else:
         top = ", ".join(f"{u['user']} {u['sessions']}" for u in sessions["topUsers"]) or "none"
         lines += ["", f"sessions: {sessions['active']} active on login nodes; by {sessions['groupedBy']}: {top}"]
+        if sessions.get("runAs"):
+            lines.append(f"  Session Manager: {sessions['runAs']}")
+    lines += login_sessions_text(d.get("loginSessions"))
     spend = d["spend"]
     if not spend.get("available"):
         lines.append(f"spend: unavailable ({spend.get('reason', 'unknown')})")
@@ -341,6 +344,25 @@ def status_text(document: Mapping) -> list[str]:
         if not spend["topUsers"]:
             lines.append("  (no Slurm usage this month)")
         lines += hold_lines(spend.get("holds"))
+    return lines
+
+
+def login_sessions_text(view: Mapping | None) -> list[str]:
+    """`hpops status` lines: each user's sessions as the login nodes report them, by path and node."""
+    if not view:
+        return []
+    lines = [f"sessions the login nodes report (SSH and Session Manager together, per user): {view['userCount']} user(s)"]
+    for u in view["users"]:
+        def nodes(counts: Mapping) -> str:
+            return ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) or "none"
+        limit = "exempt" if u["limit"] is None else f"limit {u['limit']}"
+        lines.append(f"  {u['user'][:16]:<16} {u['total']} of {limit}{'  OVER' if u['over'] else ''}"
+                     f"  ssh: {nodes(u['ssh'])}; ssm: {nodes(u['ssm'])}")
+    for node, caps in sorted(view["caps"].items()):
+        lines.append(f"  caps on {node}: {caps}")
+    for user, nodes in view.get("atCap", {}).items():
+        where = "; ".join(f"{node}: {', '.join(caps)}" for node, caps in sorted(nodes.items()))
+        lines.append(f"  at a cap: {user} ({where})")
     return lines
 
 

@@ -33,6 +33,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -46,7 +47,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, user_holds
 
-from . import __version__, host_keys, login_limits, slurm_holds, usage
+from . import __version__, host_keys, login_limits, slurm_holds, ssh_sessions, usage, user_caps
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 
@@ -135,6 +136,9 @@ def report_digest(report: Dict[str, Any]) -> str:
         "ip": report.get("ip"),
         "hostIdentity": normal(report.get("hostIdentity")),
         "loginLimits": normal(report.get("loginLimits")),
+        "sessions": report.get("sessions"),  # a session opened or closed is news for the stack
+        # The reason says which caps are applied: a change of caps is news even when both are "changed".
+        "userCaps": dict(normal(report.get("userCaps")) or {}, reason=(report.get("userCaps") or {}).get("reason")),
     }
     return hashlib.sha256(json.dumps(essence, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -289,6 +293,8 @@ class NodeAgent:
             "host": contract.host_identity_parameter(cluster),
             "limits": contract.login_limits_parameter(cluster),
             "certificate": contract.certificate_parameter(cluster, node.instance_id),
+            "endSessions": contract.end_sessions_parameter(cluster, node.instance_id),
+            "userCaps": contract.user_caps_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -304,6 +310,15 @@ class NodeAgent:
         self._log_once("limits", "login-limits", limits)
 
         report = self._report(node, host, limits)
+        end = found.get(names["endSessions"])
+        sessions, self.state["sessionsEnded"] = ssh_sessions.report_section(
+            end["Value"] if end else None, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
+        if sessions is not None:
+            report["sessions"] = sessions
+        caps = self._user_caps(found.get(names["userCaps"]))
+        if caps is not None:
+            report["userCaps"] = caps
+            self._log_once("caps", "user-caps", caps)
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -514,6 +529,27 @@ class NodeAgent:
         return {"version": version, "result": result,
                 "reason": short("maxlogins default {}, {} override(s), {} exempt".format(
                     limits["default"], len(limits["overrides"]), len(limits["exempt"])))}
+
+    def _user_caps(self, parameter: Optional[dict]) -> Optional[Dict[str, Any]]:
+        """Per-user CPU/memory/task caps (user_caps.py); None while caps were never on here."""
+        try:
+            caps = user_caps.caps_of_document(json.loads(parameter["Value"])) if parameter else None
+        except (ValueError, TypeError) as error:  # BadCaps is a ValueError: nothing written
+            return {"result": "failed", "reason": short("caps refused: {}".format(error))}
+        # systemd reads the drop-ins at daemon-reload; on a test root there is no systemd to tell.
+        reload_cmd = ["systemctl", "daemon-reload"] if self.config.root == "/" else None
+        try:
+            outcome = user_caps.apply(Path(self.config.root), caps, reload_cmd=reload_cmd)
+        except (OSError, subprocess.SubprocessError) as error:
+            return {"result": "failed", "reason": short("cannot apply caps: {}".format(error))}
+        if caps is None and outcome["result"] == "unchanged":
+            return None
+        section = {"result": outcome["result"], "reason": short(str(outcome["reason"]))}
+        if caps is not None:
+            # Who reached a cap since the last poll (their slice's counters rose): shown by `hpops status`.
+            section["atCap"], self.state["capCounters"] = user_caps.users_at_cap(
+                Path(self.config.under_root("/sys/fs/cgroup")), self.state.get("capCounters") or {})
+        return section
 
     # ------------------------------------------------------------------ report
 

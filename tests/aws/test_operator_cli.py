@@ -255,11 +255,12 @@ def _register(ips: list[str]) -> None:
                                            Targets=[{"Id": ip, "Port": 22} for ip in ips])
 
 
-def _report(instance_id: str, ip: str, result: str, version: str, reason: str = "", minutes_ago: int = 2) -> None:
+def _report(instance_id: str, ip: str, result: str, version: str, reason: str = "", minutes_ago: int = 2,
+            **sections: dict) -> None:
     """What RecordNodeReport stores for a report the agent sent ``minutes_ago`` before NOW."""
     detail = {"format": contract.REPORT_FORMAT, "cluster": CLUSTER, "instanceId": instance_id, "ip": ip,
               "role": "login", "agentVersion": "1.4.0", "reportedAt": "2026-11-20T11:58:00Z", "trigger": "change",
-              "hostIdentity": {"mode": "keys", "result": result, "version": version, "reason": reason}}
+              "hostIdentity": {"mode": "keys", "result": result, "version": version, "reason": reason}, **sections}
     report = parse_report_event({"source": contract.REPORT_SOURCE, "detail-type": contract.REPORT_DETAIL_TYPE,
                                  "detail": detail})
     received = (NOW - timedelta(minutes=minutes_ago)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
@@ -443,6 +444,36 @@ def test_status_counts_active_sessions_on_the_login_nodes_per_principal(deployme
 
     assert status == 0
     assert "sessions: 3 active on login nodes; by IAM principal: alice 2, bob 1" in out.splitlines()
+    # No Session Manager preferences saved: HyperPod runs every shell as root.
+    assert ("  Session Manager: Run As is off: sessions run as root, per-user limits cannot apply "
+            "(no SSM-SessionManagerRunShell document: Session Manager's defaults)") in out.splitlines()
+
+
+def test_status_shows_each_users_sessions_by_path_and_node_against_the_limit(deployment, capsys):
+    (first_id, first_ip), (second_id, second_ip) = _running_login(deployment)
+    _register([first_ip, second_ip])
+
+    def entry(pid, user, path="ssh"):
+        extra = {"sessionId": f"{user}-0a1b2c3d4e5f6a7b8"} if path == "ssm" else {}
+        return {"handle": f"5eed0b07:{pid}:{pid * 10}", "user": user, "path": path, "tty": path == "ssm",
+                "startedAt": "2026-11-20T11:00:00Z", **extra}
+
+    _report(first_id, first_ip, "unchanged", "v1", sessions={"list": [entry(100, "alice"), entry(101, "bob"),
+                                                                      entry(102, "alice", "ssm")]},
+            userCaps={"result": "unchanged", "reason": "per-user caps MemoryMax=8G; 0 override(s), 0 exempt",
+                      "atCap": [{"user": "alice", "caps": ["memory"]}]})
+    _report(second_id, second_ip, "unchanged", "v1", sessions={"list": [entry(200, "alice")]})
+
+    status, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+
+    assert status == 0
+    assert _section(out, "sessions the login nodes report")[:5] == [
+        "sessions the login nodes report (SSH and Session Manager together, per user): 2 user(s)",
+        f"  alice            3 of limit 2  OVER  ssh: {', '.join(f'{n} 1' for n in sorted((first_id, second_id)))}; "
+        f"ssm: {first_id} 1",
+        f"  bob              1 of limit 2  ssh: {first_id} 1; ssm: none",
+        f"  caps on {first_id}: unchanged: per-user caps MemoryMax=8G; 0 override(s), 0 exempt",
+        f"  at a cap: alice ({first_id}: memory)"]
 
 
 def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):

@@ -77,7 +77,7 @@ def test_sweep_publishes_and_every_running_login_nodes_agent_applies_the_limits(
     assert not any(world.hosts.limits_file(w).exists() for w in workers), "only login nodes run the agent"
 
 
-def test_unchanged_limits_cost_one_read_and_no_write(world):
+def test_unchanged_limits_cost_a_read_each_and_no_write(world):
     sweep(world)
     world.agents_poll()
     world.counter.reset()
@@ -85,7 +85,8 @@ def test_unchanged_limits_cost_one_read_and_no_write(world):
     report = sweep(world)
     assert report["appliedCount"] == 3
     calls = world.counter.calls_of({"PublishLoginLimitsFunction"})
-    assert calls["ssm.GetParameter"] == 1 and calls["ssm.PutParameter"] == 0
+    # One read for the limits, one for the per-user caps (off here: nothing to delete either).
+    assert calls["ssm.GetParameter"] == 2 and calls["ssm.PutParameter"] == 0
     world.agents_poll()
     assert world.hosts.agent_calls["eventbridge.PutEvents"] == 0, "the agents had nothing new to report"
 

@@ -238,19 +238,34 @@ def test_dry_run_deployment_terminates_nothing_and_reports_once(make_world):
 # ---------------------------------------------------------------------- run as, as Session Manager applies it
 
 
-def test_with_run_as_off_every_shell_is_ssm_user_and_counts_as_one_user(make_world):
-    """No preferences document (never configured): Session Manager runs every shell as ssm-user,
-    whatever the principals' SSMSessionRunAs tags say, so alice's and bob's shells are one user's."""
+def test_with_run_as_off_on_hyperpod_every_shell_is_root_nothing_ends_and_one_alert_says_why(make_world):
+    """No preferences document (never configured): on a HyperPod node Session Manager connects as
+    root, whatever the principals' SSMSessionRunAs tags say. Root is never limited: nothing ends,
+    the output says why, and the operator is told once, not on every run; again when it turns on."""
     world = make_world(preferences=None)
     sessions = world.sessions
-    sessions.add_sessions("alice", 2)
-    late = sessions.add_sessions("bob", 1)[0]
-    result = succeeded(check(world, [sessions.sweep()]))[0]
-    assert sessions.store.terminated_by_api() == [late.session_id], "bob's shell is ssm-user's third"
-    assert [u["user"] for u in report(result)["usersOverLimit"]] == ["ssm-user"]
-    assert "Run As is off" in report(result)["runAs"]
-    alert = sessions.alerts()[0]
-    assert "User ssm-user: limit 2, 3 active" in alert["message"] and "Run As is off" in alert["message"]
+    opened = sessions.add_sessions("alice", 3) + sessions.add_sessions("bob", 1)
+    first, second = (succeeded(check(world, [sessions.sweep()]))[0] for _ in range(2))
+
+    assert sessions.store.terminated_by_api() == []
+    assert all(sessions.store.status(s.session_id) == "Connected" for s in opened)
+    for result in (first, second):
+        out = report(result)
+        assert out["usersOverLimit"] == [] and out["endedCount"] == 0 and out["limitsApply"] is False
+        assert out["note"] == "Run As is off: sessions run as root, per-user limits cannot apply"
+        assert out["runAs"].startswith("Run As is off: sessions run as root")
+        assert out["unresolvedCount"] == 4
+    assert (report(first)["runAsAlerted"], report(second)["runAsAlerted"]) == (True, False)
+    alerts = sessions.alerts()
+    assert len(alerts) == 1, "one alert per change of state"
+    assert "Run As is off" in alerts[0]["subject"]
+    assert "Run As is off: sessions run as root, per-user limits cannot apply" in alerts[0]["message"]
+
+    world.save_session_preferences(True)
+    back_on = report(succeeded(check(world, [sessions.sweep()]))[0])
+    assert back_on["limitsApply"] is True and back_on["runAsAlerted"] is True
+    assert sessions.store.terminated_by_api() == [opened[2].session_id], "alice's newest, now that limits apply"
+    assert any("Run As is on again" in a["subject"] for a in sessions.alerts())
 
 
 def test_run_as_default_user_counts_untagged_principals_together(make_world):
@@ -370,7 +385,8 @@ def test_start_session_event_under_the_limit_costs_at_most_three_calls(world):
     result = succeeded(check(world, [started.event]))[0]
     calls = dict(world.counter.calls)
     assert sum(calls.values()) <= 3, calls
-    assert calls == {"ssm.DescribeSessions": 1}, "no IAM, DynamoDB or SNS for a user under the limit"
+    # One Query: the login nodes' SSH sessions count with the shells (and the ledger comes with them).
+    assert calls == {"ssm.DescribeSessions": 1, "dynamodb.Query": 1}, "no IAM, writes or SNS for a user under the limit"
     assert report(result)["scope"] == "owner"
 
 
@@ -420,10 +436,10 @@ def test_failed_termination_fails_the_execution_by_name_and_says_so(world):
     assert sessions.store.status(third.session_id) == "Terminated"
 
 
-def test_duplicate_event_after_the_session_ended_costs_one_call(world):
+def test_duplicate_event_after_the_session_ended_costs_two_reads(world):
     *_, third = open_sessions(world, "alice", 3)
     world.counter.reset()
     result = succeeded(check(world, [third.event]))[0]
     assert report(result)["scope"] == "owner", "alice's other sessions show the Owner filter works"
-    assert dict(world.counter.calls) == {"ssm.DescribeSessions": 1}
+    assert dict(world.counter.calls) == {"ssm.DescribeSessions": 1, "dynamodb.Query": 1}
     assert world.sessions.store.terminated_by_api() == [third.session_id]

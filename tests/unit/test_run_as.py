@@ -81,11 +81,11 @@ def test_preferences_parse_like_session_manager_reads_them():
 # --- each rule of the order -----------------------------------------------------------------------
 
 
-def test_run_as_off_every_shell_is_ssm_user_whatever_the_tags_and_rules_say():
+def test_run_as_off_every_hyperpod_shell_is_root_so_nobody_is_counted_whatever_the_tags_and_rules_say():
     resolution = resolve_posix_user(assumed("j.doe", "AWSReservedSSO_R_1"), OFF, {"SSMSessionRunAs": "tagged"},
                                     [SSO_RULE])
-    assert (resolution.posix_user, resolution.source) == ("ssm-user", "run-as-off")
-    assert "Run As is off" in resolution.reason
+    assert (resolution.posix_user, resolution.source) == (None, "run-as-off")
+    assert resolution.reason.startswith("Run As is off: sessions run as root, per-user limits cannot apply")
 
 
 def test_mapping_rule_stands_in_for_the_session_tag_so_it_outranks_the_role_tag():
@@ -126,18 +126,24 @@ def test_with_nothing_ssm_could_use_the_unmapped_policy_decides(policy, user):
 # --- the order applied by enforcement --------------------------------------------------------------
 
 
-def test_enforcement_with_run_as_off_counts_everyone_as_ssm_user():
+def test_enforcement_with_run_as_off_on_hyperpod_ends_nothing_and_says_why():
+    """HyperPod: a session with Run As off "initially connects you as the root user"; root is never
+    limited, so three people's shells (or one person's three) end nothing."""
     fake = InMemorySessionDirectory(preferences=OFF, tags={RESEARCHERS: {"SSMSessionRunAs": "research"}})
     fake.add_session("alice-1", assumed("alice"), node(1), T0)
+    fake.add_session("alice-2", assumed("alice"), node(2), T0 + timedelta(minutes=1))
     fake.add_session("bob-1", iam_user("bob"), node(2), T0 + timedelta(minutes=1))
     fake.add_session("carol-1", assumed("carol"), node(3), T0 + timedelta(minutes=2))
 
-    report = run(fake)
+    report = run(fake, policy=LimitPolicy(default_max=1))
 
-    assert report.ended_ids == ("carol-1",)
-    assert [(v.user, v.active_count) for v in report.verdicts] == [("ssm-user", 3)]
+    assert report.ended_ids == () and report.planned == () and "TerminateSession" not in fake.calls
+    assert report.verdicts == ()
+    assert {u.session_id for u in report.unresolved} == {"alice-1", "alice-2", "bob-1", "carol-1"}
+    assert all(u.reason.startswith("Run As is off: sessions run as root, per-user limits cannot apply")
+               for u in report.unresolved)
+    assert report.run_as.startswith("Run As is off: sessions run as root, per-user limits cannot apply")
     assert "ListRoleTags" not in fake.calls, "with Run As off no tag can matter"
-    assert "Run As is off" in report.notification().text
 
 
 def test_enforcement_reads_the_preferences_once_and_only_when_someone_could_be_over():

@@ -15,7 +15,7 @@ from moto import mock_aws
 from fake_session_directory import InMemorySessionDirectory
 from hpops_core.common import clients
 from hpops_core.common.errors import TransientAwsError
-from hpops_core.session_limits import ledger
+from hpops_core.session_limits import ledger, node_sessions
 from hpops_core.session_limits.config import SessionLimitsConfig
 from hpops_core.session_limits.request import SessionLimitsRequest
 from hpops_core.session_limits.run import SessionReportFailed, SessionTerminationFailed, enforce_limits
@@ -74,15 +74,16 @@ def aws(monkeypatch):
 
 
 def ledger_kinds() -> dict[str, str]:
-    return ledger.recorded_sessions("state", "ml-research", NOW)
+    return dict(node_sessions.read_cluster_state("state", "ml-research", NOW).recorded)
 
 
-def test_a_sweep_under_the_limit_reads_no_ledger_and_tells_nobody(aws):
+def test_a_sweep_under_the_limit_writes_nothing_and_tells_nobody(aws):
     fake = InMemorySessionDirectory()
     open_sessions(fake, "alice", 2)
     result = enforce_limits(config(), SWEEP, NOW, fake)
     assert result.error is None and fake.terminated == []
-    assert aws.dynamodb == [] and aws.sns == []
+    # One Query: the login nodes' reports (their SSH sessions count too); no ledger read, no alert.
+    assert aws.dynamodb == ["Query"] and aws.sns == []
     assert result.output["plannedCount"] == 0 and result.output["notified"] is False
     assert result.output["apiCalls"] == {"DescribeSessions": 1}
 
@@ -101,7 +102,10 @@ def test_a_sweep_over_the_limit_ends_the_newest_records_it_and_says_why(aws):
                                          "reason": "3 active > default limit 2; ending the 1 newest"}]
     assert output["scope"] == "all" and output["recorded"] == 1 and output["notified"] is True
     assert output["apiCalls"] == {"DescribeSessions": 1, "GetDocument": 1, "ListRoleTags": 2, "TerminateSession": 1}
-    assert aws.dynamodb == ["Query", "BatchWriteItem"], "the ledger is read once the plan ends something"
+    # The ledger is read once the plan ends something; PutItem records that Run As is on (no alert:
+    # it never was off).
+    # One Query (node reports, ledger, Run As state); no PutItem: Run As is on, as never recorded means.
+    assert aws.dynamodb == ["Query", "BatchWriteItem"]
     assert ledger_kinds() == {alice[2]: ledger.ENDED}
     (message,) = aws.sns
     assert "alice" in message["Subject"] and "User alice: limit 2, 3 active session(s); ended 1" in message["Message"]

@@ -386,6 +386,11 @@ def hostile_cases(world: TwinWorld) -> list[Hostile]:
                    "reportedAt": "2026-11-23T08:00:01+00:00", "trigger": "heartbeat"},
     }
     identity = {"mode": "keys", "result": "changed", "reason": "installed"}
+
+    def login_session(pid: int, user: str = "mallory") -> dict:
+        return {"handle": f"5eed0b07:{pid}:{pid * 10}", "user": user, "path": "ssh", "tty": False,
+                "startedAt": "2026-11-23T08:00:00Z"}
+
     add("rule NodeReport (node-report bus) -> RecordNodeReport", NODE_REPORTS, "NodeReport", "MalformedNodeReport", [
         ("instanceId with shell metacharacters", _set(report, ["detail", "instanceId"], "i-0123abcd; reboot")),
         ("ip with a command after it", _set(report, ["detail", "ip"], f"{login[0].ip}; reboot")),
@@ -396,6 +401,11 @@ def hostile_cases(world: TwinWorld) -> list[Hostile]:
         ("unknown report format", _set(report, ["detail", "format"], "hpops.node.report.v2")),
         ("unknown extra key", _set(report, ["detail", "__proto__"], {"admin": True})),
         ("cluster as an array holding the cluster (matches the rule)", _set(report, ["detail", "cluster"], [cluster])),
+        ("session of a hostile user name", _set(report, ["detail", "sessions"], {"list": [login_session(1, "x; reboot")]})),
+        ("session of root (never limited)", _set(report, ["detail", "sessions"], {"list": [login_session(1, "root")]})),
+        ("the same session twice", _set(report, ["detail", "sessions"], {"list": [login_session(1)] * 2})),
+        ("101 sessions (a huge list)",
+         _set(report, ["detail", "sessions"], {"list": [login_session(n) for n in range(1, 102)]})),
     ], base=report)
     add("rule NodeReport (node-report bus) -> RecordNodeReport", NODE_REPORTS, "NodeReport", "NodeReportRejected", [
         ("another login node's IP (spoofed)", _set(report, ["detail", "ip"], login[1].ip)),
@@ -403,6 +413,12 @@ def hostile_cases(world: TwinWorld) -> list[Hostile]:
          _set(_set(report, ["detail", "instanceId"], worker.instance_id), ["detail", "ip"], worker.ip)),
         ("role controller from the login group", _set(report, ["detail", "role"], "controller")),
         ("instance that is not in the cluster", _set(report, ["detail", "instanceId"], "i-0fedcba9876543210")),
+        ("another login node's sessions, sent from this node",
+         _set(_set(report, ["detail", "instanceId"], login[1].instance_id), ["detail", "sessions"],
+              {"list": [login_session(1)]})),
+        ("a worker node reporting SSH sessions",
+         _set(_set(_set(report, ["detail", "instanceId"], worker.instance_id), ["detail", "ip"], worker.ip),
+              ["detail", "sessions"], {"list": [login_session(1)]})),
     ], base=report)
     add("direct invoke -> RecordNodeReport", NODE_REPORTS, None, "MalformedNodeReport", [
         ("whole event is null", None),

@@ -1,11 +1,16 @@
-"""The demo's session-limit step: alice opens three Session Manager sessions against a
+"""The demo's session-limit steps: alice opens three Session Manager sessions against a
 limit of two; the StartSession events reach the SessionLimits state machine through the
 template's CloudTrail rule, the newest session is ended, and the AlertTopic hears about it.
+Then bob, with two SSH logins on two login nodes, opens a Session Manager shell: one limit over
+both paths, so the shell is his third session and ends.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
+
+from hpops_twin.ssh_logins import SshLogins
 
 if TYPE_CHECKING:
     from hpops_twin.demo import Demo
@@ -54,3 +59,35 @@ def session_limit_steps(demo: Demo) -> None:
         for line in alert["message"].split("\n--- details (JSON) ---")[0].splitlines():
             if line.startswith(("User ", "  - ")):
                 demo.say(f"          alert: {line.strip()}")
+    ssh_and_session_manager_steps(demo, limit)
+
+
+def ssh_and_session_manager_steps(demo: Demo, limit: int) -> None:
+    world = demo.world
+    sessions = world.sessions
+    nodes = sorted(n.instance_id for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running")
+    shell: list[StartedSession] = []
+
+    def bob_logs_in_with_ssh_then_opens_a_shell() -> list[str]:
+        now = time.time()
+        with SshLogins(world).installed() as logins:
+            for index in range(limit):
+                login = logins.open("bob", nodes[index % len(nodes)], now - 60 * (limit - index), tty=index == 0)
+                demo.say(f"        bob: ssh{'' if login.tty else ' -N'} login-nodes -> {login.instance_id} "
+                         f"(session {login.handle})")
+            world.agents_poll()  # each node reports its SSH logins with its next poll
+            shell.append(sessions.start_session("bob"))
+            demo.say(f"        bob: aws ssm start-session --target {shell[0].target} -> {shell[0].session_id}")
+            arns = world.publish([shell[0].event])
+            world.wait(arns, timeout=120)
+        world.agents_poll()  # the nodes' next reports list no SSH logins: the twin's stand-in is gone
+        return arns
+
+    def the_shell_ended_as_bobs_third_session() -> bool:
+        return sessions.store.status(shell[0].session_id) != "Connected" and \
+            shell[0].session_id in sessions.store.terminated_by_api()
+
+    demo.step(f"bob: {limit} SSH logins on two login nodes, then a Session Manager shell (limit {limit})",
+              bob_logs_in_with_ssh_then_opens_a_shell,
+              "SSH and Session Manager count together: the shell is bob's third session and ends",
+              the_shell_ended_as_bobs_third_session)

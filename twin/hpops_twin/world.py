@@ -303,7 +303,7 @@ class TwinWorld:
         template: TemplateModel | None = None,
         parameters: dict[str, str] | None = None,  # stack parameter overrides, as `sam deploy --parameter-overrides`
         # The account's Session Manager preferences: (Run As on?, default user), or None when they
-        # were never saved (Run As off: every shell is ssm-user). The twin's users carry
+        # were never saved (Run As off: on HyperPod every shell is root's). The twin's users carry
         # SSMSessionRunAs tags, so by default Run As is on.
         session_preferences: tuple[bool, str] | None = (True, ""),
         # The account and region the twin plays (`hpops twin send` takes them from the events it replays).

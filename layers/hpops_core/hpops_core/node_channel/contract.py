@@ -27,6 +27,27 @@ Report (sent by the agent with events:PutEvents to the stack's bus):
 
 Everything in a report is public: versions, fingerprints, public keys, short reasons.
 
+Interactive sessions (login nodes; in every report, so with the heartbeat and on change):
+
+  "sessions": {"list": [{"handle": SESSION_HANDLE_RE, "user": POSIX user, "path": "ssh"|"ssm",
+                         "tty": bool, "startedAt": ISO-8601 UTC, "sessionId": str (ssm only)}],
+               "omitted": int (sessions past MAX_REPORTED_SESSIONS, oldest kept),
+               "ended": [{"handle", "user", "result": END_RESULTS, "reason"}]}
+
+  A handle is <boot id, 8 hex>:<pid>:<start ticks>: it names one process on that node and is no
+  credential, so a report lets nobody take a session over.
+
+End sessions (written by the stack for one login node, read by that node's agent):
+
+  /hpops/<cluster>/node/end-sessions/<instance id>
+      {"format": END_SESSIONS_FORMAT, "sessions": [{"handle": str, "user": POSIX user}]}
+
+  /hpops/<cluster>/node/user-caps          {"format": USER_CAPS_FORMAT, "caps": {...}} (node_channel/user_caps.py);
+                                              absent: caps off (the agent removes what it wrote)
+
+  The agent ends a listed session only if the handle still names a session of that user on that
+  node, and reports each outcome once under "ended".
+
 Slurm usage report (sent by the agent on the node where slurmctld runs, the controller group's
 node, to the same bus; the stack turns it into per-user cost, since nothing on HyperPod is billed
 per Slurm user):
@@ -81,7 +102,7 @@ LOGIN_LIMITS_FORMAT = "hpops.node.login-limits.v1"
 REPORT_FORMAT = "hpops.node.report.v1"
 REPORT_SOURCE = "hpops.node"
 REPORT_DETAIL_TYPE = "HyperPod Login Node Report"
-MAX_REPORT_BYTES = 16 * 1024  # far below EventBridge's 256 KB entry limit; reports are small by design
+MAX_REPORT_BYTES = 32 * 1024  # far below EventBridge's 256 KB entry limit; room for a busy node's session list
 
 USAGE_FORMAT = "hpops.node.usage.v1"
 USAGE_DETAIL_TYPE = "HyperPod Slurm Usage Report"
@@ -103,6 +124,15 @@ USAGE_WINDOW_START_RE = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]
 MAX_USAGE_REPORT_BYTES = 200 * 1024
 # Every part of a report repeats partitionGroups: this bounds it to ~14 KB of the part's budget.
 USAGE_MAX_PARTITION_GROUPS = 100
+
+END_SESSIONS_FORMAT = "hpops.node.end-sessions.v1"
+USER_CAPS_FORMAT = "hpops.node.user-caps.v1"
+SESSION_HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
+SESSION_PATHS = ("ssh", "ssm")
+END_RESULTS = ("ended", "gone", "refused", "failed")
+# ~110 bytes each: the list stays well inside MAX_REPORT_BYTES with the rest of the report.
+MAX_REPORTED_SESSIONS = 100
+MAX_END_SESSIONS = 20
 
 MODES = ("keys", "certificate", "off")
 RESULTS = ("changed", "unchanged", "failed", "waiting")
@@ -146,6 +176,14 @@ def check_instance_id(instance_id: object, what: str = "instance id") -> str:
     The event rule, not botocore's: safe in a parameter path, and a node whose id AWS spells
     differently (as its own event examples do) still gets its certificate."""
     return validation.check_event_instance_id(instance_id, what)
+
+
+def user_caps_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/user-caps"
+
+
+def end_sessions_parameter(cluster: str, instance_id: str) -> str:
+    return parameter_prefix(cluster) + "node/end-sessions/" + check_instance_id(instance_id)
 
 
 def certificate_parameter(cluster: str, instance_id: str) -> str:

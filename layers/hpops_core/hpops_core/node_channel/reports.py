@@ -61,6 +61,22 @@ class LoginLimitsReport:
 
 
 @dataclass(frozen=True)
+class UserCapsReport:
+    result: str
+    reason: str = ""
+    atCap: tuple | None = None  # [{"user", "caps": ["cpu"|"memory"|"tasks"]}]: who reached a cap since the last poll
+
+
+@dataclass(frozen=True)
+class SessionsReport:
+    """The node's interactive sessions (contract: "sessions"); each entry already validated."""
+
+    list: tuple = ()
+    omitted: int = 0
+    ended: tuple = ()
+
+
+@dataclass(frozen=True)
 class NodeReport:
     format: str
     cluster: str
@@ -72,6 +88,8 @@ class NodeReport:
     trigger: str
     hostIdentity: HostIdentityReport | None = None
     loginLimits: LoginLimitsReport | None = None
+    sessions: SessionsReport | None = None
+    userCaps: UserCapsReport | None = None
 
     def to_json(self) -> str:
         """The report as stored: fields that are None left out."""
@@ -116,6 +134,67 @@ def _login_limits(data: Any, bad: list[str]) -> LoginLimitsReport | None:
     )
 
 
+_MAX_AT_CAP = 50
+_CAPS = ("cpu", "memory", "tasks")
+_STARTED_AT = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
+_SSM_SESSION_ID = re.compile(r"\A[A-Za-z0-9._@+=-]{1,96}\Z")
+
+
+def _session_entry(entry: Any, where: str, bad: list[str]) -> dict:
+    f = validation.JsonFields(entry, where, ("handle", "user", "path", "tty", "startedAt", "sessionId"), bad)
+    checked = {
+        "handle": f.text("handle", contract.SESSION_HANDLE_RE),
+        "user": f.get("user", validation.is_limited_user),  # root is never reported: never limited
+        "path": f.one_of("path", contract.SESSION_PATHS),
+        "tty": f.boolean("tty"),
+        "startedAt": f.text("startedAt", _STARTED_AT),
+    }
+    if checked["path"] == "ssm":
+        checked["sessionId"] = f.text("sessionId", _SSM_SESSION_ID)
+    elif "sessionId" in f.data:
+        bad.append(f"{where}.sessionId")
+    return checked
+
+
+def _ended_entry(entry: Any, where: str, bad: list[str]) -> dict:
+    f = validation.JsonFields(entry, where, ("handle", "user", "result", "reason"), bad)
+    return {"handle": f.text("handle", contract.SESSION_HANDLE_RE), "user": f.get("user", validation.is_limited_user),
+            "result": f.one_of("result", contract.END_RESULTS), "reason": f.short("reason", _MAX_REASON)}
+
+
+def _sessions(data: Any, bad: list[str]) -> SessionsReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "sessions", ("list", "omitted", "ended"), bad)
+    listed = f.get("list", lambda v: isinstance(v, list) and len(v) <= contract.MAX_REPORTED_SESSIONS, default=[])
+    ended = f.get("ended", lambda v: isinstance(v, list) and len(v) <= contract.MAX_END_SESSIONS, default=[],
+                  required=False)
+    entries = tuple(_session_entry(e, "sessions.list[]", bad) for e in listed)
+    if len({e["handle"] for e in entries}) != len(entries):
+        bad.append("sessions.list[].handle")  # one session listed twice would count twice
+    return SessionsReport(
+        list=entries,
+        omitted=f.count("omitted", 1_000_000, default=0, required=False),
+        ended=tuple(_ended_entry(e, "sessions.ended[]", bad) for e in ended),
+    )
+
+
+def _user_caps(data: Any, bad: list[str]) -> UserCapsReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "userCaps", tuple(UserCapsReport.__dataclass_fields__), bad)
+
+    def at_cap(value: Any) -> bool:
+        return isinstance(value, list) and len(value) <= _MAX_AT_CAP and all(
+            isinstance(e, dict) and set(e) == {"user", "caps"} and validation.is_limited_user(e["user"])
+            and isinstance(e["caps"], list) and 0 < len(e["caps"]) <= 3 and all(c in _CAPS for c in e["caps"])
+            for e in value)
+
+    return UserCapsReport(result=f.one_of("result", contract.RESULTS),
+                          reason=f.short("reason", _MAX_REASON, default="", required=False),
+                          atCap=tuple(f.get("atCap", at_cap, default=[], required=False)) or None)
+
+
 def _report(detail: Any, bad: list[str]) -> NodeReport:
     f = validation.JsonFields(detail, "", tuple(NodeReport.__dataclass_fields__), bad)
     return NodeReport(
@@ -129,6 +208,8 @@ def _report(detail: Any, bad: list[str]) -> NodeReport:
         trigger=f.one_of("trigger", contract.TRIGGERS),
         hostIdentity=_host_identity(f.data.get("hostIdentity"), bad),
         loginLimits=_login_limits(f.data.get("loginLimits"), bad),
+        sessions=_sessions(f.data.get("sessions"), bad),
+        userCaps=_user_caps(f.data.get("userCaps"), bad),
     )
 
 

@@ -178,6 +178,7 @@ class LoginLimitsConfig:
     limits: dict
     state_table: str
     dry_run: bool
+    user_caps: dict | None = None  # per-user CPU/memory/task caps (node_channel/user_caps.py); None: off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LoginLimitsConfig:
@@ -204,7 +205,20 @@ class LoginLimitsConfig:
             limits=limits,
             state_table=env_str(env, "STATE_TABLE_NAME"),
             dry_run=trigger.dry_run,
+            user_caps=_user_caps(env),
         )
+
+
+def _user_caps(env: Mapping[str, str]) -> dict | None:
+    from hpops_core.node_channel.user_caps import BadCaps, parse_caps
+
+    raw = (env.get("USER_CAPS") or "").strip()
+    if not raw:
+        return None
+    try:
+        return parse_caps(json.loads(raw))
+    except ValueError as exc:  # JSONDecodeError and BadCaps
+        raise ConfigurationError(f"USER_CAPS: {exc if isinstance(exc, BadCaps) else 'not JSON'}") from None
 
 
 _LIMITS_SOURCES = {"default": "MAX_SESSIONS_PER_USER", "overrides": "SESSION_LIMIT_OVERRIDES",

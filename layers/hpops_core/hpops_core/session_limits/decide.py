@@ -20,6 +20,7 @@ from .identity import (
     normalize_owner,
     resolve_posix_user,
 )
+from .cluster_sessions import NodeSshSession, SshSessionToEnd, decide_cluster_wide
 from .policy import ActiveSession, LimitPolicy, SkippedSession, UserVerdict, decide_terminations
 
 
@@ -42,6 +43,10 @@ class TerminationPlan:
     identities: Mapping[str, IdentityResolution] = field(default_factory=lambda: MappingProxyType({}))
     skipped: tuple[SkippedSession, ...] = ()
     note: str = ""
+    # SSH sessions on the login nodes, counted with the shells: the ones to end (by their node's
+    # agent), and each user's sessions by path and node (what status shows against the limit).
+    ssh_to_end: tuple[SshSessionToEnd, ...] = ()
+    by_user: Mapping[str, Mapping[str, Mapping[str, int]]] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def session_ids(self) -> tuple[str, ...]:
@@ -74,17 +79,23 @@ def decide(
     identity_config: IdentityConfig,
     now: datetime,
     already_ended: Iterable[str] = frozenset(),
+    ssh_sessions: Iterable[NodeSshSession] = (),
 ) -> TerminationPlan:
     """Which sessions end, per POSIX user over their limit, and why.
+
+    ``ssh_sessions`` (from the login nodes' reports) count with the shells: one limit per user
+    over both paths on all login nodes (cluster_sessions.py). Their ``key`` is what ``already_ended``
+    holds for an SSH session a node was told to end.
 
     Sessions in ``already_ended`` (ended by an earlier run; DescribeSessions may list them for a
     while yet) are neither counted nor picked. ``now`` is only the plan's timestamp: the decision
     orders sessions by their own start dates.
     """
     done = frozenset(already_ended)
+    ssh = [s for s in ssh_sessions if s.key not in done]
     countable = snapshot.countable(policy, done)
     unresolved = list(snapshot.unusable)
-    if len(countable) <= policy.min_limit():
+    if len(countable) + len(ssh) <= policy.min_limit():
         note = f"{len(countable)} countable session(s) <= smallest limit {policy.min_limit()}; no identity lookups needed"
         return TerminationPlan(now, verdicts=(), to_end=(), unresolved=tuple(unresolved), note=note)
 
@@ -101,7 +112,15 @@ def decide(
         if resolution.posix_user is None:
             unresolved.append(UnresolvedSession(s.session_id, s.owner, resolution.reason))
         active.append(ActiveSession(s.session_id, s.owner, s.target, s.start_date, resolution.posix_user, s.status))
-    decision = decide_terminations(active, policy, done)
+    ssh_to_end: tuple[SshSessionToEnd, ...] = ()
+    by_user: Mapping[str, Mapping[str, Mapping[str, int]]] = MappingProxyType({})
+    if ssh:
+        combined = decide_cluster_wide(ssh, active, policy, done)
+        decision = decide_terminations(active, policy, done)  # for the shells' skipped reasons only
+        decision = type(decision)(combined.verdicts, combined.ssm_to_terminate, decision.skipped)
+        ssh_to_end, by_user = combined.ssh_to_end, MappingProxyType(dict(combined.by_user))
+    else:
+        decision = decide_terminations(active, policy, done)
 
     by_id: dict[str, ListedSession] = {s.session_id: s for s in countable}
     verdict_of = {sid: v for v in decision.verdicts for sid in v.to_terminate}
@@ -119,4 +138,6 @@ def decide(
         unresolved=tuple(unresolved),
         identities=MappingProxyType(identities),
         skipped=decision.skipped,
+        ssh_to_end=ssh_to_end,
+        by_user=by_user,
     )

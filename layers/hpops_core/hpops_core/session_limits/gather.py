@@ -165,6 +165,7 @@ def gather(
     *,
     trigger_session_id: str | None = None,
     owner_listing: OwnerListing | None = None,
+    other_sessions: int = 0,
 ) -> SessionSnapshot:
     """List the login-node sessions and read what attributing them to POSIX users takes.
 
@@ -176,6 +177,9 @@ def gather(
     that could count are no more than the smallest limit anyone has, nobody can be over, so the
     Run As preferences and tags are not read (the common event stays at one call). Tags are read
     once per IAM role/user, only for owners whose Run As the tag could decide.
+
+    ``other_sessions``: sessions counted besides these shells (the login nodes' SSH sessions), which
+    can put a user over with fewer shells.
 
     Raises for what makes any decision unsafe (bad cluster/group names, ``SessionListingFailed``,
     ``RunAsPreferencesUnavailable``). A failed tag lookup is recorded in the snapshot instead, so
@@ -212,7 +216,7 @@ def gather(
         trigger_session_listed=None if trigger_session_id is None else trigger_session_id in sessions,
     )
     countable = snapshot.countable(policy)
-    if len(countable) <= policy.min_limit():
+    if len(countable) + other_sessions <= policy.min_limit():
         skipped_because = (
             f"{len(countable)} countable session(s) <= smallest limit {policy.min_limit()}; no identity lookups needed"
         )

@@ -5,8 +5,11 @@ How Session Manager decides (AWS Systems Manager User Guide, "Turn on Run As sup
 and macOS managed nodes"):
 
 1. Run As off in the account's Session Manager preferences (the ``SSM-SessionManagerRunShell``
-   document's ``inputs.runAsEnabled`` false, or no such document: never configured): every
-   shell runs as ``ssm-user``.
+   document's ``inputs.runAsEnabled`` false, or no such document: never configured): on an EC2
+   managed node every shell runs as ``ssm-user``, but a session to a HyperPod cluster node
+   "initially connects you as the root user" (HyperPod guide, "Accessing your SageMaker HyperPod
+   cluster nodes"). Root is never limited, so with Run As off nobody can be: every session is
+   left uncounted with :data:`RUN_AS_OFF_REASON`, and nothing is ended.
 2. Run As on: the ``SSMSessionRunAs`` *session* tag (federated principals; it wins over the
    role's tag), else the ``SSMSessionRunAs`` tag on the IAM role or user, else
    ``runAsDefaultUser``. With none of them, or a tag naming a user SSM cannot use, SSM starts
@@ -24,8 +27,8 @@ creationDate, mfaAuthenticated, sourceIdentity), never the principal tags. So:
   session tag we cannot see. The unmapped policy decides: count it under the principal's
   session/user name (the best stand-in for that tag), or leave it uncounted.
 
-``root`` is never a result: SSM does not run sessions as root, and counting under root would let
-one misconfiguration throttle unrelated people.
+``root`` is never a result: counting under root (what Run As off gives on HyperPod) would let one
+misconfiguration throttle, and end the sessions of, unrelated people.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ from .errors import SessionLimitError
 
 RUN_AS_TAG = "SSMSessionRunAs"
 PREFERENCES_DOCUMENT = "SSM-SessionManagerRunShell"
-RUN_AS_OFF_USER = "ssm-user"  # the account Session Manager creates and uses when Run As is off
+# What a HyperPod node runs a session as when Run As is off (on EC2 managed nodes it would be ssm-user).
+RUN_AS_OFF_USER = "root"
+RUN_AS_OFF_REASON = "Run As is off: sessions run as root, per-user limits cannot apply"
 
 UnmappedPolicy = Literal["count-as-principal", "ignore"]
 IdentitySource = Literal["run-as-off", "mapping", "tag", "default-user", "principal-name", "unmapped"]
@@ -80,7 +85,7 @@ class RunAsPreferences:
 
     def describe(self) -> str:
         if not self.enabled:
-            text = f"Run As is off: every shell runs as {RUN_AS_OFF_USER}"
+            text = RUN_AS_OFF_REASON
         elif self.default_user:
             text = f"Run As is on, runAsDefaultUser {self.default_user}"
         else:
@@ -259,7 +264,10 @@ def resolve_posix_user(
     mapping_rules: Iterable[tuple[str, str]] = (),
     unmapped_policy: UnmappedPolicy = "count-as-principal",
 ) -> IdentityResolution:
-    """Decide which POSIX user a session of ``owner_arn`` runs as, in Session Manager's order. Pure; never ``root``.
+    """Decide which POSIX user a session of ``owner_arn`` runs as, in Session Manager's order.
+
+    Pure; never ``root``: with Run As off a HyperPod session runs as root, so it resolves to
+    nobody (source ``run-as-off``) and is never counted or ended.
 
     ``principal_tags`` are the tags of :func:`normalize_owner`'s ARN, or None when they were not
     (or could not be) looked up.
@@ -268,9 +276,9 @@ def resolve_posix_user(
         raise InvalidIdentityConfig(f"unknown unmapped_policy {validation.shown(unmapped_policy)}")
     rules = validate_mapping_rules(mapping_rules)
 
-    # 1. Run As off: SSM ignores every tag and runs the shell as its own account.
+    # 1. Run As off: SSM ignores every tag, and on a HyperPod node the shell is root's.
     if not preferences.enabled:
-        return IdentityResolution(RUN_AS_OFF_USER, "run-as-off", preferences.describe())
+        return IdentityResolution(None, "run-as-off", preferences.describe())
 
     # 2. The session tag, which we cannot see: the operator's mapping rule stands in for it.
     rule = _mapping_rule(owner_arn, rules)

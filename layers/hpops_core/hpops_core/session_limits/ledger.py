@@ -11,9 +11,9 @@ namespace, and expire through the table's TTL attribute:
     pk = "cluster#<cluster name>"   sk = "session#<session id>"
     kind = "ended" | "dry-run-reported"   user, at (ISO time), ttl (epoch seconds)
 
-Reading is one ``Query`` (strongly consistent, so the previous run's writes are visible); writing
-is one ``BatchWriteItem`` per 25 sessions. Enforcement only reads when its first plan would end or
-report something, so a StartSession event for a user under the limit never touches the table.
+Reading is part of each run's one ``Query`` of the cluster's partition (node_sessions.py: the
+login nodes' reports live there too; strongly consistent, so the previous run's writes are
+visible); writing is one ``BatchWriteItem`` per 25 sessions.
 """
 
 from __future__ import annotations
@@ -45,30 +45,13 @@ def _pk(cluster: str) -> str:
     return f"cluster#{cluster}"
 
 
-def recorded_sessions(table: str, cluster: str, now: datetime) -> dict[str, str]:
-    """Session id -> kind, for every record of this cluster that has not expired at ``now``."""
-    ddb = client("dynamodb")
-    kwargs = {
-        "TableName": table,
-        "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-        "ExpressionAttributeValues": {":pk": {"S": _pk(cluster)}, ":prefix": {"S": SK_PREFIX}},
-        "ProjectionExpression": "sk, #kind, #ttl",
-        "ExpressionAttributeNames": {"#kind": "kind", "#ttl": "ttl"},  # TTL is a reserved word
-        "ConsistentRead": True,
-    }
-    found: dict[str, str] = {}
-    cutoff = int(now.timestamp())
-    while True:
-        with transient_errors_named("dynamodb:Query"):
-            page = ddb.query(**kwargs)
-        for item in page.get("Items", []):
-            # TTL deletion lags by up to days; an expired record no longer means anything.
-            if "ttl" in item and int(item["ttl"]["N"]) < cutoff:
-                continue
-            found[item["sk"]["S"][len(SK_PREFIX):]] = item.get("kind", {}).get("S", ENDED)
-        if "LastEvaluatedKey" not in page:
-            return found
-        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+def session_record(item: dict, cutoff: int) -> tuple[str, str] | None:
+    """(session id, kind) of one ledger item, or None when it is no session record or has expired."""
+    sk = item.get("sk", {}).get("S", "")
+    # TTL deletion lags by up to days; an expired record no longer means anything.
+    if not sk.startswith(SK_PREFIX) or ("ttl" in item and int(item["ttl"]["N"]) < cutoff):
+        return None
+    return sk[len(SK_PREFIX):], item.get("kind", {}).get("S", ENDED)
 
 
 def record_sessions(
@@ -104,3 +87,34 @@ def record_sessions(
         if pending:
             raise TransientAwsError(f"dynamodb:BatchWriteItem left {len(pending.get(table, []))} item(s) unprocessed")
     return len(requests)
+
+
+RUN_AS_SK = "run-as"
+RUN_AS_OFF = "off"
+RUN_AS_ON = "on"
+
+
+def record_run_as_state(table: str, cluster: str, state: str, at: datetime) -> bool:
+    """Record whether Run As is on or off; True only when that changed (so the caller alerts once
+    per change of state, not on every run).
+
+    One conditional ``PutItem`` and no read. Never recorded counts as "on" (what the product needs),
+    so the first run that finds Run As off alerts, and a first run that finds it on does not."""
+    if state not in (RUN_AS_OFF, RUN_AS_ON):
+        raise ValueError("run-as state must be 'on' or 'off'")
+    condition = "attribute_not_exists(#state) OR #state <> :state" if state == RUN_AS_OFF else "#state = :off"
+    values = {":state": {"S": state}} if state == RUN_AS_OFF else {":off": {"S": RUN_AS_OFF}}
+    item = {
+        "pk": {"S": _pk(cluster)},
+        "sk": {"S": RUN_AS_SK},
+        "state": {"S": state},
+        "at": {"S": at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")},
+    }
+    ddb = client("dynamodb")
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            ddb.put_item(TableName=table, Item=item, ConditionExpression=condition,
+                         ExpressionAttributeNames={"#state": "state"}, ExpressionAttributeValues=values)
+    except ddb.exceptions.ConditionalCheckFailedException:
+        return False
+    return True

@@ -29,6 +29,7 @@ from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
 from hpops_core.node_channel.login_limits import canonical_json, desired_document
+from hpops_core.node_channel.user_caps import caps_document
 from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
 
 from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
@@ -169,6 +170,34 @@ def publish_and_check(cluster: str, group: str, table: str, limits: dict, now: d
     return report
 
 
+def publish_user_caps(cluster: str, caps: dict | None, dry_run: bool) -> str:
+    """The caps parameter brought to ``caps`` (None: deleted, so the agents remove their drop-ins).
+    Returns what happened: published, unchanged, removed, off, or "would ..." in a dry run."""
+    name = contract.user_caps_parameter(cluster)
+    current = _current_parameter(name)
+    if caps is None:
+        if current is None:
+            return "off"
+        if dry_run:
+            return "would remove"
+        with transient_errors_named("ssm:DeleteParameter"):
+            try:
+                client("ssm").delete_parameter(Name=name)
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != "ParameterNotFound":
+                    raise
+        return "removed"
+    text = canonical_json(caps_document(caps))
+    if current is not None and current.get("Value") == text:
+        return "unchanged"
+    if dry_run:
+        return "would publish"
+    with transient_errors_named("ssm:PutParameter"):
+        client("ssm").put_parameter(Name=name, Value=text, Type="String", Overwrite=True,
+                                    Description="hpops: per-user caps the login nodes' agents apply")
+    return "published"
+
+
 def publish_task(config: LoginLimitsConfig, request: SessionLimitsRequest, now: datetime) -> TaskResult:
     """PublishLoginLimits (sweeps only): publish, judge the nodes, and say so in the output and logs.
 
@@ -179,7 +208,9 @@ def publish_task(config: LoginLimitsConfig, request: SessionLimitsRequest, now: 
     result = publish_and_check(config.cluster_name, config.login_group, config.state_table, config.limits, now,
                                dry_run=dry_run)
     applied, pending, failed = result.of("applied"), result.of("pending"), result.of("failed")
+    caps = publish_user_caps(config.cluster_name, config.user_caps, dry_run)
     output: dict[str, Any] = {
+        "userCaps": caps,
         "version": result.version, "published": result.published,
         "applied": [n.instance_id for n in applied][:OUTPUT_LIST_MAX],
         "pending": [n.instance_id for n in pending][:OUTPUT_LIST_MAX],

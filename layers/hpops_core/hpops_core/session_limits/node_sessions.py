@@ -1,0 +1,135 @@
+"""The login nodes' side of the cluster-wide limit: their reported SSH sessions in, instructions out.
+
+In: the latest report of each login node (node_channel/report_store.py; only reports that passed
+the origin check are ever stored, and a node speaks only for itself), read with the same Query
+the ledger uses. A report older than ``max_age_seconds`` is not used: its node may be gone or cut
+off, and sessions it listed may have ended long ago; counting them could end a newer session.
+
+Out: for each node holding a session to end, its end-sessions parameter (one PutParameter per
+node) lists every session this stack told it to end that the node still reports, plus the new
+ones, so a second run before the agent polls never drops the first run's instruction. The agent
+ends each listed session once, if its handle still names a session of that user on that node.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.node_channel import contract
+from hpops_core.node_channel.report_store import SK_PREFIX
+
+from . import ledger
+from .cluster_sessions import SSH_KEY_PREFIX, NodeSshSession, SshSessionToEnd, end_sessions_document, ssh_sessions_of_report
+
+# Agents report on change and at least every heartbeat (600 s by default): two heartbeats and a
+# poll without a report means the node's list can no longer be trusted.
+DEFAULT_REPORT_MAX_AGE_SECONDS = 2 * contract.DEFAULT_HEARTBEAT_SECONDS + contract.DEFAULT_POLL_SECONDS
+
+
+@dataclass(frozen=True)
+class ReportedSessions:
+    ssh: tuple[NodeSshSession, ...]
+    ssm_on_nodes: int  # Session Manager shells the nodes list (counted from DescribeSessions, not again)
+    nodes: tuple[str, ...]  # nodes whose report was used
+    stale: tuple[str, ...]  # nodes whose latest report was too old to use
+    omitted: int  # sessions nodes left out of full reports (MAX_REPORTED_SESSIONS)
+    ended: Mapping[str, Mapping[str, str]]  # "ssh/<node>/<handle>" -> the agent's outcome
+
+
+def _received(value: str | None) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What one Query of the cluster's partition says: the nodes' sessions, the ledger of sessions
+    already ended (ledger.py) and whether Run As was last seen off."""
+
+    nodes: ReportedSessions
+    recorded: Mapping[str, str]  # ledger: session id or SSH key -> kind
+    run_as: str | None  # ledger.RUN_AS_ON / RUN_AS_OFF, None when never recorded
+
+
+def read_cluster_state(table: str, cluster: str, now: datetime,
+                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> ClusterState:
+    """The cluster's partition of the state table in one Query (paged): node reports, ledger, Run As.
+
+    One read instead of two: every run needs the nodes' SSH sessions (they can put a user over with
+    a single new shell), and the ledger and the Run As state sit in the same partition."""
+    ddb = client("dynamodb")
+    kwargs = {
+        "TableName": table,
+        "KeyConditionExpression": "pk = :pk",
+        "ExpressionAttributeValues": {":pk": {"S": f"cluster#{cluster}"}},
+        "ProjectionExpression": "sk, report, receivedAt, #kind, #ttl, #state",
+        "ExpressionAttributeNames": {"#kind": "kind", "#ttl": "ttl", "#state": "state"},  # reserved words
+        "ConsistentRead": True,
+    }
+    ssh: list[NodeSshSession] = []
+    nodes, stale, ssm, omitted, ended = [], [], 0, 0, {}
+    recorded: dict[str, str] = {}
+    run_as = None
+    cutoff = int(now.timestamp())
+    while True:
+        with transient_errors_named("dynamodb:Query"):
+            page = ddb.query(**kwargs)
+        for item in page.get("Items", []):
+            sk = item["sk"]["S"]
+            record = ledger.session_record(item, cutoff)
+            if record is not None:
+                recorded[record[0]] = record[1]
+            if sk == ledger.RUN_AS_SK:
+                run_as = item.get("state", {}).get("S")
+            if not sk.startswith(SK_PREFIX):
+                continue
+            instance = sk[len(SK_PREFIX):]
+            received = _received(item.get("receivedAt", {}).get("S"))
+            report = json.loads(item.get("report", {}).get("S") or "{}")
+            sessions = report.get("sessions")
+            if sessions is None:
+                continue  # an agent that does not list sessions (older version): nothing to count
+            if received is None or (now - received).total_seconds() > max_age_seconds:
+                stale.append(instance)
+                continue
+            nodes.append(instance)
+            ssh.extend(ssh_sessions_of_report(instance, sessions.get("list", [])))
+            ssm += sum(1 for s in sessions.get("list", []) if s.get("path") == "ssm")
+            omitted += int(sessions.get("omitted") or 0)
+            for outcome in sessions.get("ended", []):
+                ended[f"{SSH_KEY_PREFIX}{instance}/{outcome['handle']}"] = outcome
+        if "LastEvaluatedKey" not in page:
+            break
+        kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    reported = ReportedSessions(tuple(ssh), ssm, tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended)
+    return ClusterState(reported, recorded, run_as)
+
+
+def instruct_nodes(cluster: str, to_end: Iterable[SshSessionToEnd], reported: Iterable[NodeSshSession],
+                   earlier_keys: Iterable[str]) -> dict[str, int]:
+    """Write each affected node's end-sessions parameter; returns node -> sessions listed in it."""
+    still_there = {s.key: s for s in reported}
+    by_node: dict[str, dict[str, SshSessionToEnd]] = defaultdict(dict)
+    for session in to_end:
+        by_node[session.instance_id][session.handle] = session
+    for key in earlier_keys:
+        earlier = still_there.get(key)
+        if earlier is not None and earlier.instance_id in by_node:
+            by_node[earlier.instance_id].setdefault(
+                earlier.handle, SshSessionToEnd(earlier.instance_id, earlier.handle, earlier.user, "told earlier"))
+    ssm = client("ssm")
+    written = {}
+    for instance, sessions in sorted(by_node.items()):
+        document = end_sessions_document(sessions.values())
+        with transient_errors_named("ssm:PutParameter"):
+            ssm.put_parameter(Name=contract.end_sessions_parameter(cluster, instance), Type="String", Overwrite=True,
+                              Value=json.dumps(document, sort_keys=True, separators=(",", ":")))
+        written[instance] = len(document["sessions"])
+    return written

@@ -1,0 +1,363 @@
+"""A login node's interactive sessions as the node sees them, and ending exactly one (hpops).
+
+Standard library only, Linux /proc. What counts as a session (tested against OpenSSH 9.2 on
+loopback; Ubuntu 22.04's 8.9 uses the same process titles):
+
+* **SSH:** every authenticated connection has a root-owned monitor titled ``sshd: USER [priv]``
+  (``sshd-session: USER [priv]`` from OpenSSH 9.8) with a child running as USER titled
+  ``sshd: USER@pts/N`` (a tty), ``sshd: USER@notty`` (a command) or ``sshd: USER`` (``ssh -N``:
+  no channel at all). utmp, and so pam_limits ``maxlogins``, sees only the first kind; this
+  listing sees all three. A monitor whose only child is ``[net]`` is still authenticating: not a
+  session.
+* **Session Manager:** ``/usr/bin/ssm-session-worker <session-id>`` (root) runs the shell as the
+  run-as user; the shell's owner is the session's user (root when Run As is off: never limited).
+
+A session's **handle** is ``<boot id, 8 hex>:<monitor pid>:<start time in clock ticks>``. PID
+plus start time survives PID reuse (PIDs wrap; several sessions start in one tick), and the boot
+id makes a handle from before a reboot name nothing. A handle names a process on this node and
+nothing more: it is no credential, so a report carrying it lets nobody take a session over.
+
+Ending one (:func:`end_session`) re-checks everything the handle and the stack's instruction
+claim (same boot, same start time, root-owned monitor titled with *that user's* name), then sends
+SIGTERM through a pidfd so the check and the signal concern the same process. SIGTERM (never
+SIGKILL: a killed monitor leaves the user's child connected) closes the connection; then the
+session's leftovers (same audit session id and login uid, owned by the user) get SIGTERM, and
+SIGKILL after a grace period. Anything that does not match is refused, never signalled: ending the
+wrong user's session is worse than not limiting.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import select
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from hpops_core.common import validation
+
+SSM_WORKER = "/usr/bin/ssm-session-worker"
+_MONITOR = re.compile(r"\A(sshd|sshd-session): (?P<user>\S+) \[priv\]\Z")
+_USER_CHILD = re.compile(r"\A(sshd|sshd-session): (?P<user>[^\s@]+)(@(?P<ttys>\S+))?\Z")
+HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
+SSM_SESSION_ID = re.compile(r"\A[A-Za-z0-9._@+=-]{1,96}\Z")
+UNSET_AUDIT_ID = 4294967295  # (u32)-1: no audit session / login uid
+MAX_SESSIONS = 500  # per node report; a node with more says so instead of growing the report
+
+
+@dataclass(frozen=True)
+class NodeSession:
+    handle: str
+    user: str
+    path: str  # "ssh" | "ssm"
+    tty: bool
+    started_at: float  # epoch seconds (boot time + start ticks)
+    ssm_session_id: Optional[str] = None  # Session Manager only: the id DescribeSessions lists
+
+    def to_report(self) -> Dict[str, object]:
+        entry: Dict[str, object] = {"handle": self.handle, "user": self.user, "path": self.path, "tty": self.tty,
+                                    "startedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_at))}
+        if self.ssm_session_id:
+            entry["sessionId"] = self.ssm_session_id
+        return entry
+
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    ppid: int
+    uid: int
+    start_ticks: int
+    state: str
+    title: str
+    exe: str
+
+
+def _read(path: Path) -> Optional[bytes]:
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended while we looked
+        return None
+
+
+def _title(raw: bytes) -> str:
+    # sshd rewrites its argv in place: the title, then NULs (or spaces) up to the old length.
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def _stat_fields(raw: bytes) -> List[str]:
+    # comm may hold spaces and parentheses: the fields start after the last ")".
+    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
+
+
+def read_proc(proc: Path, pid: int) -> Optional[_Proc]:
+    base = proc / str(pid)
+    stat, status, cmdline = _read(base / "stat"), _read(base / "status"), _read(base / "cmdline")
+    if stat is None or status is None or cmdline is None:
+        return None
+    fields = _stat_fields(stat)
+    uid = next((int(line.split()[1]) for line in status.decode("utf-8", "replace").splitlines()
+                if line.startswith("Uid:")), -1)
+    try:
+        exe = os.readlink(str(base / "exe"))
+    except OSError:
+        exe = ""
+    if len(fields) < 20:
+        return None
+    return _Proc(pid, int(fields[1]), uid, int(fields[19]), fields[0], _title(cmdline), exe)
+
+
+def boot_id(proc: Path = Path("/proc")) -> str:
+    return (proc / "sys/kernel/random/boot_id").read_text().strip().replace("-", "")[:8]
+
+
+def _boot_time(proc: Path) -> float:
+    for line in (proc / "stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def _processes(proc: Path) -> List[_Proc]:
+    found = []
+    for entry in os.listdir(str(proc)):
+        if entry.isdigit():
+            info = read_proc(proc, int(entry))
+            if info is not None:
+                found.append(info)
+    return found
+
+
+def _user_of(uid: int) -> Optional[str]:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return None
+
+
+def list_sessions(proc: Path = Path("/proc"), listener_pids: Optional[Iterable[int]] = None) -> List[NodeSession]:
+    """Every interactive session on this node, oldest first. ``listener_pids`` limits SSH sessions
+    to those accepted by these sshd listeners (tests run several "nodes" on one host)."""
+    boot, btime, ticks = boot_id(proc), _boot_time(proc), os.sysconf("SC_CLK_TCK")
+    processes = _processes(proc)
+    children: Dict[int, List[_Proc]] = {}
+    for p in processes:
+        children.setdefault(p.ppid, []).append(p)
+    listeners = None if listener_pids is None else set(listener_pids)
+    sessions = []
+    for p in processes:
+        if p.uid != 0 or p.state == "Z":
+            continue
+        monitor = _MONITOR.match(p.title)
+        if monitor and (listeners is None or p.ppid in listeners):
+            session = _ssh_session(p, monitor.group("user"), children.get(p.pid, []), boot, btime, ticks)
+        elif p.exe == SSM_WORKER:
+            session = _ssm_session(p, children.get(p.pid, []), boot, btime, ticks)
+        else:
+            session = None
+        if session is not None:
+            sessions.append(session)
+    sessions.sort(key=lambda s: (s.started_at, s.handle))
+    return sessions
+
+
+def _ssh_session(monitor: _Proc, user: str, kids: List[_Proc], boot: str, btime: float, ticks: int
+                 ) -> Optional[NodeSession]:
+    if not validation.is_posix_user(user):
+        return None
+    for child in kids:
+        match = _USER_CHILD.match(child.title)
+        # The user's own child (not the pre-auth [net] one) proves the login completed, and its
+        # uid proves the name in the root-owned monitor's title is that account's.
+        if match and match.group("user") == user and _user_of(child.uid) == user and child.uid != 0:
+            ttys = match.group("ttys") or ""
+            return NodeSession(f"{boot}:{monitor.pid}:{monitor.start_ticks}", user, "ssh",
+                               ttys.startswith("pts/") or ",pts/" in ttys, btime + monitor.start_ticks / ticks)
+    return None
+
+
+def _ssm_session(worker: _Proc, kids: List[_Proc], boot: str, btime: float, ticks: int) -> Optional[NodeSession]:
+    parts = worker.title.split()
+    if len(parts) < 2 or not SSM_SESSION_ID.match(parts[1]):
+        return None
+    for child in kids:
+        user = _user_of(child.uid)
+        if child.uid != 0 and user is not None and validation.is_posix_user(user):
+            return NodeSession(f"{boot}:{worker.pid}:{worker.start_ticks}", user, "ssm", True,
+                               btime + worker.start_ticks / ticks, parts[1])
+    return None  # root's shell (Run As off on HyperPod) or no shell yet: never limited
+
+
+@dataclass(frozen=True)
+class EndResult:
+    handle: str
+    user: str
+    result: str  # "ended" | "gone" | "refused" | "failed"
+    reason: str
+
+    def to_report(self) -> Dict[str, str]:
+        return {"handle": self.handle, "user": self.user, "result": self.result, "reason": self.reason}
+
+
+def _audit_ids(proc: Path, pid: int) -> Tuple[int, int]:
+    session, login = _read(proc / str(pid) / "sessionid"), _read(proc / str(pid) / "loginuid")
+    try:
+        return int(session or b"-1"), int(login or b"-1")
+    except ValueError:
+        return -1, -1
+
+
+def end_session(handle: str, user: str, proc: Path = Path("/proc"), grace_seconds: float = 5.0) -> EndResult:
+    """End exactly the SSH session ``handle`` names, if it is still ``user``'s; refuse otherwise."""
+    def done(result: str, reason: str) -> EndResult:
+        return EndResult(handle if HANDLE_RE.match(handle or "") else "<invalid>", user if validation.is_posix_user(user)
+                         else "<invalid>", result, reason)
+
+    if not isinstance(handle, str) or not HANDLE_RE.match(handle) or not validation.is_posix_user(user):
+        return done("refused", "not a session handle and user name")
+    boot, pid_text, start_text = handle.split(":")
+    pid, start = int(pid_text), int(start_text)
+    if boot != boot_id(proc):
+        return done("gone", "the handle is from an earlier boot")
+    try:
+        pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None  # Python 3.9+, Linux 5.3+
+    except ProcessLookupError:
+        return done("gone", f"pid {pid} no longer exists")
+    try:
+        # Checked after the pidfd is open: the signal below can only reach the process checked here.
+        info = read_proc(proc, pid)
+        if info is None or info.state == "Z":
+            return done("gone", f"pid {pid} no longer exists")
+        if info.start_ticks != start:
+            return done("gone", f"pid {pid} is another process now (started at tick {info.start_ticks}, not {start})")
+        monitor = _MONITOR.match(info.title)
+        if info.uid != 0 or monitor is None:
+            return done("refused", f"pid {pid} is not an sshd session monitor")
+        if monitor.group("user") != user:
+            return done("refused", f"pid {pid} is another user's session, not {user}'s")
+        try:
+            uid = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            return done("refused", f"no account {user} on this node")
+        kids = [p for p in _processes(proc) if p.ppid == pid and p.uid == uid]
+        audit = _audit_ids(proc, kids[0].pid) if kids else (-1, -1)
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+            else:
+                os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return done("gone", f"pid {pid} ended before the signal")
+        ended = _wait_exit(pidfd, proc, pid, grace_seconds)
+        leftovers = _end_leftovers(proc, uid, audit, grace_seconds)
+        if not ended:
+            return done("failed", f"pid {pid} did not exit within {grace_seconds:g} s of SIGTERM")
+        return done("ended", f"SIGTERM to the session monitor; {leftovers} leftover process(es) of that session ended")
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _wait_exit(pidfd: Optional[int], proc: Path, pid: int, timeout: float) -> bool:
+    if pidfd is not None:
+        return bool(select.select([pidfd], [], [], timeout)[0])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_proc(proc, pid)
+        if info is None or info.state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _end_leftovers(proc: Path, uid: int, audit: Tuple[int, int], grace: float) -> int:
+    """Processes the closed session left behind (a command still running, ``nohup``): same audit
+    session and login uid, owned by the user. None when the session had no audit id."""
+    session_id, login_uid = audit
+    if session_id in (-1, UNSET_AUDIT_ID) or login_uid != uid:
+        return 0
+
+    def members() -> List[int]:
+        return [p.pid for p in _processes(proc)
+                if p.uid == uid and p.state != "Z" and _audit_ids(proc, p.pid) == audit]
+
+    found = members()
+    for pid in found:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in members():
+        _signal(pid, signal.SIGKILL)
+    return len(found)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def parse_end_sessions(document: object) -> List[Tuple[str, str]]:
+    """The stack's end-sessions document -> [(handle, user)]; ValueError naming what is wrong."""
+    from hpops_core.node_channel import contract
+
+    if not isinstance(document, dict) or document.get("format") != contract.END_SESSIONS_FORMAT:
+        raise ValueError("end-sessions: not a %s document" % contract.END_SESSIONS_FORMAT)
+    entries = document.get("sessions")
+    if not isinstance(entries, list) or len(entries) > contract.MAX_END_SESSIONS:
+        raise ValueError("end-sessions: sessions must be a list of at most %d" % contract.MAX_END_SESSIONS)
+    wanted = []
+    for entry in entries:
+        if (not isinstance(entry, dict) or set(entry) != {"handle", "user"}
+                or not isinstance(entry["handle"], str) or not contract.SESSION_HANDLE_RE.match(entry["handle"])
+                or not validation.is_limited_user(entry["user"])):
+            raise ValueError("end-sessions: every entry must be {handle, user} with a session handle and a user name")
+        wanted.append((entry["handle"], entry["user"]))
+    return wanted
+
+
+def end_sessions(document: object, done: Iterable[str] = (), proc: Path = Path("/proc"),
+                 grace_seconds: float = 5.0) -> List[EndResult]:
+    """End each listed session not already handled (``done``: handles this agent acted on before)."""
+    handled = set(done)
+    return [end_session(handle, user, proc, grace_seconds)
+            for handle, user in parse_end_sessions(document) if handle not in handled]
+
+
+def report_section(end_parameter_value: Optional[str], acted: Dict[str, Dict[str, str]], proc: Path = Path("/proc"),
+                   grace_seconds: float = 5.0) -> Tuple[Optional[Dict[str, object]], Dict[str, Dict[str, str]]]:
+    """One agent tick: end what this node's end-sessions parameter lists (each handle once), then list
+    the node's sessions. Returns the report's "sessions" section (None when /proc cannot be read)
+    and the outcomes to keep: one per handle the current instruction still lists, so the reports
+    keep saying what became of it until the stack drops it."""
+    from hpops_core.node_channel import contract
+
+    kept: Dict[str, Dict[str, str]] = {}
+    if end_parameter_value is not None:
+        import json
+
+        try:
+            document = json.loads(end_parameter_value)
+            wanted = parse_end_sessions(document)
+        except ValueError as error:
+            wanted = []
+            kept["-"] = {"handle": "", "user": "", "result": "refused", "reason": str(error)[:200]}
+        for handle, user in wanted:
+            earlier = acted.get(handle)
+            # Once per handle, except after "failed" (the monitor outlived SIGTERM): that is tried again.
+            kept[handle] = (earlier if earlier and earlier.get("result") != "failed"
+                            else end_session(handle, user, proc, grace_seconds).to_report())
+    kept.pop("-", None)  # a refused document is logged by the caller, not reported as a session
+    try:
+        listed = list_sessions(proc)
+    except OSError:
+        return None, kept
+    entries = [s.to_report() for s in listed[: contract.MAX_REPORTED_SESSIONS]]
+    return ({"list": entries, "omitted": max(0, len(listed) - len(entries)),
+             "ended": list(kept.values())[: contract.MAX_END_SESSIONS]}, kept)
