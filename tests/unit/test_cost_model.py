@@ -47,3 +47,17 @@ def test_cost_explorer_line_follows_the_measured_hourly_sweep():
     sweep["calls"]["cost-explorer.GetCostAndUsage"] = 0
     assert lines(cost_table(bench))["Cost Explorer requests"]["usd"] == 0
     assert lines(cost_table(BENCH))["Cost Explorer requests"]["usd"] == 7.30
+
+
+def test_refreshing_the_cost_changes_only_its_key(tmp_path, capsys):
+    from hpops_twin.cost_model import main
+
+    stale = json.loads(json.dumps(BENCH))
+    stale["cost"] = {"defaults": {"automation_usd": 0}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(stale, indent=2) + "\n", encoding="utf-8")
+    assert main([str(path)]) == 0
+    refreshed = json.loads(path.read_text(encoding="utf-8"))
+    assert {k: v for k, v in refreshed.items() if k != "cost"} == {k: v for k, v in BENCH.items() if k != "cost"}
+    assert refreshed["cost"] == BENCH["cost"]
+    assert f"{BENCH['cost']['defaults']['automation_usd']:.2f}" in capsys.readouterr().out
