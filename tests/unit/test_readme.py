@@ -455,3 +455,28 @@ def test_readme_says_where_the_figures_come_from_and_how_to_refresh_them(bench):
     performance = section("Performance (`make bench`)")
     assert "`docs/bench.json`" in performance and "`make bench JSON=docs/bench.json`" in performance
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", bench["run"]["finished"])  # bench.py's own record
+
+
+def test_cost_table(bench):
+    """Every line and total of "What it costs to run" is the cost model's, in docs/bench.json."""
+    from hpops_twin.cost_model import LEAN, cost_section
+
+    cost = bench["cost"]
+    assert cost == json.loads(json.dumps(cost_section(bench))), "docs/bench.json's cost is stale: python -m hpops_twin.cost_model"
+    text = section("Performance (`make bench`)")
+    defaults, lean = cost["defaults"], cost["lean"]
+    (recorded,) = claim(text, r"list prices recorded (\d{4}-\d\d-\d\d)")
+    assert recorded == defaults["prices_recorded"]
+    (nodes,) = claim(text, r"one cluster, (\d+) login nodes")
+    assert int(nodes) == defaults["login_nodes"] == bench["config"]["login_nodes"]
+    alone, with_lb = claim(text, r"the automation alone about \*\*\$([\d.]+)\*\* a month, \*\*\$([\d.]+)\*\* with the load balancer")
+    assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
+    switch, lean_alone, lean_lb = claim(text, r"`(\w+)=false`: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+    assert {switch: "false"} == LEAN == lean["parameters"]
+    assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
+    rows = table(README.read_text(encoding="utf-8"), "item | per month")
+    assert [r[0] for r in rows] == [line["item"] for line in defaults["lines"]]
+    for (item, quantity, usd), line in zip(rows, defaults["lines"]):
+        amount, unit = quantity.rsplit(" ", 1) if quantity.count(" ") == 1 else quantity.split(" ", 1)
+        assert unit == line["unit"] and near(number(amount), line["quantity"], share=0.005), item
+        assert float(usd) == line["usd"], item

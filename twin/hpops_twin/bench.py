@@ -302,6 +302,10 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)
             handle.write("\n")
+        from hpops_twin import cost_model
+
+        print()
+        cost_model.main([json_path])  # the month's cost from the counts just written, under "cost"
     return 0 if all(verdicts.values()) else 1
 
 

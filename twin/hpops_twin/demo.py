@@ -235,12 +235,14 @@ class Demo:
                           for n in sim.nodes(cluster, login) if n.status == "Running"))
 
     def table(self) -> str:
-        header = f"{'#':>2}  {'step':<62} {'exec':>4} {'sync':>4} {'coal':>4} {'fail':>4} {'tgts':>4}  {'sec':>5}  result"
+        """One line per step; the step's whole name comes last, so no column cuts it."""
+        header = f"{'#':>2}  {'exec':>4} {'sync':>4} {'coal':>4} {'fail':>4} {'tgts':>4}  {'sec':>5}  {'result':<10}  step"
         lines = [header, "-" * len(header)]
         for s in self.steps:
+            result = ("ok" if s.converged else "ok (drift)") if s.ok else "FAILED"
             lines.append(
-                f"{s.number:>2}  {s.title[:62]:<62} {s.executions:>4} {s.synced:>4} {s.coalesced:>4} "
-                f"{s.failed:>4} {len(s.targets):>4}  {s.seconds:5.2f}  {('ok' if s.converged else 'ok (drift)') if s.ok else 'FAILED'}"
+                f"{s.number:>2}  {s.executions:>4} {s.synced:>4} {s.coalesced:>4} {s.failed:>4} {len(s.targets):>4}  "
+                f"{s.seconds:5.2f}  {result:<10}  {s.title}"
             )
         return "\n".join(lines)
 

@@ -26,6 +26,9 @@ def handler_tools(calls_aws: bool) -> tuple[Logger, Tracer, Metrics]:
     metrics = Metrics()
     cluster = os.environ.get("CLUSTER_NAME", "")
     # Metrics instances share their dimensions: set once per process, not once per handler module.
+    # On Lambda a process serves one cluster; a process that serves several in turn (the twin) drops
+    # the previous cluster's value first, so it is replaced, not overwritten with a warning.
     if cluster and metrics.default_dimensions.get(CLUSTER_DIMENSION) != cluster:
+        metrics.dimension_set.pop(CLUSTER_DIMENSION, None)
         metrics.set_default_dimensions(**{CLUSTER_DIMENSION: cluster})
     return Logger(), tracer, metrics

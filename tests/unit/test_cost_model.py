@@ -1,0 +1,63 @@
+"""The monthly cost model: schedules, metric counting, and the parts a parameter switches off."""
+
+import json
+
+import pytest
+
+from hpops_twin.cost_model import REPO_ROOT, cost_table, emitted_metrics, per_month
+from hpops_twin.template_model import TemplateModel
+
+BENCH = json.loads((REPO_ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
+
+
+def test_schedules_per_730_hour_month():
+    assert per_month("rate(10 minutes)") == 4380
+    assert per_month("rate(1 hour)") == 730
+    assert per_month("rate(1 day)") == pytest.approx(730 / 24)
+    with pytest.raises(ValueError):
+        per_month("cron(0 * * * ? *)")
+
+
+def test_every_alarmed_metric_is_one_the_model_counts():
+    counted = set(emitted_metrics())
+    alarms = [a["Properties"] for a in TemplateModel().of_type("AWS::CloudWatch::Alarm").values()
+              if a["Properties"].get("Namespace") == "HyperPodLoginAutopilot"]
+    assert alarms
+    for alarm in alarms:
+        service = next(d["Value"] for d in alarm["Dimensions"] if d["Name"] == "service")
+        assert (service, alarm["MetricName"]) in counted, alarm["MetricName"]
+
+
+def lines(table: dict) -> dict[str, dict]:
+    return {line["item"]: line for line in table["lines"]}
+
+
+def test_the_dashboard_and_load_balancer_are_switched_off_by_parameter():
+    defaults = cost_table(BENCH)
+    lean = cost_table(BENCH, {"CreateDashboard": "false"})
+    assert lines(defaults)["CloudWatch dashboard"]["usd"] == 3.00 and lines(lean)["CloudWatch dashboard"]["usd"] == 0
+    assert defaults["automation_usd"] - lean["automation_usd"] == pytest.approx(3.00)
+    existing = cost_table(BENCH, {"ExistingTargetGroupArn": "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/x/1"})
+    assert existing["with_load_balancer_usd"] == existing["automation_usd"] == defaults["automation_usd"]
+
+
+def test_cost_explorer_line_follows_the_measured_hourly_sweep():
+    bench = json.loads(json.dumps(BENCH))
+    sweep = next(r for r in bench["budget_guard"] if r["scenario"].startswith("hourly sweep"))
+    sweep["calls"]["cost-explorer.GetCostAndUsage"] = 0
+    assert lines(cost_table(bench))["Cost Explorer requests"]["usd"] == 0
+    assert lines(cost_table(BENCH))["Cost Explorer requests"]["usd"] == 7.30
+
+
+def test_refreshing_the_cost_changes_only_its_key(tmp_path, capsys):
+    from hpops_twin.cost_model import main
+
+    stale = json.loads(json.dumps(BENCH))
+    stale["cost"] = {"defaults": {"automation_usd": 0}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(stale, indent=2) + "\n", encoding="utf-8")
+    assert main([str(path)]) == 0
+    refreshed = json.loads(path.read_text(encoding="utf-8"))
+    assert {k: v for k, v in refreshed.items() if k != "cost"} == {k: v for k, v in BENCH.items() if k != "cost"}
+    assert refreshed["cost"] == BENCH["cost"]
+    assert f"{BENCH['cost']['defaults']['automation_usd']:.2f}" in capsys.readouterr().out

@@ -1,0 +1,21 @@
+"""`make demo`'s summary table: every step's whole name, however long, on its own row."""
+
+from hpops_twin.demo import Demo, StepOutcome
+
+
+def outcome(number: int, title: str, ok: bool = True) -> StepOutcome:
+    return StepOutcome(number=number, title=title, executions_started=1, executions=1, synced=1, coalesced=0,
+                       failed=0 if ok else 1, extra_passes=0, dry_runs=0, targets=["10.0.0.1"], truth=["10.0.0.1"],
+                       converged=True, expectation="x", expectation_met=ok, seconds=0.5)
+
+
+def test_long_step_names_are_shown_whole():
+    long_title = ("host key rotation: repair publishes, every agent applies and reports, each node is re-verified"
+                  " and the target group keeps every login node")
+    demo = Demo(world=None)
+    demo.steps = [outcome(1, "first deploy: the sweep registers every Running login node"), outcome(2, long_title, ok=False)]
+    lines = demo.table().splitlines()
+    assert len(long_title) > 100
+    assert lines[2].endswith("first deploy: the sweep registers every Running login node")
+    assert lines[3].endswith(long_title) and "FAILED" in lines[3]
+    assert lines[0].split()[-1] == "step"

@@ -1,0 +1,218 @@
+"""What the stack costs to run a month, at its default settings, for one cluster.
+
+Computed from docs/bench.json's measured counts (calls, state transitions and seconds per
+execution, agent calls per poll) times how often each thing happens at the template's default
+schedules, times list prices (list_prices.json: us-east-1, with their date and source), over a
+730-hour month and without free tiers. Where the bench does not count something (Lambda
+invocations per execution, log bytes), the line says how it is estimated. `make bench` writes the
+table into docs/bench.json under "cost"; `python -m hpops_twin.cost_model docs/bench.json`
+recomputes only that key from the counts already there.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpops_twin.template_model import REPO_ROOT, Resolver, TemplateModel
+
+PRICES_PATH = Path(__file__).with_name("list_prices.json")
+HOURS_PER_MONTH = 730
+LOGIN_NODES = 4
+# Not counted by the bench: bytes written to CloudWatch Logs per Lambda invocation (Powertools'
+# JSON log lines plus one EMF document), an estimate from the handlers' log calls.
+LOG_BYTES_PER_INVOCATION = 1024
+# An SSH front door moves little: the NLB's capacity units are estimated at 0.1 an hour.
+NLCU_PER_HOUR = 0.1
+
+
+@dataclass(frozen=True)
+class Line:
+    item: str
+    quantity: float
+    unit: str
+    usd: float
+    how: str
+    optional: str = ""  # the parameter that switches this line off, if any
+
+
+def per_month(schedule: str) -> float:
+    """How many times a `rate(N unit)` schedule fires in a 730-hour month."""
+    match = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", schedule.strip())
+    if not match:
+        raise ValueError(f"not a rate() schedule: {schedule!r}")
+    minutes = int(match.group(1)) * {"minute": 1, "hour": 60, "day": 1440}[match.group(2).rstrip("s")]
+    return HOURS_PER_MONTH * 60 / minutes
+
+
+def emitted_metrics(root: Path = REPO_ROOT) -> list[tuple[str, str]]:
+    """Distinct (service, metric name) pairs the handlers emit through Powertools: every metric
+    carries the dimensions service and cluster, so each pair is one CloudWatch custom metric."""
+    template = TemplateModel()
+    default_service = template.raw["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
+    found: set[tuple[str, str]] = set()
+    for resource in template.of_type("AWS::Serverless::Function").values():
+        props = resource["Properties"]
+        service = props.get("Environment", {}).get("Variables", {}).get("POWERTOOLS_SERVICE_NAME", default_service)
+        module = props["Handler"].rsplit(".", 1)[0].replace(".", "/") + ".py"
+        source = (root / props["CodeUri"] / module).read_text(encoding="utf-8")
+        names = re.findall(r'add_metric\(name="(\w+)"(?: if .*? else "(\w+)")?', source)
+        names += re.findall(r'\(\("(\w+)", "\w+"\), \("(\w+)", "\w+"\), \("(\w+)", "\w+"\)\)', source)
+        for group in names:
+            found |= {(service, name) for name in group if name}
+        if "TaskResult" in source or ".emit(metrics" in source:
+            found |= {(service, name) for name in _task_result_metrics(root, source)}
+    return sorted(found)
+
+
+def _task_result_metrics(root: Path, source: str) -> set[str]:
+    """Metric names the session-limits sweep hands back in its TaskResult (EnforcementReport.metrics)."""
+    if "enforce" not in source:
+        return set()
+    enforce = (root / "layers/hpops_core/hpops_core/session_limits/enforce.py").read_text(encoding="utf-8")
+    return set(re.findall(r'^\s+"([A-Z]\w+)": (?:len\(|self\.)', enforce, re.M))
+
+
+def _resources(template: TemplateModel, resource_type: str, parameters: dict) -> list[str]:
+    """Logical ids of a type that the stack creates with these parameters (Conditions resolved)."""
+    resolver = Resolver(template.raw, parameters, "us-east-1", "123456789012", "hpops")
+    return [name for name, resource in template.of_type(resource_type).items()
+            if not resource.get("Condition") or resolver.condition(resource["Condition"])]
+
+
+def _lambda_tasks(asl: str) -> int:
+    return (REPO_ROOT / "statemachines" / asl).read_text(encoding="utf-8").count('"Type": "Task"')
+
+
+def _states(asl: str) -> int:
+    return (REPO_ROOT / "statemachines" / asl).read_text(encoding="utf-8").count('"Type":')
+
+
+def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None = None) -> dict:
+    """The month's lines and totals with the template's defaults, changed by `overrides`
+    (parameter -> value, e.g. {"CreateDashboard": "false"})."""
+    recorded = prices or json.loads(PRICES_PATH.read_text(encoding="utf-8"))
+    p = {k: v["usd"] for k, v in recorded["prices"].items()}
+    template = TemplateModel()
+    defaults = template.parameter_defaults() | (overrides or {})
+    memory_gb = template.raw["Globals"]["Function"]["MemorySize"] / 1024
+
+    sync = next(r for r in bench["rows"] if r["scenario"] == "idle sweep")
+    session = next(r for r in bench["session_limits"] if r["scenario"].startswith("sweep, warm"))
+    budget = next(r for r in bench["budget_guard"] if r["scenario"].startswith("hourly sweep"))
+    usage = bench["usage"]["sweeps"][0]
+    sweeps, session_sweeps, budget_sweeps = (per_month(defaults[k]) for k in
+                                             ("SweepSchedule", "SessionSweepSchedule", "BudgetSweepSchedule"))
+    heartbeats = LOGIN_NODES * HOURS_PER_MONTH * 3600 / 600  # each agent's report every 10 minutes
+    polls = LOGIN_NODES * HOURS_PER_MONTH * 3600 / 30  # each agent reads its desired state every 30 s
+    usage_runs = HOURS_PER_MONTH * 3600 / 900  # the controller ships Slurm usage every 15 minutes
+
+    transitions = (sweeps * sync["state_transitions"] + budget_sweeps * budget["state_transitions"]
+                   + session_sweeps * _states("session_limits.asl.json"))
+    invocations = (sweeps * _lambda_tasks("login_node_sync.asl.json") + budget_sweeps * _lambda_tasks("budget_guard.asl.json")
+                   + session_sweeps * _lambda_tasks("session_limits.asl.json") + heartbeats + usage_runs)
+    gb_seconds = memory_gb * (sweeps * sync["seconds"] + budget_sweeps * budget["seconds"]
+                              + session_sweeps * session["lambda_seconds"] + (heartbeats + usage_runs) * 0.1)
+
+    def calls(row: dict, prefix: str, kinds: tuple[str, ...]) -> int:
+        return sum(v for k, v in row["calls"].items() if k.startswith(prefix) and k.split(".")[1] in kinds)
+
+    writes = ("UpdateItem", "PutItem", "BatchWriteItem", "DeleteItem")
+    reads = ("GetItem", "Query", "Scan", "BatchGetItem")
+    ddb_writes = (sweeps * calls(sync, "dynamodb.", writes) + budget_sweeps * calls(budget, "dynamodb.", writes)
+                  + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage["records"])
+    ddb_reads = (sweeps * calls(sync, "dynamodb.", reads) + budget_sweeps * calls(budget, "dynamodb.", reads)
+                 + session_sweeps * calls(session, "dynamodb.", reads))
+    ce_per_sweep = budget["calls"].get("cost-explorer.GetCostAndUsage", 0)
+    ce_requests = budget_sweeps * ce_per_sweep
+    metrics = emitted_metrics()
+    alarms = _resources(template, "AWS::CloudWatch::Alarm", defaults)
+    dashboards = _resources(template, "AWS::CloudWatch::Dashboard", defaults)
+    keys = _resources(template, "AWS::KMS::Key", defaults)
+    secrets = _resources(template, "AWS::SecretsManager::Secret", defaults)
+    log_gb = invocations * LOG_BYTES_PER_INVOCATION / 1e9
+    nlb = _resources(template, "AWS::ElasticLoadBalancingV2::LoadBalancer", defaults)
+
+    lines = [
+        Line("Step Functions standard state transitions", transitions, "transitions",
+             transitions / 1000 * p["stepfunctions_standard_per_1k_transitions"],
+             f"measured: {sync['state_transitions']} per idle LoginNodeSync sweep, {budget['state_transitions']} per hourly "
+             "budget sweep; session sweep: every state of its ASL (estimate)"),
+        Line("Lambda requests", invocations, "invocations", invocations / 1e6 * p["lambda_per_1m_requests"],
+             "estimate: every Task state of each swept state machine once, plus one per node report and usage report"),
+        Line("Lambda compute (arm64)", gb_seconds, "GB-seconds", gb_seconds * p["lambda_arm64_per_gb_second"],
+             f"measured seconds per sweep in the twin x {memory_gb * 1024:.0f} MB; reports 0.1 s each (estimate)"),
+        Line("DynamoDB on-demand writes", ddb_writes, "write units", ddb_writes / 1e6 * p["dynamodb_on_demand_per_1m_write_units"],
+             "measured per sweep; one per node report; one per usage record shipped"),
+        Line("DynamoDB on-demand reads", ddb_reads, "read units", ddb_reads / 1e6 * p["dynamodb_on_demand_per_1m_read_units"],
+             "measured per sweep"),
+        Line("EventBridge custom-bus events", heartbeats + usage_runs, "events",
+             (heartbeats + usage_runs) / 1e6 * p["eventbridge_custom_per_1m_events"],
+             f"{LOGIN_NODES} login-node agents report every 10 minutes; the controller ships usage every 15 minutes; "
+             "scheduled rules are free"),
+        Line("CloudWatch custom metrics", len(metrics), "metrics", len(metrics) * p["cloudwatch_metric_per_month"],
+             "distinct (service, metric name) the handlers emit with Powertools (dimensions service and cluster); an "
+             "upper bound: a metric published only when something happens is billed for the hours it has data"),
+        Line("CloudWatch alarms", len(alarms), "alarms", len(alarms) * p["cloudwatch_standard_alarm_per_month"],
+             "the template's alarms at its defaults"),
+        Line("CloudWatch dashboard", len(dashboards), "dashboards", len(dashboards) * p["cloudwatch_dashboard_per_month"],
+             "the operator dashboard", optional="CreateDashboard"),
+        Line("CloudWatch Logs ingestion", log_gb, "GB", log_gb * p["cloudwatch_logs_ingest_per_gb"],
+             f"estimate: {LOG_BYTES_PER_INVOCATION} bytes per Lambda invocation; state machines log errors only"),
+        Line("X-Ray traces", invocations, "traces", invocations / 1e6 * p["xray_per_1m_traces"],
+             "Tracing: Active on every function; at most one trace per invocation (before the free 100,000)"),
+        Line("KMS", len(keys), "keys", len(keys) * p["kms_key_per_month"],
+             "one customer managed key; requests only when a node fetches changed keys (a few a month)"),
+        Line("Secrets Manager", len(secrets), "secrets", len(secrets) * p["secretsmanager_secret_per_month"],
+             "agents read the secret only when its version changes (a few calls a month)"),
+        Line("Cost Explorer requests", ce_requests, "requests", ce_requests * p["cost_explorer_per_request"],
+             f"measured: {ce_per_sweep} per hourly budget sweep"),
+        Line("SSM parameters and GetParameters", polls, "agent polls", 0.0,
+             "standard parameters and standard-throughput calls are free"),
+    ]
+    automation = sum(line.usd for line in lines)
+    lb = [Line("Network Load Balancer", len(nlb) * HOURS_PER_MONTH, "hours",
+               len(nlb) * HOURS_PER_MONTH * (p["nlb_per_hour"] + NLCU_PER_HOUR * p["nlb_per_nlcu_hour"]),
+               f"hourly charge plus {NLCU_PER_HOUR} NLCU an hour (estimate for SSH traffic); none with ExistingTargetGroupArn")]
+    return {"parameters": dict(sorted((overrides or {}).items())),
+            "lines": [asdict(line) | {"usd": round(line.usd, 2)} for line in lines + lb],
+            "metrics": [f"{service}/{name}" for service, name in metrics],
+            "automation_usd": round(automation, 2),
+            "with_load_balancer_usd": round(automation + lb[0].usd, 2),
+            "login_nodes": LOGIN_NODES, "hours_per_month": HOURS_PER_MONTH,
+            "prices_recorded": recorded["recorded"], "region": recorded["region"]}
+
+
+# What a platform team can switch off by parameter, losing only that part.
+LEAN = {"CreateDashboard": "false"}
+
+
+def cost_section(bench: dict) -> dict:
+    """The defaults, and the same stack with the optional parts switched off."""
+    return {"defaults": cost_table(bench), "lean": cost_table(bench, LEAN)}
+
+
+def render(table: dict) -> str:
+    lines = [f"{'item':<44} {'quantity':>12} {'unit':<12} {'USD/month':>9}"]
+    for line in table["lines"]:
+        lines.append(f"{line['item']:<44} {line['quantity']:>12,.1f} {line['unit']:<12} {line['usd']:>9.2f}")
+    lines.append(f"{'automation alone':<70} {table['automation_usd']:>9.2f}")
+    lines.append(f"{'with the load balancer':<70} {table['with_load_balancer_usd']:>9.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Recompute only the "cost" key of a bench JSON file from the counts it already holds."""
+    path = Path(argv[0]) if argv else REPO_ROOT / "docs" / "bench.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["cost"] = cost_section(data)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    print(render(data["cost"]["defaults"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
