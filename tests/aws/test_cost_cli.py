@@ -19,6 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import boto3
 import pytest
 import requests
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 
@@ -32,6 +33,7 @@ from hpops_node_agent import usage
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.price_list import PriceListTwin
 from hpops_twin.template_model import TemplateModel
+from operator_policy import run_as_operator
 
 UTC = dt.timezone.utc
 STACK = "hpops-ml"
@@ -125,9 +127,19 @@ def create_stack(region: str, environment: dict[str, str] | None, outputs: bool 
                 "Runtime": "python3.11", "Handler": "user_spend.check_user_spend", "Code": {"ZipFile": "# in the layer"},
                 "Role": {"Fn::GetAtt": ["Role", "Arn"]}, "Environment": {"Variables": environment}}},
         }
+    # The cluster's ARN and the table's name, as template.yaml's stack has them: the operator's policy names both.
+    try:
+        cluster_arn = boto3.client("sagemaker", region_name=region).describe_cluster(ClusterName=CLUSTER)["ClusterArn"]
+    except ClientError:
+        cluster_arn = f"arn:aws:sagemaker:{region}:{DEFAULT_ACCOUNT_ID}:cluster/none"
     template = {"Resources": resources,
-                "Outputs": {"UserSpendAlertTopicArn": {"Value": {"Ref": "UserSpendAlertTopic"}}} if outputs else {}}
-    boto3.client("cloudformation", region_name=region).create_stack(StackName=STACK, TemplateBody=json.dumps(template))
+                "Parameters": {"ClusterName": {"Type": "String"}, "ClusterArn": {"Type": "String"}},
+                "Outputs": {"UserSpendAlertTopicArn": {"Value": {"Ref": "UserSpendAlertTopic"}},
+                            "SyncStateTableName": {"Value": TABLE}} if outputs else {}}
+    boto3.client("cloudformation", region_name=region).create_stack(
+        StackName=STACK, TemplateBody=json.dumps(template),
+        Parameters=[{"ParameterKey": "ClusterName", "ParameterValue": CLUSTER},
+                    {"ParameterKey": "ClusterArn", "ParameterValue": cluster_arn}])
 
 
 @pytest.fixture
@@ -168,9 +180,7 @@ def deployed(aws):
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
+    return run_as_operator(capsys, main, *argv)
 
 
 def cents(amount: Decimal) -> Decimal:
