@@ -415,3 +415,29 @@ def test_subscribe_to_a_stack_without_the_users_topic_exits_2(aws, capsys):
     status, out, _ = run(capsys, "cost", "subscribe", "--stack-name", STACK, "alice", "alice@example.edu")
 
     assert status == 2 and "has no output UserSpendAlertTopicArn" in out and out.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- release
+
+
+def test_release_records_the_release_and_starts_a_sweep_under_the_operators_policy(aws, capsys):
+    deploy(aws)
+    machine = boto3.client("stepfunctions").create_state_machine(
+        name="hpops-budget-guard", roleArn=f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/guard",
+        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}))["stateMachineArn"]
+    stack = boto3.client("cloudformation").describe_stacks(StackName=STACK)["Stacks"][0]
+    boto3.client("cloudformation").update_stack(
+        StackName=STACK, TemplateBody=json.dumps({
+            "Parameters": {"ClusterName": {"Type": "String"}, "ClusterArn": {"Type": "String"}},
+            "Resources": {"UserSpendAlertTopic": {"Type": "AWS::SNS::Topic"}},
+            "Outputs": {"SyncStateTableName": {"Value": TABLE}, "BudgetGuardStateMachineArn": {"Value": machine}}}),
+        Parameters=[{"ParameterKey": p["ParameterKey"], "UsePreviousValue": True} for p in stack["Parameters"]])
+
+    status, out, _ = run(capsys, "cost", "release", "--stack-name", STACK, "alice", "--reason", "paper deadline")
+
+    assert status == 0, out
+    releases = [i for i in boto3.client("dynamodb").scan(TableName=TABLE)["Items"] if "hold-release#" in i["sk"]["S"]]
+    assert [(r["sk"]["S"].split("hold-release#")[1], r["reason"]["S"]) for r in releases] == [
+        (f"{NOW:%Y-%m}#alice", "paper deadline")]
+    executions = boto3.client("stepfunctions").list_executions(stateMachineArn=machine)["executions"]
+    assert len(executions) == 1 and executions[0]["executionArn"] in out
