@@ -17,6 +17,7 @@
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
                                              what the account or cluster lacks, one line per check
     hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
+    hpops iam-policy --stack-name S          the least-privilege IAM policy (JSON) for these commands on S
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -574,6 +575,25 @@ def _cost_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_iam_policy(args: argparse.Namespace) -> int:
+    """Print the operator's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
+    from hpops.operator_permissions import operator_policy, policy_json
+
+    session = _session(args.region)
+    cloudformation = session.client("cloudformation")
+    stack = cloudformation.describe_stacks(StackName=args.stack_name)["Stacks"][0]
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+    parameters = {p["ParameterKey"]: p.get("ParameterValue", "") for p in stack.get("Parameters", [])}
+    resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
+                 for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=args.stack_name)
+                 for r in page["StackResourceSummaries"] if r.get("PhysicalResourceId")}
+    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources)
+    print(policy_json(document))
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -675,6 +695,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "the one whose SlurmConfig.NodeType is Controller, else controller-machine)")
     doctor.add_argument("--json", action="store_true", help="the checks as one JSON document")
     doctor.set_defaults(func=cmd_doctor)
+
+    iam_policy = commands.add_parser(
+        "iam-policy", help="the least-privilege IAM policy the operator's commands need on a stack (JSON)",
+        description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
+                    "lifecycle and doctor on the stack, naming its resources. A wildcard resource only where the "
+                    "action has none; its statement's Sid says why.")
+    iam_policy.add_argument("--stack-name", required=True, help="the deployed stack")
+    iam_policy.add_argument("--region")
+    iam_policy.set_defaults(func=cmd_iam_policy)
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")
     bench.add_argument("--json", metavar="FILE")

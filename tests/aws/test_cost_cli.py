@@ -19,6 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import boto3
 import pytest
 import requests
+from botocore.exceptions import ClientError
 from moto import mock_aws
 from moto.core import DEFAULT_ACCOUNT_ID
 
@@ -32,6 +33,7 @@ from hpops_node_agent import usage
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.price_list import PriceListTwin
 from hpops_twin.template_model import TemplateModel
+from operator_policy import run_as_operator
 
 UTC = dt.timezone.utc
 STACK = "hpops-ml"
@@ -125,9 +127,19 @@ def create_stack(region: str, environment: dict[str, str] | None, outputs: bool 
                 "Runtime": "python3.11", "Handler": "user_spend.check_user_spend", "Code": {"ZipFile": "# in the layer"},
                 "Role": {"Fn::GetAtt": ["Role", "Arn"]}, "Environment": {"Variables": environment}}},
         }
+    # The cluster's ARN and the table's name, as template.yaml's stack has them: the operator's policy names both.
+    try:
+        cluster_arn = boto3.client("sagemaker", region_name=region).describe_cluster(ClusterName=CLUSTER)["ClusterArn"]
+    except ClientError:
+        cluster_arn = f"arn:aws:sagemaker:{region}:{DEFAULT_ACCOUNT_ID}:cluster/none"
     template = {"Resources": resources,
-                "Outputs": {"UserSpendAlertTopicArn": {"Value": {"Ref": "UserSpendAlertTopic"}}} if outputs else {}}
-    boto3.client("cloudformation", region_name=region).create_stack(StackName=STACK, TemplateBody=json.dumps(template))
+                "Parameters": {"ClusterName": {"Type": "String"}, "ClusterArn": {"Type": "String"}},
+                "Outputs": {"UserSpendAlertTopicArn": {"Value": {"Ref": "UserSpendAlertTopic"}},
+                            "SyncStateTableName": {"Value": TABLE}} if outputs else {}}
+    boto3.client("cloudformation", region_name=region).create_stack(
+        StackName=STACK, TemplateBody=json.dumps(template),
+        Parameters=[{"ParameterKey": "ClusterName", "ParameterValue": CLUSTER},
+                    {"ParameterKey": "ClusterArn", "ParameterValue": cluster_arn}])
 
 
 @pytest.fixture
@@ -168,9 +180,7 @@ def deployed(aws):
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
+    return run_as_operator(capsys, main, *argv)
 
 
 def cents(amount: Decimal) -> Decimal:
@@ -405,3 +415,29 @@ def test_subscribe_to_a_stack_without_the_users_topic_exits_2(aws, capsys):
     status, out, _ = run(capsys, "cost", "subscribe", "--stack-name", STACK, "alice", "alice@example.edu")
 
     assert status == 2 and "has no output UserSpendAlertTopicArn" in out and out.count("\n") == 1
+
+
+# --------------------------------------------------------------------------- release
+
+
+def test_release_records_the_release_and_starts_a_sweep_under_the_operators_policy(aws, capsys):
+    deploy(aws)
+    machine = boto3.client("stepfunctions").create_state_machine(
+        name="hpops-budget-guard", roleArn=f"arn:aws:iam::{DEFAULT_ACCOUNT_ID}:role/guard",
+        definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Succeed"}}}))["stateMachineArn"]
+    stack = boto3.client("cloudformation").describe_stacks(StackName=STACK)["Stacks"][0]
+    boto3.client("cloudformation").update_stack(
+        StackName=STACK, TemplateBody=json.dumps({
+            "Parameters": {"ClusterName": {"Type": "String"}, "ClusterArn": {"Type": "String"}},
+            "Resources": {"UserSpendAlertTopic": {"Type": "AWS::SNS::Topic"}},
+            "Outputs": {"SyncStateTableName": {"Value": TABLE}, "BudgetGuardStateMachineArn": {"Value": machine}}}),
+        Parameters=[{"ParameterKey": p["ParameterKey"], "UsePreviousValue": True} for p in stack["Parameters"]])
+
+    status, out, _ = run(capsys, "cost", "release", "--stack-name", STACK, "alice", "--reason", "paper deadline")
+
+    assert status == 0, out
+    releases = [i for i in boto3.client("dynamodb").scan(TableName=TABLE)["Items"] if "hold-release#" in i["sk"]["S"]]
+    assert [(r["sk"]["S"].split("hold-release#")[1], r["reason"]["S"]) for r in releases] == [
+        (f"{NOW:%Y-%m}#alice", "paper deadline")]
+    executions = boto3.client("stepfunctions").list_executions(stateMachineArn=machine)["executions"]
+    assert len(executions) == 1 and executions[0]["executionArn"] in out

@@ -11,10 +11,12 @@ from moto import mock_aws
 from hpops_core.host_identity.keys import HostCA
 from hpops.main import main
 from hpops_twin.template_model import TemplateModel
+from operator_policy import run_as_operator
 
 # The outputs the CLI reads, defined here by the same logical names template.yaml uses.
 STACK = {
     "Resources": {
+        "HostIdentityKey": {"Type": "AWS::KMS::Key", "Properties": {"KeyPolicy": {"Version": "2012-10-17", "Statement": []}}},
         "Table": {"Type": "AWS::DynamoDB::Table", "Properties": {
             "TableName": "state", "BillingMode": "PAY_PER_REQUEST",
             "AttributeDefinitions": [{"AttributeName": "pk", "AttributeType": "S"}, {"AttributeName": "sk", "AttributeType": "S"}],
@@ -40,30 +42,42 @@ def test_the_outputs_the_cli_reads_exist_in_template_yaml():
 def stack(monkeypatch):
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with mock_aws():
-        arn = boto3.client("secretsmanager", region_name="us-east-1").create_secret(Name="ca", SecretString="{}")["ARN"]
-        boto3.client("cloudformation", region_name="us-east-1").create_stack(
+        cloudformation = boto3.client("cloudformation", region_name="us-east-1")
+        cloudformation.create_stack(
             StackName="hpops-ml", TemplateBody=json.dumps(STACK),
             Parameters=[{"ParameterKey": "ClusterName", "ParameterValue": "ml-research"},
                         {"ParameterKey": "HostCertificatePrincipals", "ParameterValue": "login.hpc.example.edu"},
-                        {"ParameterKey": "CaSecretArn", "ParameterValue": arn}],
+                        {"ParameterKey": "CaSecretArn", "ParameterValue": "set below"}],
         )
+        # The secret under the stack's own key, as template.yaml has it: PutSecretValue also needs kms:GenerateDataKey.
+        key = cloudformation.describe_stack_resource(StackName="hpops-ml", LogicalResourceId="HostIdentityKey")[
+            "StackResourceDetail"]["PhysicalResourceId"]
+        arn = boto3.client("secretsmanager", region_name="us-east-1").create_secret(
+            Name="ca", SecretString="{}", KmsKeyId=key)["ARN"]
+        cloudformation.update_stack(
+            StackName="hpops-ml", TemplateBody=json.dumps(STACK),
+            Parameters=[{"ParameterKey": "ClusterName", "UsePreviousValue": True},
+                        {"ParameterKey": "HostCertificatePrincipals", "UsePreviousValue": True},
+                        {"ParameterKey": "CaSecretArn", "ParameterValue": arn}])
         yield
 
 
 def test_ca_show_before_generate_says_what_to_run(stack, capsys):
-    assert main(["host-keys", "ca-show", "--stack-name", "hpops-ml", "--region", "us-east-1"]) == 1
-    assert "hpops host-keys ca-generate" in capsys.readouterr().out
+    status, out, _ = run_as_operator(capsys, main, "host-keys", "ca-show", "--stack-name", "hpops-ml", "--region", "us-east-1")
+    assert status == 1
+    assert "hpops host-keys ca-generate" in out
 
 
 def test_ca_generate_stores_the_ca_and_prints_the_one_line_users_trust(stack, capsys):
-    assert main(["host-keys", "ca-generate", "--stack-name", "hpops-ml", "--region", "us-east-1"]) == 0
-    generated = capsys.readouterr().out
+    status, generated, _ = run_as_operator(
+        capsys, main, "host-keys", "ca-generate", "--stack-name", "hpops-ml", "--region", "us-east-1")
+    assert status == 0
     secret = boto3.client("secretsmanager", region_name="us-east-1").get_secret_value(SecretId="ca")["SecretString"]
     ca = HostCA.from_secret_json(secret)
     line = f"@cert-authority login-nlb.elb.us-east-1.amazonaws.com,login.hpc.example.edu {ca.public_line}"
     assert line in generated
     assert "PRIVATE KEY" not in generated and ca.private_openssh.splitlines()[1] not in generated
 
-    assert main(["host-keys", "ca-show", "--stack-name", "hpops-ml", "--region", "us-east-1"]) == 0
-    shown = capsys.readouterr().out
+    status, shown, _ = run_as_operator(capsys, main, "host-keys", "ca-show", "--stack-name", "hpops-ml", "--region", "us-east-1")
+    assert status == 0
     assert line in shown and ca.fingerprint() in shown

@@ -27,7 +27,9 @@ from hpops_core.node_channel import contract
 from hpops_core.node_channel.report_store import report_item
 from hpops_core.node_channel.reports import parse_report_event
 from hpops_twin.hyperpod_sim import HyperPodSimulator
+from hpops_twin.iam.enforce import policy_enforced
 from hpops_twin.template_model import TemplateModel
+from operator_policy import operator_lookup, operator_policy_of, run_as_operator
 
 REGION = "us-east-1"
 STACK_NAME = "hpops-ml"
@@ -86,9 +88,7 @@ def stack_outputs(region: str = REGION) -> dict[str, str]:
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
+    return run_as_operator(capsys, main, *argv)
 
 
 @pytest.fixture
@@ -216,7 +216,7 @@ def deployment(region, monkeypatch, session_hooks):
         login = sorted(sim.nodes(CLUSTER, "login"), key=lambda n: n.ip)
         sim.replace_node(CLUSTER, login[0].instance_id)
         create_stack(
-            parameters={"ClusterName": CLUSTER, "LoginGroupName": "login"},
+            parameters={"ClusterName": CLUSTER, "ClusterArn": sim.cluster(CLUSTER).arn, "LoginGroupName": "login"},
             resources={
                 "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.1.0.0/16"}},
                 "LoginTargetGroup": {"Type": "AWS::ElasticLoadBalancingV2::TargetGroup", "Properties": {
@@ -580,6 +580,55 @@ def test_repair_that_fails_exits_1_and_prints_the_error(region, clock, capsys):
     assert f"execution {_name(execution)}: FAILED" in out.splitlines()
     assert "  error: LeaseHeld: another sync of ml-research holds the lease" in out.splitlines()
     assert "plan:" not in out
+
+
+def test_repair_under_a_policy_without_one_of_its_actions_is_denied_naming_it(region, clock, capsys):
+    with mock_aws(config=EXECUTING):
+        machine = _repair_stack(REPAIR_DEFINITION)
+        policy = operator_policy_of(capsys, STACK_NAME, REGION)
+        for statement in policy["Statement"]:
+            statement["Action"] = [a for a in statement["Action"] if a != "states:DescribeExecution"]
+        with policy_enforced("operator", {"HpopsOperator": policy}, operator_lookup(STACK_NAME, REGION)) as denials:
+            status = main(["repair", "--stack-name", STACK_NAME, "--region", REGION])
+        out = capsys.readouterr().out
+
+    assert status == 2
+    started = out.splitlines()[0].removeprefix("started ")
+    assert started.startswith(machine.replace(":stateMachine:", ":execution:") + ":")
+    assert [(d.action, d.resource) for d in denials] == [("states:DescribeExecution", started)]
+    assert out.splitlines()[-1].startswith("hpops repair: ") and "states:DescribeExecution" in out.splitlines()[-1]
+
+
+def test_iam_policy_names_the_stacks_resources_and_says_what_it_leaves_out(deployment, capsys):
+    status = main(["iam-policy", "--stack-name", STACK_NAME])
+    captured = capsys.readouterr()
+    policy = json.loads(captured.out)
+
+    assert status == 0
+    outputs = stack_outputs()
+    granted = {(action, resource) for s in policy["Statement"] for action in s["Action"]
+               for resource in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+    table = f"arn:aws:dynamodb:{REGION}:{DEFAULT_ACCOUNT_ID}:table/{outputs['SyncStateTableName']}"
+    assert {("states:ListExecutions", outputs["LoginNodeSyncStateMachineArn"]),
+            ("states:ListExecutions", outputs["SessionLimitsStateMachineArn"]),
+            ("states:StartExecution", outputs["LoginNodeSyncStateMachineArn"]),
+            ("sagemaker:ListClusterNodes", deployment.cluster(CLUSTER).arn),
+            ("dynamodb:Query", table), ("dynamodb:GetItem", table)} <= granted
+    assert not any(action.startswith(("states:", "dynamodb:", "sagemaker:", "sns:")) and resource == "*"
+                   for action, resource in granted)
+    # This stack has no BudgetGuard state machine or user alert topic: what needs them is not granted, and said.
+    assert "hpops cost subscribe: sns:Subscribe left out: the stack has no output UserSpendAlertTopicArn" \
+        in captured.err.splitlines()
+    assert not any(action == "sns:Subscribe" for action, _ in granted)
+
+
+def test_iam_policy_of_a_stack_that_does_not_exist_is_one_line(region, capsys):
+    with mock_aws():
+        status = main(["iam-policy", "--stack-name", "no-such-stack"])
+    out = capsys.readouterr().out
+
+    assert status == 2
+    assert len(out.splitlines()) == 1 and out.startswith("hpops iam-policy: ") and "no-such-stack" in out
 
 
 def test_repair_still_running_at_the_timeout_exits_2(region, clock, capsys):

@@ -11,7 +11,8 @@ Who is asking is a thread-local stack of principals, pushed where our code start
 Lambda handler (the dispatcher), a node agent's tick, a state machine's execution (moto runs it
 on its own threads, which inherit the stack of the thread that started them), a rule starting an
 execution, EventBridge sending a failed event to the DLQ. Requests outside any principal are the
-harness's own (building the world, looking at it) and are not checked.
+harness's own (building the world, looking at it) and are not checked. The operator CLI's tests
+use `policy_enforced`: the policy `hpops iam-policy` prints, checked the same way.
 
 Every decision is cached per (principal, action, resource, context): the suite makes thousands.
 """
@@ -195,19 +196,7 @@ class IamEnforcer:
                     return world.resolver.parameters["ClusterArn"]
                 return f"arn:aws:sagemaker:{world.resolver.region}:{world.resolver.account_id}:cluster/{name}"
 
-        def secret_key_arn(secret_arn: str) -> str | None:
-            from moto.secretsmanager.models import secretsmanager_backends
-
-            backend = secretsmanager_backends[world.resolver.account_id][world.resolver.region]
-            secret = backend.secrets.get(secret_arn)
-            key = getattr(secret, "kms_key_id", None) if secret is not None else None
-            if not key:
-                return None
-            if key.startswith("arn:"):
-                return key
-            return f"arn:aws:kms:{world.resolver.region}:{world.resolver.account_id}:key/{key}"
-
-        return Lookup(world.resolver.region, world.resolver.account_id, cluster_arn, secret_key_arn)
+        return moto_lookup(world.resolver.region, world.resolver.account_id, cluster_arn)
 
     def decide(self, principal: str, check: Check) -> Decision:
         key = (principal, check.action, check.resource, check.context)
@@ -326,3 +315,42 @@ class IamEnforcer:
     def report(self) -> dict:
         return {"triples": len(self.exercised), "principals": sorted(self.principals_covered()),
                 "denials": [str(d) for d in self.denials], "errors": list(self.errors)}
+
+
+def moto_lookup(region: str, account: str, cluster_arn: Callable[[str], str]) -> Lookup:
+    """A Lookup over moto's own backends, for tests that run without a twin world."""
+
+    def secret_key_arn(secret_arn: str) -> str | None:
+        from moto.secretsmanager.models import secretsmanager_backends
+
+        secret = secretsmanager_backends[account][region].secrets.get(secret_arn)
+        key = getattr(secret, "kms_key_id", None) if secret is not None else None
+        if not key:
+            return None
+        return key if key.startswith("arn:") else f"arn:aws:kms:{region}:{account}:key/{key}"
+
+    return Lookup(region, account, cluster_arn, secret_key_arn)
+
+
+@contextmanager
+def policy_enforced(principal: str, policies: dict[str, dict], lookup: Lookup) -> Iterator[list[Denial]]:
+    """Every request sent inside the block is `principal`'s and allowed only by `policies` (name -> document):
+    the operator CLI's tests, against moto resources without a twin world. Yields the denials."""
+    real_stubber_call = BotocoreStubber.__call__
+    denials: list[Denial] = []
+
+    def stubber_call(stubber: BotocoreStubber, event_name: str, request: Any, **kwargs: Any) -> Any:
+        if not stubber.enabled:
+            return real_stubber_call(stubber, event_name, request, **kwargs)
+        _, service, operation = event_name.split(".", 2)
+        for check in checks(service, operation, request_parameters(service, request), lookup):
+            decision = decide(policies, check.action, check.resource, dict(check.context))
+            if not decision.allowed:
+                denial = Denial(principal, service, operation, check.action, check.resource, decision.reason)
+                denials.append(denial)  # the caller's to judge: a test may remove an action on purpose
+                return denied_response(request.url, service, denial)
+            SUITE_EXERCISED[(principal, check.action, check.resource)] += 1
+        return real_stubber_call(stubber, event_name, request, **kwargs)
+
+    with acting_as(principal), mock.patch.object(BotocoreStubber, "__call__", stubber_call):
+        yield denials

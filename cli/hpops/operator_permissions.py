@@ -1,0 +1,206 @@
+"""What each `hpops` command calls on AWS, and the least-privilege policy that allows exactly that.
+
+One row per call: (botocore service id, operation, IAM action, resource). The action is the Service
+Authorization Reference's (tests/unit/test_operator_policy.py checks every row against the twin's
+own operation table, which the twin enforces, so the two cannot drift). A resource is an ARN
+template filled from the stack:
+
+    {region} {account} {stack}     the stack's region, account and name
+    {output:Name} {parameter:Name} a stack output or parameter (an ARN, or a table's name)
+    {resource:LogicalId}           the physical id of a stack resource (ListStackResources)
+    {execution:Output}             every execution of the state machine an output names
+
+"*" only where the action has no resource type; WILDCARD_REASONS says why, and is the statement's Sid.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Call:
+    service: str
+    operation: str
+    action: str
+    resource: str
+
+
+STACK = "arn:aws:cloudformation:{region}:{account}:stack/{stack}/*"
+TABLE = "arn:aws:dynamodb:{region}:{account}:table/{output:SyncStateTableName}"
+CLUSTER = "{parameter:ClusterArn}"
+SYNC = "{output:LoginNodeSyncStateMachineArn}"
+RUN_SHELL = "arn:aws:ssm:{region}:{account}:document/SSM-SessionManagerRunShell"
+HOST_KEY = "{resource:HostIdentityKey}"
+
+READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
+SPEND = (
+    Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),
+    Call("lambda", "GetFunctionConfiguration", "lambda:GetFunctionConfiguration", "{resource:CheckUserSpendFunction}"),
+    Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
+    Call("cost-explorer", "GetCostAndUsage", "ce:GetCostAndUsage", "*"),
+    Call("pricing", "GetProducts", "pricing:GetProducts", "*"),
+    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),
+    Call("dynamodb", "Query", "dynamodb:Query", TABLE),
+)
+
+COMMANDS: dict[str, tuple[Call, ...]] = {
+    "status": READ_STACK + SPEND + (
+        Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
+        Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
+        Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
+        Call("sfn", "ListExecutions", "states:ListExecutions", SYNC),
+        Call("sfn", "ListExecutions", "states:ListExecutions", "{output:SessionLimitsStateMachineArn}"),
+        Call("sfn", "ListExecutions", "states:ListExecutions", "{output:BudgetGuardStateMachineArn}"),
+        Call("cloudformation", "ListStackResources", "cloudformation:ListStackResources", STACK),
+        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:*"),
+        Call("ssm", "DescribeSessions", "ssm:DescribeSessions", "*"),
+        Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
+    ),
+    "repair": READ_STACK + (
+        Call("sfn", "StartExecution", "states:StartExecution", SYNC),
+        Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
+    ),
+    "cost": SPEND,
+    "cost subscribe": READ_STACK + (
+        Call("sns", "Subscribe", "sns:Subscribe", "{output:UserSpendAlertTopicArn}"),
+    ),
+    # GetCallerIdentity (who released) needs no permission.
+    "cost release": READ_STACK + (
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE),
+        Call("sfn", "StartExecution", "states:StartExecution", "{output:BudgetGuardStateMachineArn}"),
+    ),
+    "host-keys generate|adopt|rotate": READ_STACK + (
+        Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue", "{output:HostIdentitySecretArn}"),
+        Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
+        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE),
+    ),
+    "host-keys ca-generate": READ_STACK + (
+        Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue",
+             "{output:HostCertificateAuthoritySecretArn}"),
+        Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
+        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE),
+    ),
+    "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),),
+    "lifecycle": READ_STACK,
+    # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
+    "doctor": READ_STACK + (
+        Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),
+        Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
+        Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
+        Call("sagemaker", "ListTags", "sagemaker:ListTags", CLUSTER),
+        Call("s3", "GetObject", "s3:GetObject", "*"),
+        Call("s3", "ListObjectsV2", "s3:ListBucket", "*"),
+        Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies",
+             "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
+        Call("ec2", "DescribeSubnets", "ec2:DescribeSubnets", "*"),
+        Call("ec2", "DescribeRouteTables", "ec2:DescribeRouteTables", "*"),
+        Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
+        Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
+        Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE),
+        Call("cloudtrail", "DescribeTrails", "cloudtrail:DescribeTrails", "*"),
+        Call("cloudtrail", "GetTrailStatus", "cloudtrail:GetTrailStatus", "arn:aws:cloudtrail:*:{account}:trail/*"),
+        Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
+        Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
+        Call("cost-explorer", "ListCostAllocationTags", "ce:ListCostAllocationTags", "*"),
+    ),
+}
+
+# Why a statement's resource is "*" (the Sid says it, in the words IAM allows in a Sid).
+WILDCARD_REASONS = {
+    "ce:GetCostAndUsage": "CostExplorerHasNoResourceTypeForThisCall",
+    "ce:ListCostAllocationTags": "CostExplorerTagsHaveNoResourceType",
+    "pricing:GetProducts": "PriceListHasNoResourceType",
+    "elasticloadbalancing:DescribeTargetHealth": "ElbDescribeActionsHaveNoResourceType",
+    "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
+    "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
+    "ec2:DescribeSubnets": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
+    "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
+    # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: unknown here.
+    "s3:GetObject": "LifecycleBucketIsTheClustersNotTheStacks",
+    "s3:ListBucket": "LifecycleBucketIsTheClustersNotTheStacks",
+}
+
+
+class MissingStackValue(Exception):
+    """A resource template names an output, parameter or resource the stack does not have."""
+
+
+def _filler(stack: Mapping[str, str], outputs: Mapping[str, str], parameters: Mapping[str, str],
+            resources: Mapping[str, str]) -> Callable[[str], str]:
+    def fill(template: str) -> str:
+        def value(match: re.Match) -> str:
+            kind, _, name = match.group(1).partition(":")
+            if not name:
+                return stack[kind]
+            source = {"output": outputs, "parameter": parameters, "resource": resources,
+                      "execution": outputs}[kind]
+            found = source.get(name)
+            if not found:
+                raise MissingStackValue(f"{kind} {name}")
+            if kind == "execution":  # arn:...:stateMachine:NAME -> arn:...:execution:NAME:*
+                return found.replace(":stateMachine:", ":execution:", 1) + ":*"
+            return found
+        return re.sub(r"\{([^}]+)\}", value, template)
+    return fill
+
+
+def _resource_arn(action: str, physical_id: str, region: str, account: str) -> str:
+    """A stack resource's physical id as the ARN its action names (a function's name, a key's id)."""
+    if physical_id.startswith("arn:"):
+        return physical_id
+    if action.startswith("lambda:"):
+        return f"arn:aws:lambda:{region}:{account}:function:{physical_id}"
+    if action.startswith("kms:"):
+        return f"arn:aws:kms:{region}:{account}:key/{physical_id}"
+    raise MissingStackValue(f"an ARN for {physical_id}")
+
+
+def _sid(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", text.title())
+
+
+def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
+                    resources: Mapping[str, str]) -> tuple[dict, list[str]]:
+    """The policy document for every command on this stack, and the notes on what it leaves out.
+
+    ``stack_id``: the stack's ARN (its region and account); ``resources``: logical id -> physical id."""
+    _, _, _, region, account, rest = stack_id.split(":", 5)
+    stack = {"region": region, "account": account, "stack": rest.split("/")[1]}
+    fill = _filler(stack, outputs, parameters, resources)
+    statements: dict[str, dict[str, set[str]]] = {}  # Sid -> action -> resources
+    notes: list[str] = []
+    for command, calls in COMMANDS.items():
+        for call in calls:
+            try:
+                resource = fill(call.resource)
+                if call.resource.startswith("{resource:"):
+                    resource = _resource_arn(call.action, resource, region, account)
+            except MissingStackValue as missing:
+                notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
+                continue
+            sid = WILDCARD_REASONS[call.action] if resource == "*" else _sid(call.action.split(":")[0]) + "OfTheStack"
+            statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
+    document: dict = {"Version": "2012-10-17", "Statement": []}
+    for sid, actions in sorted(statements.items()):
+        # One statement per distinct resource set: every action in it applies to every resource in it.
+        groups: dict[tuple[str, ...], list[str]] = {}
+        for action, arns in actions.items():
+            groups.setdefault(tuple(sorted(arns)), []).append(action)
+        for number, (arns, names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
+            document["Statement"].append({
+                "Sid": sid if number == 0 else f"{sid}{number + 1}", "Effect": "Allow",
+                "Action": sorted(names), "Resource": list(arns) if len(arns) > 1 else arns[0]})
+    return document, notes
+
+
+def policy_json(document: dict) -> str:
+    return json.dumps(document, indent=2)

