@@ -29,6 +29,18 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
 BENCH = REPO_ROOT / "docs" / "bench.json"
+DOCS = REPO_ROOT / "docs"
+README_MAX_LINES = 250
+
+
+def doc_pages() -> list[Path]:
+    """The documentation set: the README (the front door) and the guide's pages under docs/."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def docs_text() -> str:
+    """Every page of the documentation set, one after the other (a section or table lives in one page)."""
+    return "\n\n".join(page.read_text(encoding="utf-8") for page in doc_pages())
 
 # A line (or inline span of two words or more) that starts with one of these is a command.
 PROGRAMS = {"hpops", "make", "python", "python3", "pip", "sam", "aws", "bash", "sh", "journalctl", "sshd",
@@ -97,6 +109,7 @@ SKIPPED = {
     "hpops doctor --cluster NAME --region R": AWS,
     "hpops cost release --stack-name S USER --reason TEXT": AWS,
     "hpops iam-policy --stack-name S [--region R]": AWS,
+    "hpops iam-policy --stack-name S": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
@@ -114,7 +127,8 @@ MENTIONS = {
 # ---------------------------------------------------------------- the README's commands
 
 def code_blocks(text: str) -> list[str]:
-    return re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+    """Fenced blocks, also those indented under a numbered step."""
+    return re.findall(r"^ *```[^\n]*\n(.*?)^ *```", text, re.S | re.M)
 
 
 def block_commands(block: str) -> list[str]:
@@ -134,14 +148,14 @@ def block_commands(block: str) -> list[str]:
 def inline_commands(text: str) -> list[str]:
     """Spans of two words or more that start with a program; `hpops status: access denied ...` is
     a message the program prints, not a command."""
-    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    prose = re.sub(r"^ *```.*?^ *```", "", text, flags=re.S | re.M)
     spans = [span.split() for span in re.findall(r"`([^`\n]+)`", prose)]
     return [" ".join(words) for words in spans
             if len(words) > 1 and words[0] in PROGRAMS and not words[1].endswith(":")]
 
 
 def readme_commands() -> list[str]:
-    text = README.read_text(encoding="utf-8")
+    text = docs_text()
     found = [c for block in code_blocks(text) for c in block_commands(block)] + inline_commands(text)
     return list(dict.fromkeys(found))
 
@@ -149,7 +163,7 @@ def readme_commands() -> list[str]:
 def test_every_code_block_is_commands_or_a_figure():
     """A block with commands holds nothing else, so no command hides behind an unknown program name."""
     unclear = []
-    for block in code_blocks(README.read_text(encoding="utf-8")):
+    for block in code_blocks(docs_text()):
         lines = [re.sub(r"\s+#\s.*$", "", line).strip() for line in block.replace("\\\n", " ").splitlines()]
         lines = [line for line in lines if line]
         if not lines:
@@ -255,12 +269,12 @@ def bench() -> dict:
 
 @pytest.fixture(scope="module")
 def readme() -> str:
-    return " ".join(README.read_text(encoding="utf-8").split())  # one line: claims wrap anywhere
+    return " ".join(docs_text().split())  # one line: claims wrap anywhere
 
 
 def section(title: str) -> str:
-    """One `## ` section of the README, whitespace collapsed."""
-    text = README.read_text(encoding="utf-8")
+    """One `## ` section of the README or a docs/ page, whitespace collapsed."""
+    text = "\n" + docs_text()
     start = text.index(f"\n## {title}")
     end = text.find("\n## ", start + 1)
     return " ".join(text[start:end if end > 0 else None].split())
@@ -341,7 +355,7 @@ SYNC_SERVICES = ("sagemaker", "elastic-load-balancing-v2", "dynamodb")
 
 def test_login_node_sync_table(bench):
     """A figure is the same at every cluster size, or the README gives the run's range (`7–9`)."""
-    rows = table(README.read_text(encoding="utf-8"), "scenario | cluster nodes")
+    rows = table(docs_text(), "scenario | cluster nodes")
     assert [r[0] for r in rows] == list(SYNC_SCENARIOS), "a row was added or renamed: map it in SYNC_SCENARIOS"
     for label, sizes, sm_elb, ddb, other, transitions in rows:
         measured = rows_of(bench, "rows", SYNC_SCENARIOS[label])
@@ -358,7 +372,7 @@ def test_login_node_sync_table(bench):
 
 
 def test_node_channel_table(bench):
-    rows = table(README.read_text(encoding="utf-8"), "scenario | agent polls per node")
+    rows = table(docs_text(), "scenario | agent polls per node")
     assert [r[0] for r in rows] == list(CHANNEL_SCENARIOS), "a row was added or renamed: map it in CHANNEL_SCENARIOS"
     for label, polls, reads, agent, transitions in rows:
         (r,) = rows_of(bench, "node_channel", CHANNEL_SCENARIOS[label])
@@ -475,9 +489,56 @@ def test_cost_table(bench):
     switch, lean_alone, lean_lb = claim(text, r"`(\w+)=false`: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
     assert {switch: "false"} == LEAN == lean["parameters"]
     assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
-    rows = table(README.read_text(encoding="utf-8"), "item | per month")
+    rows = table(docs_text(), "item | per month")
     assert [r[0] for r in rows] == [line["item"] for line in defaults["lines"]]
     for (item, quantity, usd), line in zip(rows, defaults["lines"]):
         amount, unit = quantity.rsplit(" ", 1) if quantity.count(" ") == 1 else quantity.split(" ", 1)
         assert unit == line["unit"] and near(number(amount), line["quantity"], share=0.005), item
         assert float(usd) == line["usd"], item
+
+
+# ---------------------------------------------------------------- the front door and the guide
+
+def test_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail into a docs/ page"
+
+
+def test_every_docs_page_is_linked():
+    linked = set()
+    for page in (README, DOCS / "README.md"):
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text(encoding="utf-8")):
+            linked.add((page.parent / target).resolve())
+    unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and p.resolve() not in linked]
+    assert not unlinked, f"docs/ pages linked from neither README.md nor docs/README.md: {unlinked}"
+
+
+def anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    found = set()
+    for heading in re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.M):
+        found.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
+    return found
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for page in doc_pages():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                broken.append(f"{page.name}: {target} (no such heading)")
+    assert not broken, f"links that lead nowhere: {broken}"
+
+
+def test_readme_cost_summary(bench):
+    """The front door's two totals are the cost table's (the defaults), in docs/bench.json."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    alone, with_lb = claim(text, r"about \*\*\$([\d.]+)\*\* a month for the automation alone, \*\*\$([\d.]+)\*\* with the load balancer")
+    defaults = bench["cost"]["defaults"]
+    assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
