@@ -109,6 +109,8 @@ def main(argv=None):
                     "or install python3 >= " + wanted)
     args = parse_args(argv)
 
+    import dataclasses
+
     from .config import ConfigError, load_config
     from .identity import IdentityError, describe_groups_with, resolve
 
@@ -129,7 +131,8 @@ def main(argv=None):
         if args.print_role:
             print(role)
             return 0
-        identity = resolve(config, describe_groups=describe) if role == "login" else None
+        # The role is known now: the second lookup only finds the instance id (no layout read again).
+        identity = resolve(dataclasses.replace(config, role=role)) if role == "login" else None
     except IdentityError as error:
         return fail(str(error))
 
