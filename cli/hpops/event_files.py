@@ -40,17 +40,29 @@ def load_event_file(path: str, *, size_limit: int | None = EVENT_LIMIT_BYTES) ->
     return events
 
 
+def put_events_entry_size(entry: dict) -> int:
+    """The size EventBridge limits, of one PutEvents entry ("Calculating Amazon EventBridge
+    PutEvents event entry size"): Time counts 14 bytes; Source, DetailType, Detail and each
+    Resources entry their UTF-8 bytes."""
+    size = 14 if entry.get("Time") is not None else 0
+    for name in ("Source", "DetailType", "Detail"):
+        size += len((entry.get(name) or "").encode("utf-8"))
+    return size + sum(len(r.encode("utf-8")) for r in entry.get("Resources") or [] if r is not None)
+
+
+def entry_of(event: dict) -> dict:
+    """The PutEvents entry an event envelope came from (its Detail as compact JSON)."""
+    detail = event.get("detail")
+    return {"Time": event.get("time"), "Source": event.get("source"), "DetailType": event.get("detail-type"),
+            "Detail": None if detail is None else json.dumps(detail, separators=(",", ":"), ensure_ascii=False),
+            "Resources": event.get("resources") or []}
+
+
 def event_size(event: dict) -> int:
-    """The size AWS limits: an event's PutEvents entry ("Calculating Amazon EventBridge PutEvents
-    event entry size": Time counts 14 bytes, Source, DetailType, Detail and each Resources entry
-    their UTF-8 bytes), or a state machine input's UTF-8 JSON."""
+    """The size AWS limits: an event's PutEvents entry, or a state machine input's UTF-8 JSON."""
     if "detail-type" not in event:
         return len(json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-    detail = event.get("detail")
-    parts = [event.get("source"), event.get("detail-type"),
-             None if detail is None else json.dumps(detail, separators=(",", ":"), ensure_ascii=False),
-             *(event.get("resources") or [])]
-    return (14 if event.get("time") is not None else 0) + sum(len(str(p).encode("utf-8")) for p in parts if p is not None)
+    return put_events_entry_size(entry_of(event))
 
 
 def _check_size(where: str, event: dict, limit: int) -> None:

@@ -46,6 +46,7 @@ from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
 from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
+from hpops.event_files import EVENT_LIMIT_BYTES, entry_of, put_events_entry_size
 from hpops_core.common import clients as hpops_clients
 from hpops_core.host_identity import certificates, verifier
 from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, generate_ca
@@ -165,25 +166,9 @@ def _recording_interpreter_crashes(crashes: dict[str, str]):
     return execution_logic
 
 
-# EventBridge's PutEvents entry size: Time counts 14 bytes, Source, DetailType, Detail and each
-# Resources entry their UTF-8 bytes, and the total must be under 256 KB ("Calculating Amazon
-# EventBridge PutEvents event entry size").
-PUT_EVENTS_ENTRY_LIMIT = 256 * 1024
-
-
-def put_events_entry_size(entry: dict) -> int:
-    size = 14 if entry.get("Time") is not None else 0
-    for name in ("Source", "DetailType", "Detail"):
-        size += len((entry.get(name) or "").encode("utf-8"))
-    return size + sum(len(r.encode("utf-8")) for r in entry.get("Resources") or [] if r is not None)
-
-
-def entry_of(event: dict) -> dict:
-    """The PutEvents entry an event envelope came from (its Detail as compact JSON)."""
-    detail = event.get("detail")
-    return {"Time": event.get("time"), "Source": event.get("source"), "DetailType": event.get("detail-type"),
-            "Detail": None if detail is None else json.dumps(detail, separators=(",", ":"), ensure_ascii=False),
-            "Resources": event.get("resources") or []}
+# EventBridge takes PutEvents entries (and requests) under 256 KB; the sizing is the CLI's, so
+# `hpops twin send` and the twin's delivery refuse the same events.
+PUT_EVENTS_ENTRY_LIMIT = EVENT_LIMIT_BYTES
 
 
 def refusal(event: dict, account_id: str = ACCOUNT_ID, region: str = REGION) -> dict | None:
