@@ -41,8 +41,8 @@ def record_node_report(event: dict, context: LambdaContext) -> dict:
                                          int(time.time()), event_id)
     change = session_changes.sessions_change(previous, report, event_id)
     if change.changed:
+        # No metric of its own (one more custom metric a month): the log line below carries it.
         session_changes.announce(session_changes.announcement(config.cluster_name, report, received_at))
-        metrics.add_metric(name="NodeSessionListChanged", unit=MetricUnit.Count, value=1)
     identity = report.hostIdentity
     metrics.add_metric(name="NodeReports", unit=MetricUnit.Count, value=1)
     if identity is not None and identity.result == "failed":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
@@ -26,9 +25,8 @@ def check_reported_sessions(event: dict, context: LambdaContext) -> dict:
     node = report_check.announced_node(event, config.cluster_name)
     state = node_sessions.read_cluster_state(config.state_table, config.cluster_name, datetime.now(timezone.utc))
     check = report_check.decide_report_check(config.cluster_name, state, config.policy)
+    # No custom metric: the checks it starts are SessionLimits executions (AWS/States counts them).
     started = report_check.start_check(config.state_machine_arn, check) if check.start else False
-    if started:
-        metrics.add_metric(name="SessionChecksStartedByNodes", unit=MetricUnit.Count, value=1)
     logger.info("reported sessions checked", extra={"node": node, "start": check.start, "started": started,
                                                     "execution": check.name, "reason": check.reason})
     return {"start": check.start, "started": started, "name": check.name, "users": list(check.users),

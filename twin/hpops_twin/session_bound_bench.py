@@ -39,6 +39,7 @@ from hpops_twin.world import TwinWorld
 KEY = "session_limit_bound"
 REPORT_CHECK_RULE = "SessionsChanged"  # CheckReportedSessionsFunction's event in template.yaml
 CHECK_FUNCTION = "CheckReportedSessionsFunction"
+LOGIN_NODES = 3
 MAX_SIMULATED_SECONDS = 3600
 SWEEP_AFTER_POLL = 0.001  # worst case: the sweep runs just after a poll, the login just after both
 
@@ -162,11 +163,11 @@ def measure_ssm(world: TwinWorld, logins: SshLogins, user: str) -> BoundRow:
 
 def bound_rows() -> list[BoundRow]:
     rows = []
-    with TwinWorld() as world, SshLogins(world).installed() as logins:
+    with TwinWorld(login_count=LOGIN_NODES) as world, SshLogins(world).installed() as logins:
         rows.append(measure_ssh(world, logins, "alice", "worst", "node report and sweep"))
         rows.append(measure_ssh(world, logins, "bob", "typical", "node report and sweep"))
         rows.append(measure_ssm(world, logins, "carol"))
-    with TwinWorld() as world, SshLogins(world).installed() as logins:
+    with TwinWorld(login_count=LOGIN_NODES) as world, SshLogins(world).installed() as logins:
         world.function_rules.pop(REPORT_CHECK_RULE)  # the stack before node reports started checks
         rows.append(measure_ssh(world, logins, "alice", "worst", "sweep only"))
         rows.append(measure_ssh(world, logins, "bob", "typical", "sweep only"))
@@ -177,7 +178,7 @@ def bound_record(rows: list[BoundRow]) -> dict[str, Any]:
     """What docs/bench.json keeps under KEY: the rows and the clocks they were measured on."""
     poll, sweep = defaults()
     by = {(r.path, r.case, r.checks): r for r in rows}
-    return {"rows": [asdict(r) for r in rows], "poll_seconds": poll, "poll_jitter": JITTER, "sweep_seconds": sweep,
+    return {"rows": [asdict(r) for r in rows], "login_nodes": LOGIN_NODES, "poll_seconds": poll, "poll_jitter": JITTER, "sweep_seconds": sweep,
             "ssh_worst_polls": by[("ssh", "worst", "node report and sweep")].polls,
             "ssh_worst_seconds": by[("ssh", "worst", "node report and sweep")].seconds,
             "ssh_typical_seconds": by[("ssh", "typical", "node report and sweep")].seconds,
