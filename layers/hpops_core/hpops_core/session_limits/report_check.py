@@ -93,8 +93,10 @@ def decide_report_check(cluster: str, state: ClusterState, policy: LimitPolicy) 
 
 
 def start_check(state_machine_arn: str, check: ReportCheck) -> bool:
-    """Start the execution the check named: True when started, False when Step Functions already has
-    one of that name (another node's report or a redelivery started it: the same situation)."""
+    """Start the execution the check named. True when Step Functions took it: a new execution, or
+    the same one still running (StartExecution with a running standard execution's name and input
+    returns that execution); False when one of that name has ended (ExecutionAlreadyExists): that
+    situation was checked already."""
     try:
         with transient_errors_named("states:StartExecution"):
             client("stepfunctions").start_execution(stateMachineArn=state_machine_arn, name=check.name,
