@@ -486,6 +486,11 @@ def test_session_limit_bound(bench, readme):
     assert int(shell_polls) == measured[("ssm", "worst", "StartSession event")]["polls"]
     (transitions,) = claim(limits, r"A crossing costs one execution of (\d+) state transitions")
     assert int(transitions) == bound["transitions_per_crossing"]
+    changes, crossings, per_crossing = claim(text, r"every 1,000 changes of a login node's session list cost \$([\d.]+) .*?"
+                                                   r"every 1,000 crossings of a session limit \$([\d.]+) more \((\d+) state")
+    per_1000 = bench["cost"]["defaults"]["per_1000_events"]
+    assert (float(changes), float(crossings)) == (per_1000["session_list_changes"], per_1000["crossings"])
+    assert int(per_crossing) == bound["transitions_per_crossing"]
     front_polls, front_seconds = claim(readme, r"an SSH login over the limit is ended within (\d+) agent polls "
                                                r"\((\d+) s at the defaults, worst case")
     assert (int(front_polls), float(front_seconds)) == (bound["ssh_worst_polls"], bound["ssh_worst_seconds"])
