@@ -2,7 +2,8 @@
 
 Validate (a named error for anything malformed: EventBridge's retries, then the DLQ and its
 alarm), check AWS's own record of the instance, keep the latest report per node. Waiting state
-machines read it from there (CheckNodeReport); reports never admit a node by themselves.
+machines read it from there (CheckNodeReport); reports never admit a node by themselves. Only
+after all that, a changed session list is announced (node_channel/session_changes.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster.login_group import describe_node
-from hpops_core.node_channel import report_store
+from hpops_core.node_channel import report_store, session_changes
 from hpops_core.node_channel.config import NodeReportConfig
 from hpops_core.node_channel.reports import NodeReportRejected, check_report_origin, parse_report_event
 
@@ -34,13 +35,20 @@ def record_node_report(event: dict, context: LambdaContext) -> dict:
     if not check.accepted:
         metrics.add_metric(name="NodeReportRejected", unit=MetricUnit.Count, value=1)
         raise NodeReportRejected(check.reason)
-    report_store.store_report(config.state_table, config.cluster_name, report,
-                              datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z", int(time.time()))
+    received_at = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    event_id = str(event.get("id") or "")[:128] or None
+    previous = report_store.store_report(config.state_table, config.cluster_name, report, received_at,
+                                         int(time.time()), event_id)
+    change = session_changes.sessions_change(previous, report, event_id)
+    if change.changed:
+        # No metric of its own (one more custom metric a month): the log line below carries it.
+        session_changes.announce(session_changes.announcement(config.cluster_name, report, received_at))
     identity = report.hostIdentity
     metrics.add_metric(name="NodeReports", unit=MetricUnit.Count, value=1)
     if identity is not None and identity.result == "failed":
         metrics.add_metric(name="NodeApplyFailed", unit=MetricUnit.Count, value=1)
     logger.info("node report recorded", extra={"instanceId": report.instanceId, "trigger": report.trigger,
                                                "hostIdentity": identity.result if identity else None,
-                                               "reason": identity.reason if identity else None})
-    return {"recorded": True, "instanceId": report.instanceId}
+                                               "reason": identity.reason if identity else None,
+                                               "sessionsChanged": change.changed, "sessionsReason": change.reason})
+    return {"recorded": True, "instanceId": report.instanceId, "sessionsChanged": change.changed}

@@ -32,13 +32,14 @@ AWS_SERVICES = (
     "dynamodb",        # the state table (leases, node reports, alerts, session ledger)
     "ec2",             # login_sync: the target group's VPC CIDRs
     "elbv2",           # login_sync: the SSH target group
-    "events",          # budget_guard: alerts on the default bus
+    "events",          # budget_guard: alerts on the default bus; node_channel: sessions changed
     "iam",             # session_limits: run-as tags of session owners
     "pricing",         # budget_guard: AWS Price List on-demand rates
     "sagemaker",       # the HyperPod cluster and its nodes
     "secretsmanager",  # host_identity: the host CA (certificate mode)
     "sns",             # alerts
     "ssm",             # node channel parameters, Session Manager sessions
+    "stepfunctions",   # session_limits: a node's report starts a check (CheckReportedSessions)
     # The X-Ray SDK makes an xray client for centralised sampling when it runs outside Lambda
     # (in Lambda it samples locally); kept so that importing the layer's code anywhere works.
     "xray",

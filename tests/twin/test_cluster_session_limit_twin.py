@@ -8,6 +8,7 @@ parameter reaches the node that holds the session through the agent's own poll.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -88,11 +89,19 @@ def test_a_session_manager_shell_that_crosses_the_limit_ends_by_terminate_sessio
     assert out["ssh"]["toEndCount"] == 0 and all(s.connected for s in early)
 
 
-def test_a_dry_run_tells_no_node(world, logins):
+def test_a_dry_run_tells_no_node():
+    # A dry-run deployment: the check its node reports start is a dry run too, as is the sweep.
+    with TwinWorld(parameters={"SessionLimitsDryRun": "true"}) as world, SshLogins(world).installed() as logins:
+        _dry_run_tells_no_node(world, logins)
+
+
+def _dry_run_tells_no_node(world: TwinWorld, logins: SshLogins) -> None:
     first, second, _ = login_nodes(world)
     now = time.time()
     opened = [logins.open("alice", node, now + n) for n, node in enumerate((first, second, first))]
     world.agents_poll()
+    (reported,) = checks_started_by_reports(world)
+    assert reported.output["enforcement"]["report"]["dryRun"] is True
 
     result = world.wait([world.sessions.start_check({"cluster": world.cluster_name, "mode": "sweep", "dryRun": True})],
                         timeout=120)[0]
@@ -105,3 +114,114 @@ def test_a_dry_run_tells_no_node(world, logins):
                timeout=120)
     alerts = [a for a in world.sessions.alerts() if "SSH" in a["subject"]]
     assert len(alerts) == 1 and "would end 1 SSH session(s) (alice)" in alerts[0]["subject"], "once, not every sweep"
+
+
+# ---------------------------------------------------------------- a node's report starts the check
+
+def checks_started_by_reports(world: TwinWorld) -> list:
+    """The SessionLimits executions CheckReportedSessions started (mode "nodes"), ended."""
+    sfn = world.aws.client("stepfunctions")
+    listed = sfn.list_executions(stateMachineArn=world.sessions.state_machine_arn())["executions"]
+    return world.wait([e["executionArn"] for e in listed if e["name"].startswith("nodes-")], timeout=120)
+
+
+def report_checks(world: TwinWorld) -> list[dict]:
+    return [i.result for i in world.dispatcher.invocations if i.function.endswith("CheckReportedSessionsFunction")]
+
+
+def test_an_ssh_login_over_the_limit_is_ended_within_two_polls_without_a_sweep(world, logins):
+    first, second, _ = login_nodes(world)
+    now = time.time()
+    held = [logins.open("alice", first, now), logins.open("alice", second, now + 1)]
+    bob = logins.open("bob", first, now + 2)
+    world.agents_poll()
+    assert checks_started_by_reports(world) == [] and report_checks(world), "checked, nobody over: nothing started"
+
+    third = logins.open("alice", second, now + 60)
+    world.agents_poll()  # poll 1: the node reports the third login, and its report starts one check
+
+    (run,) = checks_started_by_reports(world)
+    assert run.status == "SUCCEEDED" and run.input == {"cluster": world.cluster_name, "mode": "nodes", "users": ["alice"]}
+    out = run.output["enforcement"]["report"]
+    assert out["mode"] == "nodes" and out["trigger"] == "login node report: over the limit: alice"
+    assert [(e["node"], e["handle"]) for e in out["ssh"]["toEnd"]] == [(second, third.handle)]
+    assert third.connected, "the holding node has not polled yet"
+
+    world.agents_poll()  # poll 2: the holding node reads its end-sessions instruction
+
+    assert not third.connected and all(s.connected for s in held) and bob.connected
+    assert not [r for r in world.routes if r.rule == "SessionSweep"], "no sweep was waited for"
+    world.agents_poll()  # the node reports the end: nobody is over any more, nothing more starts
+    assert len(checks_started_by_reports(world)) == 1
+    assert report_checks(world)[-1]["start"] is False
+
+
+def test_the_same_situation_announced_again_starts_no_second_execution():
+    """A redelivered announcement (or another node's report of the same crossing) names the same
+    over-limit sessions, so the same execution name: Step Functions refuses it, which is success.
+    (A dry run, where the situation stays; otherwise the run's ledger already says the excess ended.)"""
+    with TwinWorld(parameters={"SessionLimitsDryRun": "true"}) as world, SshLogins(world).installed() as logins:
+        _same_situation_announced_again(world, logins)
+
+
+def _same_situation_announced_again(world: TwinWorld, logins: SshLogins) -> None:
+    first, second, _ = login_nodes(world)
+    now = time.time()
+    for n, node in enumerate((first, second, first)):
+        logins.open("alice", node, now + n)
+    world.agents_poll()
+    (run,) = checks_started_by_reports(world)  # ended: its name is refused from now on (while running, reused)
+    announcement = {"Source": "hpops.node-reports", "DetailType": "HyperPod Login Node Sessions Changed",
+                    "Detail": json.dumps({"cluster": world.cluster_name, "instanceId": first,
+                                          "reportedAt": "2026-11-23T08:00:01+00:00", "receivedAt": "2026-11-23T08:00:01Z"})}
+    world.aws.client("events").put_events(Entries=[announcement])
+
+    checks = [c for c in report_checks(world) if c["start"]]
+    assert len(checks) == 2 and len({c["name"] for c in checks}) == 1
+    assert [c["started"] for c in checks] == [True, False]
+    assert len(checks_started_by_reports(world)) == 1 and not world.delivery_failures
+
+
+def test_the_measured_bound_is_the_documented_one(world, logins):
+    """The bench's own measurement (simulated clock, real agents and execution) in the worst case."""
+    from hpops_twin.session_bound_bench import defaults, measure_ssh
+
+    poll, _ = defaults(world.template)
+    row = measure_ssh(world, logins, "alice", "worst", "node report and sweep")
+    assert (row.polls, row.sweeps, row.executions) == (2, 0, 1)
+    assert row.seconds <= 2 * poll
+
+
+def _report(world: TwinWorld, sender, claimed_instance: str, sessions: list[dict]) -> dict:
+    return {"Source": "hpops.node", "DetailType": "HyperPod Login Node Report", "EventBusName": world.output("NodeReportBusName"),
+            "Detail": json.dumps({"format": "hpops.node.report.v1", "cluster": world.cluster_name,
+                                  "instanceId": claimed_instance, "ip": sender.ip, "role": "login", "agentVersion": "1.0.0",
+                                  "reportedAt": "2026-11-23T08:00:01+00:00", "trigger": "change",
+                                  "sessions": {"list": sessions}})}
+
+
+def test_forged_reports_start_nothing(world, logins):
+    """Another node's sessions sent from this node, a huge list, an announcement nobody stored: the
+    origin check (or the parse) refuses them before any announcement, and an announcement alone is
+    never counted: no check is started, no node is told anything."""
+    nodes = sorted((n for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running"),
+                   key=lambda n: n.instance_id)
+    sender, victim = nodes[0], nodes[1]
+    logins.open("alice", victim.instance_id, time.time())
+    world.agents_poll()
+    checks_before = len(report_checks(world))
+    forged = [{"handle": f"5eed0b07:{pid}:{pid * 10}", "user": "alice", "path": "ssh", "tty": True,
+               "startedAt": "2026-11-23T08:00:00Z"} for pid in range(100, 103)]
+    huge = [dict(s, handle=f"5eed0b07:{pid}:{pid}") for pid, s in enumerate(forged * 34, start=1000)]
+    events = world.aws.client("events")
+    events.put_events(Entries=[_report(world, sender, victim.instance_id, forged),
+                               _report(world, sender, sender.instance_id, huge)])
+    events.put_events(Entries=[{"Source": "hpops.node-reports", "DetailType": "HyperPod Login Node Sessions Changed",
+                                "Detail": json.dumps({"cluster": world.cluster_name, "instanceId": victim.instance_id,
+                                                      "reportedAt": "x", "receivedAt": "x"})}])
+
+    assert sorted(f["error"] for f in world.delivery_failures) == ["MalformedNodeReport", "NodeReportRejected"]
+    assert [c["start"] for c in report_checks(world)[checks_before:]] == [False], "only the bare announcement, counted from the stored reports"
+    assert checks_started_by_reports(world) == []
+    parameters = world.aws.client("ssm").describe_parameters()["Parameters"]
+    assert not [p for p in parameters if "/end-sessions/" in p["Name"]]

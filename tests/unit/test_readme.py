@@ -449,6 +449,53 @@ def test_session_limits_cost(bench):
     assert near(float(cold_seconds), cold["execution_seconds"]) and near(float(warm_seconds), warm["execution_seconds"])
 
 
+BOUND_SCENARIOS = {
+    "SSH login over the limit, worst case (just after a poll)": ("ssh", "worst", "node report and sweep"),
+    "SSH login over the limit, typical case (mid-poll)": ("ssh", "typical", "node report and sweep"),
+    "Session Manager shell over the limit (its `StartSession` event)": ("ssm", "worst", "StartSession event"),
+    "before node reports started checks: SSH, worst case (sweep only)": ("ssh", "worst", "sweep only"),
+    "before node reports started checks: SSH, typical case (sweep only)": ("ssh", "typical", "sweep only"),
+}
+
+
+def test_session_limit_bound(bench, readme):
+    """The bound from a login over the cluster-wide limit to the session ended, as `make bench` measured it."""
+    bound = bench["session_limit_bound"]
+    measured = {(r["path"], r["case"], r["checks"]): r for r in bound["rows"]}
+    rows = table(docs_text(), "session-limit bound")
+    assert [r[0] for r in rows] == list(BOUND_SCENARIOS), "a row was added or renamed: map it in BOUND_SCENARIOS"
+    for label, polls, sweeps, seconds, executions, transitions in rows:
+        r = measured[BOUND_SCENARIOS[label]]
+        assert (int(polls), int(sweeps), int(executions), int(transitions)) == (
+            r["polls"], r["sweeps"], r["executions"], r["transitions"]), label
+        assert float(seconds) == round(r["seconds"]), label
+    text = section("Performance (`make bench`)")
+    nodes, poll, sweep = claim(text, r"The session-limit bound \((\d+) login nodes.*?agent polls every (\d+) s, "
+                                     r"`SessionSweepSchedule` every (\d+) s")
+    assert (int(nodes), float(poll), float(sweep)) == (bound["login_nodes"], bound["poll_seconds"], bound["sweep_seconds"])
+    limits = section("Session limits per user")
+    polls, worst, typical, jittered = claim(limits, r"ended within \*\*(\d+) agent polls\*\*.*?\*\*(\d+) s\*\* at the "
+                                                    r"defaults in the worst case.*? and (\d+) s typically.*?at most (\d+) s")
+    assert (int(polls), float(worst), float(typical)) == (
+        bound["ssh_worst_polls"], bound["ssh_worst_seconds"], bound["ssh_typical_seconds"])
+    assert int(jittered) == round(bound["ssh_worst_seconds"] * (1 + bound["poll_jitter"]))
+    before_polls, before_seconds = claim(limits, r"Before, it waited for the sweep: (\d+) polls, (\d+) s")
+    assert (int(before_polls), float(before_seconds)) == (
+        bound["ssh_worst_polls_sweep_only"], bound["ssh_worst_seconds_sweep_only"])
+    (shell_polls,) = claim(limits, r"before any poll \((\d+) polls;")
+    assert int(shell_polls) == measured[("ssm", "worst", "StartSession event")]["polls"]
+    (transitions,) = claim(limits, r"A crossing costs one execution of (\d+) state transitions")
+    assert int(transitions) == bound["transitions_per_crossing"]
+    changes, crossings, per_crossing = claim(text, r"every 1,000 changes of a login node's session list cost \$([\d.]+) .*?"
+                                                   r"every 1,000 crossings of a session limit \$([\d.]+) more \((\d+) state")
+    per_1000 = bench["cost"]["defaults"]["per_1000_events"]
+    assert (float(changes), float(crossings)) == (per_1000["session_list_changes"], per_1000["crossings"])
+    assert int(per_crossing) == bound["transitions_per_crossing"]
+    front_polls, front_seconds = claim(readme, r"an SSH login over the limit is ended within (\d+) agent polls "
+                                               r"\((\d+) s at the defaults, worst case")
+    assert (int(front_polls), float(front_seconds)) == (bound["ssh_worst_polls"], bound["ssh_worst_seconds"])
+
+
 def test_budget_guard_cost(bench):
     text = section("Budget guardrails")
     rows = {r["scenario"]: r for r in bench["budget_guard"]}

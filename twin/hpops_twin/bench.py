@@ -12,6 +12,8 @@ Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports a
 in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
 Slurm usage (hpops_twin/usage_bench.py): one collection sweep over a synthetic month of 10,000 jobs.
 Budget holds (hpops_twin/holds_bench.py): sweeps and agent polls from the crossing usage report to the hold.
+Session-limit bound (hpops_twin/session_bound_bench.py): agent polls from an SSH login over the
+cluster-wide limit to the session ended, on a simulated clock.
 
 Progress goes to stderr, flushed: one line when a section starts, one with its seconds when it ends.
 The tables (stdout) are unchanged. `--json FILE` also records each section's seconds and the machine,
@@ -231,7 +233,7 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
 
 
 def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
-    progress = Progress(total=len(sizes) + 7)
+    progress = Progress(total=len(sizes) + 8)
     rows = []
     for size in sizes:
         with progress.section(f"LoginNodeSync at {size:,} cluster nodes: idle sweep, replacement, 20-event burst"):
@@ -267,6 +269,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section(f"session limits: {session_bench.SESSIONS:,} sessions of {session_bench.USERS} users"):
         session_rows, session_verdicts = session_limits_section()
     verdicts |= session_verdicts
+    from hpops_twin.session_bound_bench import KEY as BOUND_KEY, bound_record, session_bound_section
+
+    with progress.section("session-limit bound: agent polls from an SSH login over the limit to the session ended"):
+        bound_rows, bound_verdicts = session_bound_section()
+    verdicts |= bound_verdicts
     from hpops_twin.budget_bench import budget_guard_section
 
     with progress.section("budget guard: budget created, state change, scale-out alert, hourly sweep"):
@@ -296,6 +303,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
             json.dump({"rows": [asdict(r) for r in rows], "targets": verdicts,
                        "node_channel": [asdict(r) for r in channel_rows],
                        "session_limits": [asdict(r) for r in session_rows],
+                       BOUND_KEY: bound_record(bound_rows),
                        "budget_guard": [asdict(r) for r in budget_rows],
                        "footprint": asdict(footprint), "usage": asdict(usage_result),
                        "budget_holds": [asdict(r) for r in hold_rows],

@@ -179,11 +179,27 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
                f"hourly charge plus {NLCU_PER_HOUR} NLCU an hour (estimate for SSH traffic); none with ExistingTargetGroupArn")]
     return {"parameters": dict(sorted((overrides or {}).items())),
             "lines": [asdict(line) | {"usd": round(line.usd, 2)} for line in lines + lb],
+            "per_1000_events": per_1000_events(bench, p, memory_gb),
             "metrics": [f"{service}/{name}" for service, name in metrics],
             "automation_usd": round(automation, 2),
             "with_load_balancer_usd": round(automation + lb[0].usd, 2),
             "login_nodes": LOGIN_NODES, "hours_per_month": HOURS_PER_MONTH,
             "prices_recorded": recorded["recorded"], "region": recorded["region"]}
+
+
+def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
+    """What users' logins add, which the month's table cannot count (it depends on how often they log
+    in), in USD per 1,000: a session list that changed on a node (one default-bus event, one
+    CheckReportedSessions invocation of about 0.1 s, its one Query) and a crossing of a limit (one
+    SessionLimits execution: its measured transitions and its 2 Lambda tasks, about 0.5 s)."""
+    bound = bench.get("session_limit_bound")
+    if not bound:
+        return {}
+    change = (p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
+              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + p["dynamodb_on_demand_per_1m_read_units"] / 1e6)
+    crossing = (bound["transitions_per_crossing"] / 1000 * p["stepfunctions_standard_per_1k_transitions"]
+                + 2 * p["lambda_per_1m_requests"] / 1e6 + 0.5 * memory_gb * p["lambda_arm64_per_gb_second"])
+    return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)}
 
 
 # What a platform team can switch off by parameter, losing only that part.

@@ -133,6 +133,9 @@ class LambdaDispatcher:
         with self._lock, self._environment(binding.environment), mock.patch.object(sys, "stdout", stdout):
             handler = self.handler_for(binding)
             buffer = io.StringIO()
+            # A handler's PutEvents can deliver to another function here, within its invocation
+            # (EventBridge would call it a moment later): the caller's log and attribution come back after.
+            outer_buffer, outer_function = getattr(stdout.local, "buffer", None), self.current_function
             stdout.local.buffer = buffer
             self.current_function = binding.name  # the lock makes this unambiguous
             started = time.perf_counter()
@@ -144,8 +147,8 @@ class LambdaDispatcher:
                 buffer.write(traceback.format_exc())
             finally:
                 record.seconds = time.perf_counter() - started
-                stdout.local.buffer = None
-                self.current_function = None
+                stdout.local.buffer = outer_buffer
+                self.current_function = outer_function
             record.logs = buffer.getvalue()
         self.invocations.append(record)
         return record

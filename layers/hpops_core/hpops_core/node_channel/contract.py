@@ -133,6 +133,10 @@ END_RESULTS = ("ended", "gone", "refused", "failed")
 # ~110 bytes each: the list stays well inside MAX_REPORT_BYTES with the rest of the report.
 MAX_REPORTED_SESSIONS = 100
 MAX_END_SESSIONS = 20
+# What RecordNodeReport announces (account's default bus, where node agents cannot put events)
+# when an accepted login node's session list changed: features that count sessions react to it.
+SESSIONS_CHANGED_SOURCE = "hpops.node-reports"
+SESSIONS_CHANGED_DETAIL_TYPE = "HyperPod Login Node Sessions Changed"
 
 MODES = ("keys", "certificate", "off")
 RESULTS = ("changed", "unchanged", "failed", "waiting")

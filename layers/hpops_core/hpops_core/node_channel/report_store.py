@@ -1,6 +1,7 @@
 """Where node reports are kept: one item per node in the SyncStateTable, the latest report wins.
 
-    pk = "cluster#<cluster>"   sk = "node-report#<instance id>"   report (JSON), receivedAt, ttl
+    pk = "cluster#<cluster>"   sk = "node-report#<instance id>"   report (JSON), receivedAt, ttl,
+    eventId (the EventBridge event that brought it: a redelivery of the same event is recognised)
 """
 
 from __future__ import annotations
@@ -17,15 +18,18 @@ SK_PREFIX = "node-report#"
 REPORT_TTL_SECONDS = 30 * 24 * 3600  # a replaced node's last report outlives it long enough to debug
 
 
-def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int) -> dict:
+def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int, event_id: str | None = None) -> dict:
     """The DynamoDB item (low-level format) that keeps a node's latest report."""
-    return {
+    item = {
         "pk": {"S": f"cluster#{cluster}"},
         "sk": {"S": SK_PREFIX + report.instanceId},
         "report": {"S": report.to_json()},
         "receivedAt": {"S": received_at},
         "ttl": {"N": str(now_epoch + REPORT_TTL_SECONDS)},
     }
+    if event_id:
+        item["eventId"] = {"S": event_id}
+    return item
 
 
 def report_from_item(item: dict | None) -> dict | None:
@@ -46,6 +50,14 @@ def latest_report(table: str, cluster: str, instance_id: str) -> dict | None:
     return report_from_item(item)
 
 
-def store_report(table: str, cluster: str, report: NodeReport, received_at: str, now_epoch: int) -> None:
+def store_report(table: str, cluster: str, report: NodeReport, received_at: str, now_epoch: int,
+                 event_id: str | None = None) -> dict | None:
+    """Keep the report; returns the one it replaced (as report_from_item, plus its eventId), or None.
+    The old item comes back with the same PutItem (ReturnValues), so comparing costs no read."""
     with transient_errors_named("dynamodb:PutItem"):
-        client("dynamodb").put_item(TableName=table, Item=report_item(cluster, report, received_at, now_epoch))
+        old = client("dynamodb").put_item(TableName=table, Item=report_item(cluster, report, received_at, now_epoch, event_id),
+                                          ReturnValues="ALL_OLD").get("Attributes")
+    previous = report_from_item(old)
+    if previous is not None:
+        previous["eventId"] = old.get("eventId", {}).get("S")
+    return previous

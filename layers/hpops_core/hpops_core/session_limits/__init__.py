@@ -33,6 +33,8 @@ statemachines/session_limits.asl.json) adds:
 * ``ledger``         - ended session ids in the SyncStateTable (idempotency across runs).
 * ``run``            - one EnforceSessionLimits run: gather, decide, ledger, apply, record, notify,
                        output; ``SessionTerminationFailed`` / ``SessionReportFailed``.
+* ``report_check``   - CheckReportedSessions: a login node's session list changed; start a run
+                       (mode "nodes", a deterministic name) when someone is over, cluster-wide.
 * ``login_limits``   - PublishLoginLimits: the same limits as pam_limits maxlogins for the nodes' agents.
 * ``task_result``    - what a task hands its handler: output, metrics, log lines, error.
 

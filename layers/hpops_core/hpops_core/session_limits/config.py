@@ -96,6 +96,19 @@ def _mappings(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(rules)
 
 
+def _policy(env: Mapping[str, str]) -> LimitPolicy:
+    try:
+        return LimitPolicy(
+            default_max=env_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
+            overrides=_overrides(env),
+            exempt_users=frozenset(_users(env, "SESSION_EXEMPT_USERS")),
+            exempt_principal_patterns=_csv(env, "SESSION_EXEMPT_PRINCIPALS"),
+            excess=env_choice(env, "SESSION_EXCESS_POLICY", ("newest", "oldest")),  # type: ignore[arg-type]
+        )
+    except InvalidPolicy as exc:
+        raise ConfigurationError(f"session limit policy: {exc}") from None
+
+
 @dataclass(frozen=True)
 class SessionTriggerConfig:
     """What ParseSessionTrigger needs: which cluster and login group this stack guards."""
@@ -134,16 +147,7 @@ class SessionLimitsConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionLimitsConfig:
         env = environment(env)
         trigger = SessionTriggerConfig.from_env(env)
-        try:
-            policy = LimitPolicy(
-                default_max=env_int(env, "MAX_SESSIONS_PER_USER", 1, 10_000),
-                overrides=_overrides(env),
-                exempt_users=frozenset(_users(env, "SESSION_EXEMPT_USERS")),
-                exempt_principal_patterns=_csv(env, "SESSION_EXEMPT_PRINCIPALS"),
-                excess=env_choice(env, "SESSION_EXCESS_POLICY", ("newest", "oldest")),  # type: ignore[arg-type]
-            )
-        except InvalidPolicy as exc:
-            raise ConfigurationError(f"session limit policy: {exc}") from None
+        policy = _policy(env)
         try:
             identity = IdentityConfig(
                 mapping_rules=_mappings(env),
@@ -162,6 +166,29 @@ class SessionLimitsConfig:
             state_table=env_str(env, "STATE_TABLE_NAME"),
             tag_cache_seconds=env_int(env, "SESSION_TAG_CACHE_SECONDS", 0, 3600, default=300),
         )
+
+
+_STATE_MACHINE_ARN_RE = re.compile(r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:stateMachine:[A-Za-z0-9_-]{1,80}$")
+
+
+@dataclass(frozen=True)
+class ReportCheckConfig:
+    """What CheckReportedSessions needs: the same limits as enforcement, and which machine to start.
+
+        SESSION_LIMITS_STATE_MACHINE_ARN    the SessionLimits state machine
+    """
+
+    cluster_name: str
+    policy: LimitPolicy
+    state_table: str
+    state_machine_arn: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> ReportCheckConfig:
+        env = environment(env)
+        return cls(cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE), policy=_policy(env),
+                   state_table=env_str(env, "STATE_TABLE_NAME"),
+                   state_machine_arn=env_str(env, "SESSION_LIMITS_STATE_MACHINE_ARN", _STATE_MACHINE_ARN_RE))
 
 
 @dataclass(frozen=True)

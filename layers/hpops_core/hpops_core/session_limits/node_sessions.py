@@ -24,6 +24,7 @@ from hpops_core.node_channel import contract
 from hpops_core.node_channel.report_store import SK_PREFIX
 
 from . import ledger
+from .policy import ActiveSession
 from .cluster_sessions import SSH_KEY_PREFIX, NodeSshSession, SshSessionToEnd, end_sessions_document, ssh_sessions_of_report
 
 # Agents report on change and at least every heartbeat (600 s by default): two heartbeats and a
@@ -39,6 +40,9 @@ class ReportedSessions:
     stale: tuple[str, ...]  # nodes whose latest report was too old to use
     omitted: int  # sessions nodes left out of full reports (MAX_REPORTED_SESSIONS)
     ended: Mapping[str, Mapping[str, str]]  # "ssh/<node>/<handle>" -> the agent's outcome
+    # The Session Manager shells the nodes list, as sessions of the user they run as: what the
+    # report check counts (report_check.py); a run counts DescribeSessions' instead.
+    ssm_shells: tuple[ActiveSession, ...] = ()
 
 
 def _received(value: str | None) -> datetime | None:
@@ -74,7 +78,7 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
         "ConsistentRead": True,
     }
     ssh: list[NodeSshSession] = []
-    nodes, stale, ssm, omitted, ended = [], [], 0, 0, {}
+    nodes, stale, ssm, omitted, ended = [], [], [], 0, {}
     recorded: dict[str, str] = {}
     run_as = None
     cutoff = int(now.timestamp())
@@ -101,14 +105,16 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
                 continue
             nodes.append(instance)
             ssh.extend(ssh_sessions_of_report(instance, sessions.get("list", [])))
-            ssm += sum(1 for s in sessions.get("list", []) if s.get("path") == "ssm")
+            ssm.extend(ActiveSession(s["sessionId"], "", instance, _received(s["startedAt"]) or now, s["user"])
+                       for s in sessions.get("list", []) if s.get("path") == "ssm" and s.get("sessionId"))
             omitted += int(sessions.get("omitted") or 0)
             for outcome in sessions.get("ended", []):
                 ended[f"{SSH_KEY_PREFIX}{instance}/{outcome['handle']}"] = outcome
         if "LastEvaluatedKey" not in page:
             break
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-    reported = ReportedSessions(tuple(ssh), ssm, tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended)
+    reported = ReportedSessions(tuple(ssh), len(ssm), tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended,
+                                tuple(ssm))
     return ClusterState(reported, recorded, run_as)
 
 

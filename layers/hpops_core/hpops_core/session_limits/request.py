@@ -11,7 +11,10 @@ from hpops_core.common.requests import request_state
 from hpops_core.common import validation
 from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 
-Mode = Literal["event", "sweep"]
+# "nodes": a login node's session list changed and someone is over (report_check.py); checked as a
+# sweep, without republishing the login limits.
+Mode = Literal["event", "sweep", "nodes"]
+MAX_NAMED_USERS = 10  # users a "nodes" request names in its trigger line (the run counts everyone)
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ class SessionLimitsRequest:
             raise MalformedEventError("request must be a JSON object")
         mode, dry_run, cluster = state.get("mode"), state.get("dryRun"), state.get("cluster")
         session_id, owner = state.get("sessionId"), state.get("owner")
-        if mode not in ("event", "sweep") or not isinstance(dry_run, bool) or not isinstance(cluster, str):
-            raise MalformedEventError("request needs cluster, mode (event|sweep) and dryRun")
+        if mode not in ("event", "sweep", "nodes") or not isinstance(dry_run, bool) or not isinstance(cluster, str):
+            raise MalformedEventError("request needs cluster, mode (event|sweep|nodes) and dryRun")
         if mode == "event" and not (validation.is_session_id(session_id) and isinstance(owner, str)):
             raise MalformedEventError("an event request needs sessionId and owner")
         return cls(

@@ -4,7 +4,9 @@ Accepted inputs (the state machine wraps them as ``{"input": ...}`` first):
 
 * a CloudTrail ``StartSession`` record via EventBridge (``events/ssm-start-session.json``);
 * a sweep: ``{"cluster": "<name>", "mode": "sweep", "dryRun": <bool, optional>}`` (the schedule's
-  Input, or an operator's start-execution).
+  Input, or an operator's start-execution);
+* a node check: ``{"cluster": "<name>", "mode": "nodes", "users": [<user over>, ...]}``, started by
+  CheckReportedSessions when a login node's session list put someone over (report_check.py).
 
 Everything else raises :class:`~hpops_core.common.errors.MalformedEventError`; a cluster this stack does
 not guard raises :class:`~hpops_core.common.errors.UnknownClusterError`. Both change nothing. A
@@ -26,7 +28,7 @@ from .config import SessionTriggerConfig
 from .documents import session_kind
 from .errors import MalformedSessionEvent
 from .models import parse_start_session
-from .request import SessionLimitsRequest
+from .request import MAX_NAMED_USERS, SessionLimitsRequest
 from .targets import parse_target
 
 
@@ -34,8 +36,10 @@ class SweepInput(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     cluster: str = Field(pattern=validation.anchored(validation.CLUSTER_NAME_PATTERN))
-    mode: Literal["sweep"]
+    mode: Literal["sweep", "nodes"]
     dry_run: StrictBool = Field(default=False, alias="dryRun")
+    # Who the node reports put over, for the trigger line only: the run counts everyone.
+    users: list[str] = Field(default_factory=list, max_length=MAX_NAMED_USERS)
 
 
 def _summary(error: ValidationError) -> str:
@@ -81,4 +85,7 @@ def parse_session_input(raw: Any, config: SessionTriggerConfig) -> SessionLimits
         raise UnknownClusterError(f"cluster {sweep.cluster} is not managed by this stack ({config.cluster_name})")
     # The deployment's dry-run setting cannot be switched off from an execution's input.
     dry_run = config.dry_run or sweep.dry_run
-    return SessionLimitsRequest(cluster=sweep.cluster, mode="sweep", dry_run=dry_run, trigger="sweep")
+    if any(not validation.is_posix_user(user) for user in sweep.users):
+        raise MalformedEventError("invalid sweep input: users")
+    trigger = "sweep" if sweep.mode == "sweep" else "login node report: over the limit: " + ", ".join(sweep.users)
+    return SessionLimitsRequest(cluster=sweep.cluster, mode=sweep.mode, dry_run=dry_run, trigger=trigger)

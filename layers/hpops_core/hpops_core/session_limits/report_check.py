@@ -1,0 +1,108 @@
+"""CheckReportedSessions: a login node's session list changed (RecordNodeReport stored its report
+after the origin check, then announced it); is anyone now over their limit, cluster-wide? If so,
+start one SessionLimits execution (mode "nodes") now, instead of leaving an SSH login over the
+limit until the next sweep. That execution recounts everything (DescribeSessions too), decides
+and ends exactly as a sweep does; this only decides whether to start it.
+
+Counted here: what the stored reports list (a node speaks only for itself; a stale report is not
+used), SSH logins and the Session Manager shells the nodes run, with the run's own decision
+(cluster_sessions.decide_cluster_wide) and the ledger of sessions already ended. The event itself
+is never counted: it only says that something changed.
+
+Storms: one execution per over-limit situation. Its name comes from the cluster and the sessions
+that put each user over, so the reports of one crossing, redeliveries and heartbeats start one
+execution between them (Step Functions refuses a name it has seen, ExecutionAlreadyExists, which
+is success here); a new login over the limit is a new situation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from hpops_core.common import validation
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.errors import MalformedEventError, UnknownClusterError
+from hpops_core.node_channel import contract
+
+from . import ledger
+from .cluster_sessions import decide_cluster_wide
+from .node_sessions import ClusterState
+from .policy import LimitPolicy
+from .request import MAX_NAMED_USERS
+
+NAME_MAX = 80  # Step Functions: 1-80 of letters, digits, "-" and "_"
+NAME_PREFIX = "nodes-"
+DIGEST_CHARS = 24
+
+
+@dataclass(frozen=True)
+class ReportCheck:
+    start: bool
+    reason: str
+    users: tuple[str, ...] = ()
+    name: str | None = None
+    input: dict[str, Any] | None = None
+
+
+def announced_node(event: Any, cluster: str) -> str:
+    """The announcement's node (for the log line); a named error for anything else."""
+    detail = event.get("detail") if isinstance(event, dict) else None
+    if (not isinstance(detail, dict) or event.get("source") != contract.SESSIONS_CHANGED_SOURCE
+            or event.get("detail-type") != contract.SESSIONS_CHANGED_DETAIL_TYPE
+            or not validation.is_instance_id(detail.get("instanceId"))):
+        raise MalformedEventError("expected a login node sessions-changed announcement")
+    if detail.get("cluster") != cluster:
+        raise UnknownClusterError(f"announcement names another cluster; this stack guards {cluster}")
+    return detail["instanceId"]
+
+
+def execution_name(cluster: str, counted: dict[str, list[str]]) -> str:
+    """Deterministic and within Step Functions' rules: the same over-limit sessions, the same name."""
+    digest = hashlib.sha256(json.dumps({u: sorted(k) for u, k in counted.items()}, sort_keys=True).encode()).hexdigest()
+    head = f"{NAME_PREFIX}{cluster}"[: NAME_MAX - DIGEST_CHARS - 1]
+    return f"{head}-{digest[:DIGEST_CHARS]}"
+
+
+def decide_report_check(cluster: str, state: ClusterState, policy: LimitPolicy) -> ReportCheck:
+    """Pure: start a check, and under which name, from the stored reports and the ledger."""
+    done = {key for key, kind in state.recorded.items() if kind == ledger.ENDED}
+    nodes = state.nodes
+    decision = decide_cluster_wide(nodes.ssh, nodes.ssm_shells, policy, done)
+    over = sorted((v for v in decision.verdicts if v.to_terminate), key=lambda v: v.user)
+    if not over:
+        return ReportCheck(False, f"nobody over their limit: {len(nodes.ssh)} SSH and {len(nodes.ssm_shells)} "
+                                  f"Session Manager session(s) on {len(nodes.nodes)} reporting node(s)")
+    users = {v.user for v in over}
+    counted: dict[str, list[str]] = defaultdict(list)
+    for session in nodes.ssh:
+        if session.user in users and session.key not in done:
+            counted[session.user].append(session.key)
+    for shell in nodes.ssm_shells:
+        if shell.posix_user in users and shell.session_id not in done:
+            counted[str(shell.posix_user)].append(shell.session_id)
+    named = [v.user for v in over][:MAX_NAMED_USERS]
+    reason = "; ".join(f"{v.user}: {v.active_count} session(s), limit {v.limit}" for v in over[:MAX_NAMED_USERS])
+    return ReportCheck(True, reason, tuple(named), execution_name(cluster, dict(counted)),
+                       {"cluster": cluster, "mode": "nodes", "users": named})
+
+
+def start_check(state_machine_arn: str, check: ReportCheck) -> bool:
+    """Start the execution the check named. True when Step Functions took it: a new execution, or
+    the same one still running (StartExecution with a running standard execution's name and input
+    returns that execution); False when one of that name has ended (ExecutionAlreadyExists): that
+    situation was checked already."""
+    try:
+        with transient_errors_named("states:StartExecution"):
+            client("stepfunctions").start_execution(stateMachineArn=state_machine_arn, name=check.name,
+                                                    input=json.dumps(check.input, sort_keys=True))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ExecutionAlreadyExists":
+            return False
+        raise
+    return True
