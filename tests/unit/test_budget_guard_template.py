@@ -71,3 +71,15 @@ def test_the_projection_may_read_the_price_list_and_gets_the_last_resort_rates()
     parameter = TEMPLATE.raw["Parameters"]["RateOverridesJson"]
     assert parameter["Default"] == "{}" and "Last resort" in parameter["Description"]
     assert "HourlyPricesJson" not in TEMPLATE.raw["Parameters"] and "HOURLY_PRICES_JSON" not in variables
+
+
+def test_the_kept_cost_explorer_answer_is_the_only_new_item_the_budget_roles_touch():
+    parameter = TEMPLATE.raw["Parameters"]["CostExplorerMaxAgeHours"]
+    assert (parameter["Default"], parameter["MinValue"], parameter["MaxValue"]) == (24, 1, 24)
+    assert TEMPLATE.function_environment("CheckUserSpendFunction")["COST_EXPLORER_MAX_AGE_HOURS"] == {
+        "Ref": "CostExplorerMaxAgeHours"}
+    resolver = Resolver(TEMPLATE.raw, {"ClusterName": "lab"}, "us-east-1", "123456789012", "s")
+    for function in ("CheckUserSpendFunction", "ProjectSpendFunction"):
+        (table,) = [s for s in statements(function) if "dynamodb:PutItem" in s.get("Action", [])]
+        keys = resolver.resolve(table["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+        assert "ce-cache#lab" in keys and not any(k.startswith("sync") for k in keys), function

@@ -103,6 +103,7 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     sync = next(r for r in bench["rows"] if r["scenario"] == "idle sweep")
     session = next(r for r in bench["session_limits"] if r["scenario"].startswith("sweep, warm"))
     budget = next(r for r in bench["budget_guard"] if r["scenario"].startswith("hourly sweep"))
+    budget_day = next(r for r in bench["budget_guard"] if r["scenario"].startswith("day of hourly sweeps"))
     usage = bench["usage"]["sweeps"][0]
     sweeps, session_sweeps, budget_sweeps = (per_month(defaults[k]) for k in
                                              ("SweepSchedule", "SessionSweepSchedule", "BudgetSweepSchedule"))
@@ -126,8 +127,12 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
                   + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage["records"])
     ddb_reads = (sweeps * calls(sync, "dynamodb.", reads) + budget_sweeps * calls(budget, "dynamodb.", reads)
                  + session_sweeps * calls(session, "dynamodb.", reads))
-    ce_per_sweep = budget["calls"].get("cost-explorer.GetCostAndUsage", 0)
-    ce_requests = budget_sweeps * ce_per_sweep
+    # Measured over a day of hourly sweeps at CostExplorerMaxAgeHours' default; a shorter max age asks
+    # proportionally more often, never more than once a sweep.
+    ce_per_day = budget_day["calls"].get("cost-explorer.GetCostAndUsage", 0)
+    ce_default_age = int(template.parameter_defaults()["CostExplorerMaxAgeHours"])
+    ce_age = int(defaults["CostExplorerMaxAgeHours"])
+    ce_requests = min(budget_sweeps, ce_per_day * ce_default_age / ce_age * HOURS_PER_MONTH / 24)
     metrics = emitted_metrics()
     alarms = _resources(template, "AWS::CloudWatch::Alarm", defaults)
     dashboards = _resources(template, "AWS::CloudWatch::Dashboard", defaults)
@@ -169,7 +174,8 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
         Line("Secrets Manager", len(secrets), "secrets", len(secrets) * p["secretsmanager_secret_per_month"],
              "agents read the secret only when its version changes (a few calls a month)"),
         Line("Cost Explorer requests", ce_requests, "requests", ce_requests * p["cost_explorer_per_request"],
-             f"measured: {ce_per_sweep} per hourly budget sweep"),
+             f"measured: {ce_per_day} per day of hourly budget sweeps (the answer is kept "
+             f"CostExplorerMaxAgeHours={ce_age} h); plus one per scale-out, not counted (a few a month)"),
         Line("SSM parameters and GetParameters", polls, "agent polls", 0.0,
              "standard parameters and standard-throughput calls are free"),
     ]
