@@ -429,7 +429,15 @@ def _utc_now() -> dt.datetime:
 
 def spend_function_environment(session: Any, stack_name: str) -> dict[str, str]:
     """The deployed CheckUserSpendFunction's environment variables (CloudFormation -> Lambda)."""
-    resource = session.client("cloudformation").describe_stack_resource(StackName=stack_name, LogicalResourceId=SPEND_FUNCTION)
+    try:
+        resource = session.client("cloudformation").describe_stack_resource(StackName=stack_name,
+                                                                             LogicalResourceId=SPEND_FUNCTION)
+    except ClientError as error:
+        if "Resource " + SPEND_FUNCTION + " does not exist" not in str(error):
+            raise
+        raise CliError(f"stack {stack_name} has no {SPEND_FUNCTION}: it was deployed with UserSpendEnabled=false "
+                       "(the cluster budget only) or before per-user spend; update it with UserSpendEnabled=true "
+                       "for per-user figures") from None
     name = resource["StackResourceDetail"]["PhysicalResourceId"]
     configuration = session.client("lambda").get_function_configuration(FunctionName=name)
     return dict((configuration.get("Environment") or {}).get("Variables") or {})

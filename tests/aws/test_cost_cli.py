@@ -368,7 +368,7 @@ def test_a_stack_without_the_spend_function_exits_2_naming_it(aws, capsys):
     status, out, _ = run(capsys, "cost", "--stack-name", STACK)
 
     assert status == 2 and out.count("\n") == 1
-    assert "Resource CheckUserSpendFunction does not exist" in out
+    assert f"stack {STACK} has no CheckUserSpendFunction: it was deployed with UserSpendEnabled=false" in out
 
 
 def test_a_broken_deployed_configuration_exits_2_naming_the_variable(aws, capsys):

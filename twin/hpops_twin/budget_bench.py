@@ -83,6 +83,13 @@ def budget_guard_section() -> tuple[list[BudgetRow], dict[str, bool]]:
         rows.append(_day_of_sweeps(world, "day of hourly sweeps (24, Cost Explorer answer kept)",
                                    NOV_10 + dt.timedelta(days=1)))
 
+    # The same hourly sweep in a stack without per-user spend (UserSpendEnabled=false): the cost model's lean column.
+    with TwinWorld(parameters={"UserSpendEnabled": "false"}) as world:
+        world.budget.tag_cluster("hpops:monthly-budget-usd", "750000")
+        world.budget.set_month_to_date_cost("200000")
+        _measure(world, "first event: budget created", at(world.sim.state_change_event(world.cluster_name), NOV_10))
+        rows.append(_measure(world, "hourly sweep, UserSpendEnabled=false", None, NOV_10 + dt.timedelta(hours=1)))
+
     render = [f"{'budget guard scenario':<38} {'calls':>5} {'transitions':>11} {'seconds':>8}  calls"]
     render.append("-" * len(render[0]))
     for r in rows:
@@ -100,6 +107,8 @@ def budget_guard_section() -> tuple[list[BudgetRow], dict[str, bool]]:
         "a scale-out alert: 1 Cost Explorer call, 1 SNS publish, 1 PutEvents": (
             alert.calls.get("cost-explorer.GetCostAndUsage") == 1 and alert.calls.get("sns.Publish") == 1
             and alert.calls.get("eventbridge.PutEvents") == 1),
+        "a sweep without per-user spend: no Cost Explorer call": (
+            "cost-explorer.GetCostAndUsage" not in by_name["hourly sweep, UserSpendEnabled=false"].calls),
         "a day of hourly sweeps: 1 Cost Explorer call": (
             by_name["day of hourly sweeps (24, Cost Explorer answer kept)"].calls.get("cost-explorer.GetCostAndUsage") == 1),
     }
