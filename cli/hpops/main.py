@@ -429,14 +429,22 @@ def _utc_now() -> dt.datetime:
 
 def spend_function_environment(session: Any, stack_name: str) -> dict[str, str]:
     """The deployed CheckUserSpendFunction's environment variables (CloudFormation -> Lambda)."""
-    resource = session.client("cloudformation").describe_stack_resource(StackName=stack_name, LogicalResourceId=SPEND_FUNCTION)
+    try:
+        resource = session.client("cloudformation").describe_stack_resource(StackName=stack_name,
+                                                                             LogicalResourceId=SPEND_FUNCTION)
+    except ClientError as error:
+        if "Resource " + SPEND_FUNCTION + " does not exist" not in str(error):
+            raise
+        raise CliError(f"stack {stack_name} has no {SPEND_FUNCTION}: it was deployed with UserSpendEnabled=false "
+                       "(the cluster budget only) or before per-user spend; update it with UserSpendEnabled=true "
+                       "for per-user figures") from None
     name = resource["StackResourceDetail"]["PhysicalResourceId"]
     configuration = session.client("lambda").get_function_configuration(FunctionName=name)
     return dict((configuration.get("Environment") or {}).get("Variables") or {})
 
 
 def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *, sagemaker: Any, ce: Any,
-                        pricing: Any, dynamodb: Any) -> dict[str, Any]:
+                        pricing: Any, dynamodb: Any, fresh: bool = False) -> dict[str, Any]:
     """This month's spend per user as of ``now``, computed as CheckUserSpend computes it.
 
     ``env``: the function's environment; ``region``: the stack's (Lambda adds AWS_REGION itself, so
@@ -449,8 +457,10 @@ def user_spend_document(env: Mapping[str, str], region: str, now: dt.datetime, *
 
     config = UserSpendConfig.from_env(dict(env) | {"AWS_REGION": region})
     observed = observe_cluster(sagemaker, config.cluster_name)
-    report = spend_check.gather_report(config, observed, now, ce=ce, pricing=pricing, dynamodb=dynamodb)
+    report, cost_explorer = spend_check.gather_report(config, observed, now, ce=ce, pricing=pricing,
+                                                      dynamodb=dynamodb, fresh=fresh, keep=False)
     document = report_document(report, config.thresholds)
+    document["costExplorer"] = cost_explorer.as_dict()
     if observed.get("ClusterStatus") == "NotFound":
         document["warnings"].append({"name": "ClusterNotFound", "reason": (
             f"DescribeCluster does not find {config.cluster_name}: no instance type is known, so nothing is priced")})
@@ -473,12 +483,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.month is not None and args.month != f"{now:%Y-%m}":
         shape = "" if MONTH_RE.fullmatch(args.month) else " (YYYY-MM)"
         raise CliError(f"--month {args.month}{shape}: {MONTH_HELP} ({now:%Y-%m})")
-    document = _spend_document(_session(args.region), args.stack_name, now)
+    document = _spend_document(_session(args.region), args.stack_name, now, fresh=args.fresh)
     print_cost(document, "json" if args.json else "csv" if args.csv else "table")
     return cost_exit_status(document)
 
 
-def _spend_document(session: Any, stack_name: str, now: dt.datetime) -> dict[str, Any]:
+def _spend_document(session: Any, stack_name: str, now: dt.datetime, fresh: bool = False) -> dict[str, Any]:
     """`hpops cost`'s document for the deployed stack (also the spend lines of `hpops status`)."""
     from hpops_core.budget_guard.aws_budgets import ce_client
     from hpops_core.budget_guard.pricing import pricing_client
@@ -486,7 +496,7 @@ def _spend_document(session: Any, stack_name: str, now: dt.datetime) -> dict[str
     env = spend_function_environment(session, stack_name)
     return user_spend_document(env, session.region_name, now, sagemaker=session.client("sagemaker"),
                                ce=ce_client(session), pricing=pricing_client(session),
-                               dynamodb=session.client("dynamodb"))
+                               dynamodb=session.client("dynamodb"), fresh=fresh)
 
 
 def _stack_and_user(args: argparse.Namespace) -> None:
@@ -658,6 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--twin", action="store_true", help="a demo month in a fresh local twin (development install)")
     cost.add_argument("--region")
     cost.add_argument("--month", metavar="YYYY-MM", help=MONTH_HELP)
+    cost.add_argument("--fresh", action="store_true",
+                      help="ask Cost Explorer now ($0.01) instead of using the answer the hourly sweep kept (up to "
+                           "CostExplorerMaxAgeHours old); the report says which it used and how old it is")
     form = cost.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true", help="the report as JSON (money as strings)")
     form.add_argument("--csv", action="store_true", help="one row per user, then idle, other and cluster")

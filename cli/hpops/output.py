@@ -115,6 +115,10 @@ def print_cost(document: dict, form: str = "table") -> None:
         print("rates:")
         for r in document["rates"]:
             print(f"  {r['instanceType']:<22} ${_rate(r['usdPerHour'])}/h  {r['source']:<8} {r['detail']}")
+    cost_explorer = document.get("costExplorer")
+    if cost_explorer:
+        print(f"billed month from {cost_explorer['source']}: {cost_explorer['reason']}"
+              + (" (--fresh asks again)" if cost_explorer["source"] == "cache" else ""))
     collector = document.get("collector")
     if collector:
         print(f"usage collector: {collector['status']}" + (f" ({collector['reason']})" if collector["reason"] else "")

@@ -94,6 +94,8 @@ def project_spend(event: dict, context: LambdaContext) -> dict:
     )
     metrics.add_metric(name="BudgetScaleOuts", unit=MetricUnit.Count, value=1 if result["scaleOuts"] else 0)
     logger.info(result["reason"], extra={"scaleOuts": result["scaleOuts"], "firedKeys": result.get("firedKeys", [])})
+    if "costExplorer" in result:
+        logger.info(f"billed month from {result['costExplorer']['source']}: {result['costExplorer']['reason']}")
     _report_warnings(result["warnings"])
     return result
 

@@ -27,6 +27,14 @@ def _field(event: object, key: str, kind: type = dict):
     return value
 
 
+def log_cost_explorer(outcome: dict) -> None:
+    """Where the billed month came from; a kept answer that could not be read is named, not fatal."""
+    if outcome.get("problem"):
+        logger.warning(outcome["reason"], extra={"warning": outcome["problem"], "costExplorer": outcome})
+    else:
+        logger.info(f"billed month from {outcome['source']}: {outcome['reason']}", extra={"costExplorer": outcome})
+
+
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics(raise_on_empty_metrics=False)
@@ -48,6 +56,7 @@ def check_user_spend(event: dict, context: LambdaContext) -> dict:
         logger.info("user spend", extra=row)
     for warning in result["warnings"]:
         logger.warning(warning["reason"], extra={"warning": warning["name"]})
+    log_cost_explorer(result["costExplorer"])
     logger.info(result["reason"], extra={"usersUsd": result["usersUsd"], "clusterCostUsd": result["clusterCostUsd"]})
     return result
 

@@ -107,6 +107,7 @@ class UsageOutcome:
     reports: list = field(default_factory=list)
     windows_sent: int = 0
     api_calls: Dict[str, int] = field(default_factory=dict)
+    switched_off: bool = False  # the stack's UserSpendEnabled=false: nothing collected
 
 
 def section(mode: str, version: Optional[str], result: str, reason: str, **extra: Any) -> Dict[str, Any]:
@@ -606,10 +607,29 @@ class NodeAgent:
         describe = describe_groups_with(lambda: self.session, self.config)
         return usage.layout_partition_groups(*read_layout(self.config, describe, for_partitions=True))
 
+    def usage_switched_off(self) -> bool:
+        """The stack's switch (UserSpendEnabled): "off" means collect nothing. A read that fails
+        collects anyway: a window sent for nothing costs less than one lost."""
+        name = user_holds.user_spend_parameter(self.config.cluster)
+        try:
+            response = self._call("ssm", "GetParameters", "get_parameters", Names=[name])
+        except AWS_ERRORS as error:
+            log("usage-switch-unread", reason=aws_reason("ssm:GetParameters", error))
+            return False
+        off = any(p.get("Name") == name and p.get("Value") == user_holds.USER_SPEND_OFF
+                  for p in response.get("Parameters", []))
+        if off or "usage-switch" in self._last_logged:  # on is the usual case: logged only as a change back
+            self._log_once("usage-switch", "usage-switch", {"collect": not off, "parameter": name})
+        return off
+
     def usage_tick(self) -> UsageOutcome:
         """Collect the due windows and send each; a window not sent is collected again next time."""
         self._calls = collections.Counter()
         outcome = UsageOutcome()
+        if self.usage_switched_off():
+            outcome.switched_off = True
+            outcome.api_calls = dict(self._calls)
+            return outcome
 
         def ship(parts: list) -> bool:
             sent = self._send_usage(parts)

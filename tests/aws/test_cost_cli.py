@@ -80,7 +80,8 @@ def deployed_environment(parameters: dict[str, str]) -> dict[str, str]:
         if isinstance(value, dict) and set(value) == {"Ref"}:
             ref = value["Ref"]
             value = values[ref] if ref in values else {"SyncStateTable": TABLE}.get(ref, f"not-used-by-cost-{ref}")
-        environment[name] = value if isinstance(value, str) else "not-used-by-cost"
+        # CloudFormation hands a Number parameter to the function as its text.
+        environment[name] = str(value) if isinstance(value, (str, int)) else "not-used-by-cost"
     return environment
 
 
@@ -367,7 +368,7 @@ def test_a_stack_without_the_spend_function_exits_2_naming_it(aws, capsys):
     status, out, _ = run(capsys, "cost", "--stack-name", STACK)
 
     assert status == 2 and out.count("\n") == 1
-    assert "Resource CheckUserSpendFunction does not exist" in out
+    assert f"stack {STACK} has no CheckUserSpendFunction: it was deployed with UserSpendEnabled=false" in out
 
 
 def test_a_broken_deployed_configuration_exits_2_naming_the_variable(aws, capsys):
@@ -441,3 +442,19 @@ def test_release_records_the_release_and_starts_a_sweep_under_the_operators_poli
         (f"{NOW:%Y-%m}#alice", "paper deadline")]
     executions = boto3.client("stepfunctions").list_executions(stateMachineArn=machine)["executions"]
     assert len(executions) == 1 and executions[0]["executionArn"] in out
+
+
+def test_the_report_says_how_old_its_cost_explorer_answer_is_and_fresh_asks_again(deployed, capsys):
+    from hpops_core.budget_guard.aws_budgets import ce_client
+    from hpops_core.budget_guard.ce_cache import billed_month_cached
+
+    # What the hourly sweep kept three hours ago.
+    billed_month_cached(ce_client(), TABLE, CLUSTER, NOW - dt.timedelta(hours=3), 24)
+    status, out, _ = run(capsys, "cost", "--stack-name", STACK, "--region", "us-east-1")
+    assert status == 0
+    assert ("billed month from cache: kept answer fetched at 2026-11-20T09:00:00Z, 3.0 h old (max 24 h) "
+            "(--fresh asks again)") in out
+    assert "Cost Explorer 2026-11-01..2026-11-20 (exclusive, asked at 2026-11-20T09:00:00Z)" in out
+    status, out, _ = run(capsys, "cost", "--stack-name", STACK, "--region", "us-east-1", "--fresh")
+    assert status == 0 and "billed month from cost-explorer: a fresh answer was asked for" in out
+    assert "asked at 2026-11-20T12:00:00Z" in out

@@ -424,8 +424,9 @@ def test_status_says_why_sessions_and_spend_are_unavailable_and_still_answers(de
     # moto implements no DescribeSessions; this stack has no CheckUserSpendFunction.
     assert ("sessions: unavailable (NotImplementedError: The describe_sessions action has not been implemented)"
             in out.splitlines())
-    assert ("spend: unavailable (DescribeStackResource: ValidationError: Resource CheckUserSpendFunction does not "
-            f"exist for stack {STACK_NAME})") in out.splitlines()
+    assert (f"spend: unavailable (stack {STACK_NAME} has no CheckUserSpendFunction: it was deployed with "
+            "UserSpendEnabled=false (the cluster budget only) or before per-user spend; update it with "
+            "UserSpendEnabled=true for per-user figures)") in out.splitlines()
 
 
 def test_status_counts_active_sessions_on_the_login_nodes_per_principal(deployment, session_hooks, capsys):

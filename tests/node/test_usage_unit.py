@@ -471,17 +471,23 @@ def events_queue(monkeypatch):
         yield session, received
 
 
+def controller_config(tmp_path):
+    """The controller's agent with sacct answering LINES, under tmp_path/root."""
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    return AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
+                                  "ip": "10.1.0.2", "instanceId": INSTANCE_ID, "root": str(tmp_path / "root"),
+                                  "sacctCmd": str(sacct),
+                                  "provisioningParameters": str(provisioning_file(tmp_path, PROVISIONING))})
+
+
 def test_controller_agent_sends_usage_with_the_report_path(tmp_path, events_queue):
     session, received = events_queue
-    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
-    config = AgentConfig.from_dict({"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "role": "controller",
-                                    "ip": "10.1.0.2", "instanceId": INSTANCE_ID, "root": str(tmp_path / "root"),
-                                    "sacctCmd": str(sacct),
-                                    "provisioningParameters": str(provisioning_file(tmp_path, PROVISIONING))})
+    config = controller_config(tmp_path)
     agent = NodeAgent(config, session, clock=lambda: NOW)
     assert agent.tick().api_calls == {}  # the login-node tick stays a no-op on the controller
     outcome = agent.usage_tick()
-    assert outcome.windows_sent == 2 and outcome.api_calls == {"events:PutEvents": 2}
+    # The stack's switch is read first (no parameter: a stack from before the switch, so on).
+    assert outcome.windows_sent == 2 and outcome.api_calls == {"ssm:GetParameters": 1, "events:PutEvents": 2}
     events = received()
     assert {event["detail-type"] for event in events} == {contract.USAGE_DETAIL_TYPE}
     details = sorted((event["detail"] for event in events), key=lambda detail: detail["windowStart"])
@@ -501,6 +507,24 @@ def test_controller_agent_sends_usage_with_the_report_path(tmp_path, events_queu
     sent = sorted((event["detail"] for event in received()), key=lambda detail: detail["part"])
     assert [(detail["part"], detail["parts"]) for detail in sent] == [(i, len(parts)) for i in range(1, len(parts) + 1)]
     assert sum(len(detail["records"]) for detail in sent) == 3000
+
+
+def test_a_stack_without_per_user_spend_switches_the_controllers_collection_off(tmp_path, events_queue, capsys):
+    session, received = events_queue
+    config = controller_config(tmp_path)
+    switch = f"/hpops/{CLUSTER}/node/user-spend"
+    session.client("ssm").put_parameter(Name=switch, Value="off", Type="String")  # UserSpendEnabled=false
+    agent = NodeAgent(config, session, clock=lambda: NOW)
+    for _ in range(2):
+        outcome = agent.usage_tick()
+        assert outcome.switched_off and outcome.windows_sent == 0 and outcome.reports == []
+        assert outcome.api_calls == {"ssm:GetParameters": 1}
+    assert received() == [] and not (tmp_path / "root" / "var" / "lib" / "hpops-node-agent" / usage.STATE_FILE).exists()
+    assert capsys.readouterr().out.count('"usage-switch"') == 1, "logged when it changes, not every run"
+    # Switched back on by a stack update: the next run collects (from where it would have started).
+    session.client("ssm").put_parameter(Name=switch, Value="on", Type="String", Overwrite=True)
+    outcome = agent.usage_tick()
+    assert not outcome.switched_off and outcome.windows_sent == 2 and len(received()) == 2
 
 
 def test_controller_loop_collects_every_usage_interval_and_polls_holds_in_between(tmp_path, monkeypatch):

@@ -313,3 +313,25 @@ def test_bad_input_fails_with_a_named_error_and_creates_nothing(world, payload, 
     assert world.budget.state_items() == {}
     assert world.budget.sns_messages() == []
     assert world.counter.calls["budgets.CreateBudget"] == 0
+
+
+def test_without_per_user_spend_the_sweep_keeps_the_cluster_budget_and_checks_no_user():
+    from hpops_twin.world import TwinWorld
+
+    with TwinWorld(parameters={"UserSpendEnabled": "false"}) as world:
+        world.budget.tag_cluster(BUDGET_TAG, "750000")
+        world.budget.set_month_to_date_cost("700000")
+        succeeded(world.budget.run(world.publish([state_change(world, NOV_10)])))
+        world.sim.scale_group(world.cluster_name, "gpu", 16)  # a scale-out only the sweep sees
+        world.counter.reset()
+        result = succeeded(world.budget.run([world.budget.sweep()]))[0]
+
+        assert "userSpend" not in result.output and result.output["userSpendEnabled"] == "false"
+        assert list(world.budget.budgets()) == [f"hpops-{world.cluster_name}"]
+        assert len(world.budget.alerts()) == 1, "the cluster's projection still alerts"
+        # The scale-out's projection is the only Cost Explorer request; no usage item is read.
+        assert world.counter.calls["cost-explorer.GetCostAndUsage"] == 1
+        switch = world.aws.client("ssm").get_parameter(Name=f"/hpops/{world.cluster_name}/node/user-spend")
+        assert switch["Parameter"]["Value"] == "off", "the controller's agent stops collecting usage"
+        assert "UserSpendAlertTopic" not in world.resolver.physical_ids
+        assert "RecordUsageReportFunction" not in world.resolver.physical_ids

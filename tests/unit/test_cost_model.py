@@ -41,12 +41,16 @@ def test_the_dashboard_and_load_balancer_are_switched_off_by_parameter():
     assert existing["with_load_balancer_usd"] == existing["automation_usd"] == defaults["automation_usd"]
 
 
-def test_cost_explorer_line_follows_the_measured_hourly_sweep():
+def test_cost_explorer_line_follows_the_measured_day_of_sweeps():
     bench = json.loads(json.dumps(BENCH))
-    sweep = next(r for r in bench["budget_guard"] if r["scenario"].startswith("hourly sweep"))
-    sweep["calls"]["cost-explorer.GetCostAndUsage"] = 0
-    assert lines(cost_table(bench))["Cost Explorer requests"]["usd"] == 0
-    assert lines(cost_table(BENCH))["Cost Explorer requests"]["usd"] == 7.30
+    day = next(r for r in bench["budget_guard"] if r["scenario"].startswith("day of hourly sweeps"))
+    assert day["calls"]["cost-explorer.GetCostAndUsage"] == 1, "the kept answer serves a day of sweeps"
+    assert lines(cost_table(BENCH))["Cost Explorer requests"]["usd"] == 0.30  # was 7.30: one request a sweep
+    # A shorter max age asks proportionally more often, never more than once a sweep.
+    assert lines(cost_table(BENCH, {"CostExplorerMaxAgeHours": "6"}))["Cost Explorer requests"]["usd"] == 1.22
+    assert lines(cost_table(BENCH, {"CostExplorerMaxAgeHours": "1"}))["Cost Explorer requests"]["usd"] == 7.30
+    day["calls"]["cost-explorer.GetCostAndUsage"] = 24  # had every sweep asked
+    assert lines(cost_table(bench))["Cost Explorer requests"]["usd"] == 7.30
 
 
 def test_refreshing_the_cost_changes_only_its_key(tmp_path, capsys):
@@ -61,3 +65,18 @@ def test_refreshing_the_cost_changes_only_its_key(tmp_path, capsys):
     assert {k: v for k, v in refreshed.items() if k != "cost"} == {k: v for k, v in BENCH.items() if k != "cost"}
     assert refreshed["cost"] == BENCH["cost"]
     assert f"{BENCH['cost']['defaults']['automation_usd']:.2f}" in capsys.readouterr().out
+
+
+def test_without_per_user_spend_its_metrics_usage_reports_and_cost_explorer_requests_go():
+    defaults, off = cost_table(BENCH), cost_table(BENCH, {"UserSpendEnabled": "false"})
+    on_lines, off_lines = lines(defaults), lines(off)
+    assert off_lines["Cost Explorer requests"]["quantity"] == 0
+    gone = set(defaults["metrics"]) - set(off["metrics"])
+    assert {"budget-guard/UsersUsd", "budget-guard/UserSpendAlerts", "budget-guard/UsageRecords"} <= gone
+    assert not any(m.startswith("budget-guard/Budget") for m in gone), "the cluster budget's metrics stay"
+    # The controller ships no usage: only the login nodes' reports remain on the bus.
+    assert off_lines["EventBridge custom-bus events"]["quantity"] == 4 * 730 * 6
+    assert off_lines["Step Functions standard state transitions"]["quantity"] < on_lines["Step Functions standard state transitions"]["quantity"]
+    assert off["automation_usd"] < defaults["automation_usd"]
+    both = cost_table(BENCH, {"UserSpendEnabled": "false", "CreateDashboard": "false"})
+    assert both["automation_usd"] == pytest.approx(off["automation_usd"] - 3.00)

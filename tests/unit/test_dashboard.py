@@ -11,12 +11,18 @@ RESOURCES = TEMPLATE.raw["Resources"]
 BODY, VARIABLES = RESOURCES["OperatorDashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
 
 
-def substituted() -> dict:
-    """The body as CloudFormation would render it, with stand-ins for the values it fills in."""
+def substituted(user_spend: bool = True) -> dict:
+    """The body as CloudFormation would render it, with stand-ins for the values it fills in, and
+    the per-user parts (Fn::If on UserSpendOn) in or out."""
     stand_ins = {"AlarmArns": '","'.join(f"arn:aws:cloudwatch:us-east-1:123456789012:alarm:{n}" for n in alarm_names())}
 
     def value(match: re.Match) -> str:
         name = match.group(1)
+        variable = VARIABLES.get(name)
+        if isinstance(variable, dict) and "Fn::If" in variable:
+            condition, when_on, when_off = variable["Fn::If"]
+            assert condition == "UserSpendOn"
+            return re.sub(r"\$\{([^}]+)\}", value, when_on["Fn::Sub"]) if user_spend else when_off
         return stand_ins.get(name, f"<{name}>")
     return json.loads(re.sub(r"\$\{([^}]+)\}", value, BODY))
 
@@ -73,3 +79,12 @@ def test_the_per_user_table_reads_the_lines_check_user_spend_logs():
     core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "budget_guard" / "spend_check.py").read_text()
     for field in ("usd", "percentOfLimit", "projectedUsd", "nodeHours", "gpuHours"):
         assert f"latest({field})" in query and f'"{field}"' in core
+
+
+def test_without_per_user_spend_the_per_user_widgets_are_gone_and_the_budget_stays():
+    def graphed(widgets):
+        return {m[1] for w in widgets for m in w["properties"].get("metrics", []) if m[0] == "HyperPodLoginAutopilot"}
+    on, off = substituted(True)["widgets"], substituted(False)["widgets"]
+    assert [w["type"] for w in on if w["type"] == "log"] == ["log"] and not [w for w in off if w["type"] == "log"]
+    assert graphed(on) - graphed(off) == {"ClusterCostUsd", "UsersUsd", "IdleUsd", "UsersHeld", "UserSpendAlerts"}
+    assert {"ClusterBudgetUsd", "BudgetProjectionAlerts"} <= graphed(off)

@@ -111,6 +111,8 @@ def test_the_dlq_admits_exactly_the_stacks_rules_that_dead_letter_to_it():
                       and any(t.get("DeadLetterConfig", {}).get("Arn") == {"Fn::GetAtt": ["EventDeliveryDLQ", "Arn"]}
                               for t in r["Properties"]["Targets"])}
     (statement,) = expanded["Resources"]["EventDeliveryDLQPolicy"]["Properties"]["PolicyDocument"]["Statement"]
-    admitted = {ref["Fn::GetAtt"][0] for ref in statement["Condition"]["ArnEquals"]["aws:SourceArn"]}
+    # A rule that exists only with a parameter is admitted only then (Fn::If, else AWS::NoValue).
+    admitted = {(ref["Fn::If"][1] if "Fn::If" in ref else ref)["Fn::GetAtt"][0]
+                for ref in statement["Condition"]["ArnEquals"]["aws:SourceArn"]}
     assert admitted == dead_lettering
     assert statement["Condition"]["StringEquals"]["aws:SourceAccount"] == {"Ref": "AWS::AccountId"}

@@ -533,8 +533,14 @@ def test_cost_table(bench):
     assert int(nodes) == defaults["login_nodes"] == bench["config"]["login_nodes"]
     alone, with_lb = claim(text, r"the automation alone about \*\*\$([\d.]+)\*\* a month, \*\*\$([\d.]+)\*\* with the load balancer")
     assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
-    switch, lean_alone, lean_lb = claim(text, r"`(\w+)=false`: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
-    assert {switch: "false"} == LEAN == lean["parameters"]
+    # Each part a parameter switches off, alone, then all of them.
+    for switch in cost["switches"]:
+        (name,) = switch["parameters"]
+        alone_usd, lb_usd = claim(text, rf"`{name}=false`: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+        assert (float(alone_usd), float(lb_usd)) == (switch["automation_usd"], switch["with_load_balancer_usd"]), name
+    both = " and ".join(f"`{name}=false`" for name in LEAN)
+    lean_alone, lean_lb = claim(text, re.escape(both) + r": \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+    assert LEAN == lean["parameters"] and len(LEAN) == len(cost["switches"])
     assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
     rows = table(docs_text(), "item | per month")
     assert [r[0] for r in rows] == [line["item"] for line in defaults["lines"]]

@@ -44,7 +44,10 @@ def _parameter_max(name: str) -> int:
 
 
 def _function_timeout(substitution: str, machine) -> int:
-    logical_id = machine.substitutions[substitution]["Fn::GetAtt"][0]
+    arn = machine.substitutions[substitution]
+    if "Fn::If" in arn:  # a function that exists only with a parameter (UserSpendEnabled): bound it when it does
+        arn = arn["Fn::If"][1]
+    logical_id = arn["Fn::GetAtt"][0]
     return int(TEMPLATE.raw["Resources"][logical_id]["Properties"].get("Timeout", GLOBAL_TIMEOUT))
 
 

@@ -276,7 +276,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     verdicts |= bound_verdicts
     from hpops_twin.budget_bench import budget_guard_section
 
-    with progress.section("budget guard: budget created, state change, scale-out alert, hourly sweep"):
+    with progress.section("budget guard: budget created, state change, scale-out alert, hourly sweep, a day of sweeps"):
         budget_rows, budget_verdicts = budget_guard_section()
     verdicts |= budget_verdicts
     from hpops_twin.footprint import RUNS, footprint_section

@@ -48,13 +48,17 @@ def per_month(schedule: str) -> float:
     return HOURS_PER_MONTH * 60 / minutes
 
 
-def emitted_metrics(root: Path = REPO_ROOT) -> list[tuple[str, str]]:
+def emitted_metrics(root: Path = REPO_ROOT, parameters: dict | None = None) -> list[tuple[str, str]]:
     """Distinct (service, metric name) pairs the handlers emit through Powertools: every metric
-    carries the dimensions service and cluster, so each pair is one CloudWatch custom metric."""
+    carries the dimensions service and cluster, so each pair is one CloudWatch custom metric.
+    ``parameters``: only the functions the stack creates with them (default: every function)."""
     template = TemplateModel()
     default_service = template.raw["Globals"]["Function"]["Environment"]["Variables"]["POWERTOOLS_SERVICE_NAME"]
+    live = set(_resources(template, "AWS::Serverless::Function", parameters)) if parameters else None
     found: set[tuple[str, str]] = set()
-    for resource in template.of_type("AWS::Serverless::Function").values():
+    for logical_id, resource in template.of_type("AWS::Serverless::Function").items():
+        if live is not None and logical_id not in live:
+            continue
         props = resource["Properties"]
         service = props.get("Environment", {}).get("Variables", {}).get("POWERTOOLS_SERVICE_NAME", default_service)
         module = props["Handler"].rsplit(".", 1)[0].replace(".", "/") + ".py"
@@ -83,8 +87,9 @@ def _resources(template: TemplateModel, resource_type: str, parameters: dict) ->
             if not resource.get("Condition") or resolver.condition(resource["Condition"])]
 
 
-def _lambda_tasks(asl: str) -> int:
-    return (REPO_ROOT / "statemachines" / asl).read_text(encoding="utf-8").count('"Type": "Task"')
+def _lambda_tasks(asl: str, skipped: int = 0) -> int:
+    """Task states of an ASL file, less ``skipped`` ones the parameters keep an execution out of."""
+    return (REPO_ROOT / "statemachines" / asl).read_text(encoding="utf-8").count('"Type": "Task"') - skipped
 
 
 def _states(asl: str) -> int:
@@ -102,17 +107,23 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
 
     sync = next(r for r in bench["rows"] if r["scenario"] == "idle sweep")
     session = next(r for r in bench["session_limits"] if r["scenario"].startswith("sweep, warm"))
-    budget = next(r for r in bench["budget_guard"] if r["scenario"].startswith("hourly sweep"))
+    user_spend = defaults["UserSpendEnabled"] == "true"
+    # Without per-user spend the sweep skips CheckUserSpend (measured in a stack of its own), the
+    # controller ships no usage, and nothing asks Cost Explorer on the hourly path.
+    budget = next(r for r in bench["budget_guard"] if r["scenario"] == (
+        "hourly sweep (DescribeCluster)" if user_spend else "hourly sweep, UserSpendEnabled=false"))
+    budget_day = next(r for r in bench["budget_guard"] if r["scenario"].startswith("day of hourly sweeps"))
     usage = bench["usage"]["sweeps"][0]
     sweeps, session_sweeps, budget_sweeps = (per_month(defaults[k]) for k in
                                              ("SweepSchedule", "SessionSweepSchedule", "BudgetSweepSchedule"))
     heartbeats = LOGIN_NODES * HOURS_PER_MONTH * 3600 / 600  # each agent's report every 10 minutes
     polls = LOGIN_NODES * HOURS_PER_MONTH * 3600 / 30  # each agent reads its desired state every 30 s
-    usage_runs = HOURS_PER_MONTH * 3600 / 900  # the controller ships Slurm usage every 15 minutes
+    usage_runs = HOURS_PER_MONTH * 3600 / 900 if user_spend else 0  # the controller ships usage every 15 minutes
+    user_tasks = 0 if user_spend else 2  # CheckUserSpend, PublishUserSpendAlert
 
     transitions = (sweeps * sync["state_transitions"] + budget_sweeps * budget["state_transitions"]
                    + session_sweeps * _states("session_limits.asl.json"))
-    invocations = (sweeps * _lambda_tasks("login_node_sync.asl.json") + budget_sweeps * _lambda_tasks("budget_guard.asl.json")
+    invocations = (sweeps * _lambda_tasks("login_node_sync.asl.json") + budget_sweeps * _lambda_tasks("budget_guard.asl.json", user_tasks)
                    + session_sweeps * _lambda_tasks("session_limits.asl.json") + heartbeats + usage_runs)
     gb_seconds = memory_gb * (sweeps * sync["seconds"] + budget_sweeps * budget["seconds"]
                               + session_sweeps * session["lambda_seconds"] + (heartbeats + usage_runs) * 0.1)
@@ -126,9 +137,13 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
                   + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage["records"])
     ddb_reads = (sweeps * calls(sync, "dynamodb.", reads) + budget_sweeps * calls(budget, "dynamodb.", reads)
                  + session_sweeps * calls(session, "dynamodb.", reads))
-    ce_per_sweep = budget["calls"].get("cost-explorer.GetCostAndUsage", 0)
-    ce_requests = budget_sweeps * ce_per_sweep
-    metrics = emitted_metrics()
+    # Measured over a day of hourly sweeps at CostExplorerMaxAgeHours' default; a shorter max age asks
+    # proportionally more often, never more than once a sweep.
+    ce_per_day = budget_day["calls"].get("cost-explorer.GetCostAndUsage", 0) if user_spend else 0
+    ce_default_age = int(template.parameter_defaults()["CostExplorerMaxAgeHours"])
+    ce_age = int(defaults["CostExplorerMaxAgeHours"])
+    ce_requests = min(budget_sweeps, ce_per_day * ce_default_age / ce_age * HOURS_PER_MONTH / 24)
+    metrics = emitted_metrics(parameters=defaults)
     alarms = _resources(template, "AWS::CloudWatch::Alarm", defaults)
     dashboards = _resources(template, "AWS::CloudWatch::Dashboard", defaults)
     keys = _resources(template, "AWS::KMS::Key", defaults)
@@ -169,7 +184,9 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
         Line("Secrets Manager", len(secrets), "secrets", len(secrets) * p["secretsmanager_secret_per_month"],
              "agents read the secret only when its version changes (a few calls a month)"),
         Line("Cost Explorer requests", ce_requests, "requests", ce_requests * p["cost_explorer_per_request"],
-             f"measured: {ce_per_sweep} per hourly budget sweep"),
+             f"measured: {ce_per_day} per day of hourly budget sweeps (the answer is kept "
+             f"CostExplorerMaxAgeHours={ce_age} h); plus one per scale-out, not counted (a few a month)",
+             optional="UserSpendEnabled"),
         Line("SSM parameters and GetParameters", polls, "agent polls", 0.0,
              "standard parameters and standard-throughput calls are free"),
     ]
@@ -203,12 +220,16 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
 
 
 # What a platform team can switch off by parameter, losing only that part.
-LEAN = {"CreateDashboard": "false"}
+SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"})
+LEAN = {k: v for switch in SWITCHES for k, v in switch.items()}
 
 
 def cost_section(bench: dict) -> dict:
-    """The defaults, and the same stack with the optional parts switched off."""
-    return {"defaults": cost_table(bench), "lean": cost_table(bench, LEAN)}
+    """The defaults, each optional part switched off alone, and all of them off."""
+    def totals(table: dict) -> dict:
+        return {k: table[k] for k in ("parameters", "automation_usd", "with_load_balancer_usd")}
+    return {"defaults": cost_table(bench), "switches": [totals(cost_table(bench, s)) for s in SWITCHES],
+            "lean": cost_table(bench, LEAN)}
 
 
 def render(table: dict) -> str:

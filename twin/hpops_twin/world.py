@@ -473,7 +473,8 @@ class TwinWorld:
             "AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::SNS::Topic", "AWS::Logs::LogGroup",
             "AWS::KMS::Key", "AWS::SecretsManager::Secret", "AWS::Events::EventBus", "AWS::EC2::SecurityGroup",
             "AWS::ElasticLoadBalancingV2::LoadBalancer", "AWS::ElasticLoadBalancingV2::TargetGroup",
-            "AWS::ElasticLoadBalancingV2::Listener", "AWS::Serverless::Function", "AWS::Serverless::StateMachine",
+            "AWS::ElasticLoadBalancingV2::Listener", "AWS::SSM::Parameter", "AWS::Serverless::Function",
+            "AWS::Serverless::StateMachine",
         ]
         unknown = {r["Type"] for r in self.template.resources.values()} - set(order) - NOT_PROVISIONED
         if unknown:
@@ -535,6 +536,10 @@ class TwinWorld:
     def _provision_Topic(self, logical_id: str, props: dict) -> None:
         arn = self.aws.client("sns").create_topic(Name=self._physical_name(logical_id, 256))["TopicArn"]
         self._record(logical_id, arn, TopicName=arn.rsplit(":", 1)[-1])
+
+    def _provision_Parameter(self, logical_id: str, props: dict) -> None:
+        self.aws.client("ssm").put_parameter(Name=props["Name"], Value=props["Value"], Type=props["Type"])
+        self._record(logical_id, props["Name"])
 
     def _provision_LogGroup(self, logical_id: str, props: dict) -> None:
         name = f"/twin/{self._physical_name(logical_id)}"

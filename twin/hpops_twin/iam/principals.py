@@ -110,6 +110,10 @@ def principal_policies(template: TemplateModel, resolver: Resolver,
                 raise TwinIamError(f"{role_id} attaches {arn}, which managed_policies.json does not hold")
             policies[arn.rsplit("/", 1)[-1]] = managed_policies()[arn]
         for inline in role.get("Policies", []):
+            if "Fn::If" in inline:  # a policy only some parameters grant (SAM keeps the template's Fn::If)
+                inline = resolver.resolve(inline)
+                if inline is None:
+                    continue
             policies[inline["PolicyName"]] = _drop_none(resolver.resolve(inline["PolicyDocument"]))
         return policies
 

@@ -186,6 +186,7 @@ class UserSpendConfig:
     rate_overrides: Mapping[str, Decimal] = field(repr=False)
     hold_policy: HoldPolicy = HoldPolicy()
     stack_name: str = "S"
+    ce_max_age_hours: int = 24  # how old a kept Cost Explorer answer may be (ce_cache)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> UserSpendConfig:
@@ -201,7 +202,17 @@ class UserSpendConfig:
             rate_overrides=projection.rate_overrides,
             hold_policy=_hold_policy(env),
             stack_name=env.get("STACK_NAME", "").strip() or "S",
+            ce_max_age_hours=_max_age_hours(env),
         )
+
+
+def _max_age_hours(env: Mapping[str, str]) -> int:
+    """COST_EXPLORER_MAX_AGE_HOURS, 1-24; unset (a function deployed before the cache): 24."""
+    raw = env.get("COST_EXPLORER_MAX_AGE_HOURS", "").strip() or "24"
+    if not raw.isdigit() or not 1 <= int(raw) <= 24:
+        raise ConfigurationError("environment variable COST_EXPLORER_MAX_AGE_HOURS must be a whole number of hours "
+                                 "from 1 to 24")
+    return int(raw)
 
 
 def _hold_policy(env: Mapping[str, str]) -> HoldPolicy:

@@ -43,6 +43,7 @@ from hpops_core.budget_guard.budget_spec import (
 )
 from hpops_core.budget_guard.cluster_state import load_last_seen, save_last_seen
 from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig
+from hpops_core.budget_guard.ce_cache import billed_month_cached
 from hpops_core.budget_guard.pricing import rates_for
 from hpops_core.budget_guard.projection import (
     Alert,
@@ -293,9 +294,12 @@ def project_spend(
 
     groups = groups_from_detail(observed)
     # The month-to-date total comes from the same response as the billed rates (instance time +
-    # other cost), so there is no separate month-to-date request: CE charges per request.
+    # other cost), so there is no separate month-to-date request: CE charges per request. A scale-out
+    # is rare and its alert is the early warning, so it asks afresh; the hourly sweep reuses the answer.
+    billed, cost_explorer = billed_month_cached(ce, config.state_table, config.cluster_name, now, 24, fresh=True)
+    out["costExplorer"] = cost_explorer.as_dict()
     rates, billed = rates_for(
-        [g.instance_type for g in groups if g.node_count > 0], ce=ce, pricing=pricing,
+        [g.instance_type for g in groups if g.node_count > 0], billed=billed, pricing=pricing,
         cluster_name=config.cluster_name, region=config.region, overrides=config.rate_overrides, now=now,
     )
     projection = project_month_end(now, billed.total_usd, groups, rates, month_to_date_source=_month_to_date_source(billed))

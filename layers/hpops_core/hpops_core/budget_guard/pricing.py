@@ -34,7 +34,7 @@ from hpops_core.budget_guard.rates import (
 )
 from hpops_core.common.clients import RETRY_CONFIG, transient_errors_named
 
-__all__ = ["PRICE_LIST_REGION", "billed_month", "list_prices", "pricing_client", "rates_for"]
+__all__ = ["PRICE_LIST_REGION", "billed_month", "billed_request", "list_prices", "pricing_client", "rates_for"]
 
 # The Price List API answers only in us-east-1, ap-south-1 and eu-central-1; the prices it
 # returns are for any region (the regionCode filter below).
@@ -50,6 +50,22 @@ def pricing_client(session: boto3.session.Session | None = None) -> Any:
 # --------------------------------------------------------------------------- billed
 
 
+def billed_request(cluster_name: str, now: dt.datetime) -> dict[str, Any] | None:
+    """The GetCostAndUsage request for the cluster's bill this UTC month through yesterday, or None
+    on the 1st (no complete day: CE rejects Start == End, and nothing is billed yet)."""
+    validate_cluster_name(cluster_name)
+    period = _period(now)
+    if period is None:
+        return None
+    return {
+        "TimePeriod": period,
+        "Granularity": "MONTHLY",
+        "Metrics": [METRIC, USAGE_QUANTITY],
+        "Filter": {"Tags": {"Key": CLUSTER_TAG, "Values": [cluster_name], "MatchOptions": ["EQUALS"]}},
+        "GroupBy": [{"Type": "DIMENSION", "Key": "USAGE_TYPE"}],
+    }
+
+
 def billed_month(ce: Any, cluster_name: str, now: dt.datetime) -> BilledMonth:
     """The cluster's bill this UTC month through yesterday, by instance type.
 
@@ -58,18 +74,12 @@ def billed_month(ce: Any, cluster_name: str, now: dt.datetime) -> BilledMonth:
     HyperPod instance type are summed per type (``rates.instance_type_of_usage``); everything else
     the cluster was billed for (volumes, ...) is ``other_cost_usd``, so the parts add up to the
     cluster's month-to-date cost. On the 1st there is no complete day: no call, nothing billed.
+    ``fetched_at`` is ``now``: the answer is as of this request (ce_cache keeps it for a day).
     """
-    validate_cluster_name(cluster_name)
-    period = _period(now)
-    if period is None:
+    request = billed_request(cluster_name, now)
+    if request is None:
         return no_billed_month()
-    request: dict[str, Any] = {
-        "TimePeriod": period,
-        "Granularity": "MONTHLY",
-        "Metrics": [METRIC, USAGE_QUANTITY],
-        "Filter": {"Tags": {"Key": CLUSTER_TAG, "Values": [cluster_name], "MatchOptions": ["EQUALS"]}},
-        "GroupBy": [{"Type": "DIMENSION", "Key": "USAGE_TYPE"}],
-    }
+    period = request["TimePeriod"]
     cost: dict[str, Decimal] = {}
     hours: dict[str, Decimal] = {}
     other = Decimal(0)
@@ -93,7 +103,11 @@ def billed_month(ce: Any, cluster_name: str, now: dt.datetime) -> BilledMonth:
             break
         request["NextPageToken"] = token
     usage = {t: BilledUsage(t, cost[t], hours[t], period["Start"], period["End"]) for t in sorted(cost)}
-    return BilledMonth(MappingProxyType(usage), other, period["Start"], period["End"])
+    return BilledMonth(MappingProxyType(usage), other, period["Start"], period["End"], fetched_at=_iso(now))
+
+
+def _iso(now: dt.datetime) -> str:
+    return now.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # --------------------------------------------------------------------------- list
@@ -177,13 +191,16 @@ def list_prices(pricing: Any, instance_types: Iterable[str], region: str) -> dic
 
 
 def rates_for(
-    instance_types: Iterable[str], *, ce: Any, pricing: Any, cluster_name: str, region: str,
-    overrides: Mapping[str, Decimal], now: dt.datetime,
+    instance_types: Iterable[str], *, pricing: Any, cluster_name: str, region: str,
+    overrides: Mapping[str, Decimal], now: dt.datetime, ce: Any = None, billed: BilledMonth | None = None,
 ) -> tuple[RateChoice, BilledMonth]:
     """The rate of each instance type (billed, else list, else override) and the billed month
-    it was chosen from. The Price List is asked only for types without a trustworthy billed rate."""
+    it was chosen from. The Price List is asked only for types without a trustworthy billed rate.
+
+    ``billed``: the billed month already at hand (ce_cache's kept answer); else asked of ``ce``."""
     types = list(dict.fromkeys(instance_types))
-    billed = billed_month(ce, cluster_name, now)
+    if billed is None:
+        billed = billed_month(ce, cluster_name, now)
     unbilled = [t for t in types if billed_rate(billed.by_instance_type.get(t)) is None]
     listed = list_prices(pricing, unbilled, region) if unbilled else {}
     return choose_rates(types, billed, listed, overrides), billed

@@ -97,6 +97,7 @@ class BilledMonth:
     other_cost_usd: Decimal  # billed cost of the cluster that is not instance time (storage, ...)
     start: str | None  # None when no complete day yet (the 1st)
     end: str | None
+    fetched_at: str | None = None  # when Cost Explorer gave this answer (ISO UTC); None: nothing asked
 
     @property
     def instance_cost_usd(self) -> Decimal:

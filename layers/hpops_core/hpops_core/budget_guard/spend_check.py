@@ -16,6 +16,7 @@ from typing import Any
 from hpops_core.budget_guard import hold_state, usage_store
 from hpops_core.budget_guard.guard import AlertDeliveryError
 from hpops_core.budget_guard.alert_state import alert_table, fired_keys, mark_fired
+from hpops_core.budget_guard.ce_cache import CacheOutcome, billed_month_cached
 from hpops_core.budget_guard.pricing import rates_for
 from hpops_core.budget_guard.user_spend import SpendReport, decide_user_alerts, report_document, spend_report
 from hpops_core.common.clients import transient_errors_named
@@ -30,18 +31,23 @@ MAX_USER_ROWS = 200
 
 
 def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any,
-                  dynamodb: Any = None, items: dict[str, dict[str, Any]] | None = None) -> SpendReport:
-    """Everything the report needs, read once: the month's usage, the collector's status, rates.
+                  dynamodb: Any = None, items: dict[str, dict[str, Any]] | None = None,
+                  fresh: bool = False, keep: bool = True) -> tuple[SpendReport, CacheOutcome]:
+    """Everything the report needs, read once: the month's usage, the collector's status, rates; and
+    where the billed month came from (Cost Explorer's answer is kept up to ``ce_max_age_hours``).
 
-    ``items``: usage_store.cluster_items() when the caller read them (the collector's status is one)."""
+    ``items``: usage_store.cluster_items() when the caller read them (the collector's status is one).
+    ``fresh``: ask Cost Explorer whatever is kept (`hpops cost --fresh`); ``keep``: store a new answer."""
     month = f"{now.astimezone(dt.timezone.utc):%Y-%m}"
     windows = usage_store.month_usage(config.state_table, config.cluster_name, month, dynamodb)
     collector = usage_store.collector_status(config.state_table, config.cluster_name, dynamodb, items)
     groups = observed.get("InstanceGroups") or []
     types = sorted({g["InstanceType"] for g in groups if isinstance(g.get("InstanceType"), str)})
-    rates, billed = rates_for(types, ce=ce, pricing=pricing, cluster_name=config.cluster_name, region=config.region,
-                              overrides=config.rate_overrides, now=now)
-    return spend_report(config.cluster_name, now, windows, groups, rates, billed, config.limits, collector)
+    billed, outcome = billed_month_cached(ce, config.state_table, config.cluster_name, now, config.ce_max_age_hours,
+                                          fresh=fresh, keep=keep, dynamodb=dynamodb)
+    rates, billed = rates_for(types, billed=billed, pricing=pricing, cluster_name=config.cluster_name,
+                              region=config.region, overrides=config.rate_overrides, now=now)
+    return spend_report(config.cluster_name, now, windows, groups, rates, billed, config.limits, collector), outcome
 
 
 def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[str, Any], *, ce: Any, pricing: Any,
@@ -50,7 +56,7 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
     whole report: Step Functions state is capped at 256 KB and a cluster can have hundreds of users."""
     now = dt.datetime.fromisoformat(request["now"])
     items = usage_store.cluster_items(config.state_table, config.cluster_name)
-    report = gather_report(config, observed, now, ce=ce, pricing=pricing, items=items)
+    report, cost_explorer = gather_report(config, observed, now, ce=ce, pricing=pricing, items=items)
     table = alert_table(config.state_table)
     with transient_errors_named("dynamodb:Query"):
         already = fired_keys(table, config.cluster_name, report.month)
@@ -79,6 +85,7 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
         "clusterCostUsd": document["clusterCost"]["usd"], "warnings": document["warnings"], "alerts": alerts, "alertCount": len(alerts),
         "reason": (f"{len(report.users)} user(s) this month, top: {top or 'none'}; {len(alerts)} new alert(s)"),
         "holds": holds,
+        "costExplorer": cost_explorer.as_dict(),
     }
 
 

@@ -216,8 +216,9 @@ def spend_report(
             f"instance group(s) {', '.join(sorted(unpriced_groups))} have no rate: the cluster's cost since "
             f"{billed_until:%Y-%m-%d %H:%M} UTC leaves them out")})
     instance_cost = (billed_instances + estimate).quantize(_MICRO, ROUND_HALF_UP)
-    billed_text = (f"Cost Explorer {billed.start}..{billed.end} (exclusive): {usd(billed_instances + billed.other_cost_usd)}"
-                   if billed.end else "no billed day yet this month")
+    fetched = f", asked at {billed.fetched_at}" if getattr(billed, "fetched_at", None) else ""
+    billed_text = (f"Cost Explorer {billed.start}..{billed.end} (exclusive{fetched}): "
+                   f"{usd(billed_instances + billed.other_cost_usd)}" if billed.end else "no billed day yet this month")
     cluster_cost = CostLine(instance_cost + billed.other_cost_usd, (
         f"{billed_text}; since {billed_until:%Y-%m-%d %H:%M} UTC, estimated from the nodes up now: {usd(estimate)}"))
     users_usd = sum((u.usd for u in users), Decimal(0))

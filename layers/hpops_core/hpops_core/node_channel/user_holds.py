@@ -54,6 +54,15 @@ def user_holds_parameter(cluster: str) -> str:
     return contract.parameter_prefix(cluster) + "node/user-holds"
 
 
+# /hpops/<cluster>/node/user-spend: "off" when the stack has no per-user spend (UserSpendEnabled=false);
+# the controller's agent then collects no usage. Missing or anything else: on (stacks before the switch).
+USER_SPEND_OFF = "off"
+
+
+def user_spend_parameter(cluster: str) -> str:
+    return contract.parameter_prefix(cluster) + "node/user-spend"
+
+
 def holds_version(month: str, expires_at: str, dry_run: bool, users: list) -> str:
     text = json.dumps([month, expires_at, dry_run, users], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
