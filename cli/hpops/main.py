@@ -17,7 +17,8 @@
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
                                              what the account or cluster lacks, one line per check
     hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
-    hpops iam-policy --stack-name S          the least-privilege IAM policy (JSON) for these commands on S
+    hpops iam-policy --stack-name S [--lifecycle-bucket B]
+                                             the least-privilege IAM policy (JSON) for these commands on S
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -587,7 +588,7 @@ def cmd_iam_policy(args: argparse.Namespace) -> int:
     resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
                  for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=args.stack_name)
                  for r in page["StackResourceSummaries"] if r.get("PhysicalResourceId")}
-    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources)
+    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources, args.lifecycle_bucket)
     print(policy_json(document))
     for note in notes:
         print(note, file=sys.stderr)
@@ -703,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "action has none; its statement's Sid says why.")
     iam_policy.add_argument("--stack-name", required=True, help="the deployed stack")
     iam_policy.add_argument("--region")
+    iam_policy.add_argument("--lifecycle-bucket", action="append", default=[], metavar="BUCKET",
+                            help="the S3 bucket of the cluster's lifecycle scripts, which doctor reads (repeatable; "
+                                 "without it doctor's S3 reads are on *)")
     iam_policy.set_defaults(func=cmd_iam_policy)
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")

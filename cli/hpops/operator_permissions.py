@@ -9,6 +9,7 @@ template filled from the stack:
     {output:Name} {parameter:Name} a stack output or parameter (an ARN, or a table's name)
     {resource:LogicalId}           the physical id of a stack resource (ListStackResources)
     {execution:Output}             every execution of the state machine an output names
+    {lifecycle-bucket}             each bucket given with --lifecycle-bucket ("*" for the resource without one)
 
 "*" only where the action has no resource type; WILDCARD_REASONS says why, and is the statement's Sid.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -92,8 +93,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "ListTags", "sagemaker:ListTags", CLUSTER),
-        Call("s3", "GetObject", "s3:GetObject", "*"),
-        Call("s3", "ListObjectsV2", "s3:ListBucket", "*"),
+        Call("s3", "GetObject", "s3:GetObject", "arn:aws:s3:::{lifecycle-bucket}/*"),
+        Call("s3", "ListObjectsV2", "s3:ListBucket", "arn:aws:s3:::{lifecycle-bucket}"),
         Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies",
              "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
         Call("ec2", "DescribeSubnets", "ec2:DescribeSubnets", "*"),
@@ -124,10 +125,12 @@ WILDCARD_REASONS = {
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
     "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
-    # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: unknown here.
+    # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: without
+    # --lifecycle-bucket it is unknown here.
     "s3:GetObject": "LifecycleBucketIsTheClustersNotTheStacks",
     "s3:ListBucket": "LifecycleBucketIsTheClustersNotTheStacks",
 }
+LIFECYCLE_BUCKET = "{lifecycle-bucket}"
 
 
 class MissingStackValue(Exception):
@@ -168,11 +171,19 @@ def _sid(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "", text.title())
 
 
+def _templates(call: Call, lifecycle_buckets: Sequence[str]) -> list[str]:
+    """The call's resource template, once per lifecycle bucket where it names one ("*" with none)."""
+    if LIFECYCLE_BUCKET not in call.resource:
+        return [call.resource]
+    return [call.resource.replace(LIFECYCLE_BUCKET, b) for b in lifecycle_buckets] or ["*"]
+
+
 def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
-                    resources: Mapping[str, str]) -> tuple[dict, list[str]]:
+                    resources: Mapping[str, str], lifecycle_buckets: Sequence[str] = ()) -> tuple[dict, list[str]]:
     """The policy document for every command on this stack, and the notes on what it leaves out.
 
-    ``stack_id``: the stack's ARN (its region and account); ``resources``: logical id -> physical id."""
+    ``stack_id``: the stack's ARN (its region and account); ``resources``: logical id -> physical id;
+    ``lifecycle_buckets``: the buckets of the cluster's lifecycle scripts, which doctor reads."""
     _, _, _, region, account, rest = stack_id.split(":", 5)
     stack = {"region": region, "account": account, "stack": rest.split("/")[1]}
     fill = _filler(stack, outputs, parameters, resources)
@@ -180,15 +191,19 @@ def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mappi
     notes: list[str] = []
     for command, calls in COMMANDS.items():
         for call in calls:
-            try:
-                resource = fill(call.resource)
-                if call.resource.startswith("{resource:"):
-                    resource = _resource_arn(call.action, resource, region, account)
-            except MissingStackValue as missing:
-                notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
-                continue
-            sid = WILDCARD_REASONS[call.action] if resource == "*" else _sid(call.action.split(":")[0]) + "OfTheStack"
-            statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
+            for template in _templates(call, lifecycle_buckets):
+                try:
+                    resource = fill(template)
+                    if template.startswith("{resource:"):
+                        resource = _resource_arn(call.action, resource, region, account)
+                except MissingStackValue as missing:
+                    notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
+                    continue
+                sid = WILDCARD_REASONS[call.action] if resource == "*" else _sid(call.action.split(":")[0]) + "OfTheStack"
+                statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
+    if not lifecycle_buckets:
+        notes.append("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket B (the bucket of "
+                     "the cluster's LifeCycleConfig.SourceS3Uri) to name it")
     document: dict = {"Version": "2012-10-17", "Statement": []}
     for sid, actions in sorted(statements.items()):
         # One statement per distinct resource set: every action in it applies to every resource in it.

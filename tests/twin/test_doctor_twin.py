@@ -5,11 +5,14 @@ and by no other check.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
+from operator_policy import without_action
 
-from hpops.doctor_checks import CHECKS, OK, PROBLEM, RUN_AS_OFF
+from hpops.doctor import DOCTOR_IAM_ACTIONS
+from hpops.doctor_checks import CHECKS, OK, PROBLEM, RUN_AS_OFF, UNKNOWN, exit_status
 from hpops_twin.doctor_twin import BREAKS, DoctorAccount, doctor_world
 
 # What each broken condition's line must say (a fragment of its message, and of its fix).
@@ -49,6 +52,28 @@ def test_a_working_installation_is_all_ok(account):
     assert [f.line() for f in findings if f.status != OK] == []
     assert [f.check for f in findings] == [c for c in CHECKS for _ in range(2 if c in (
         "lifecycle-script", "node-agent-policy", "node-network") else 1)]
+
+
+def test_doctor_runs_as_the_operator_under_the_policy_hpops_iam_policy_prints(account):
+    account.run()
+    assert account.denials == [] and account.world.iam.errors == []
+    used = {action for principal, action, _ in account.world.iam.exercised if principal == "operator"}
+    # The twin hands doctor the stack's names (no CloudFormation reads), and every object it asks for exists
+    # (s3:ListBucket only turns a missing object's 403 into 404).
+    assert used == set(DOCTOR_IAM_ACTIONS) - {"cloudformation:DescribeStacks", "cloudformation:DescribeStackResource",
+                                              "s3:ListBucket"}
+
+
+def test_without_one_action_its_check_is_unknown_naming_the_action_and_the_others_still_run(account):
+    policy = without_action(copy.deepcopy(account.operator_policy()), "ec2:DescribeRouteTables")
+    findings = account.run(policy=policy)
+    assert [(d.action, d.resource) for d in account.denials] == [("ec2:DescribeRouteTables", "*")] * 2
+    unknown = [f for f in findings if f.status != OK]
+    assert {(f.check, f.status) for f in unknown} == {("node-network", UNKNOWN)} and exit_status(findings) == 1
+    assert unknown[0].line().startswith(
+        f"UNKNOWN node-network[{account.world.login_group}]: could not tell: access denied to ec2:DescribeRouteTables "
+        "(DescribeRouteTables: UnauthorizedOperation: User: operator is not authorized to perform: "
+        "ec2:DescribeRouteTables on resource: *"), unknown[0].line()
 
 
 @pytest.mark.parametrize("check, condition", [(check, condition) for check, condition, _ in BREAKS])

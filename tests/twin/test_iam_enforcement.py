@@ -3,6 +3,7 @@ grants it (hpops_twin/iam): a missing permission fails the twin as it would fail
 
 import boto3
 import pytest
+from operator_policy import without_action
 
 from hpops_twin.iam.enforce import acting_as
 from hpops_twin.iam.evaluate import TwinIamError
@@ -15,9 +16,7 @@ def without(principal: str, action: str):
         if name != principal:
             return
         for document in policies.values():
-            for statement in document["Statement"]:
-                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-                statement["Action"] = [a for a in actions if a != action] or ["none:Nothing"]
+            without_action(document, action)
     return edit
 
 

@@ -21,7 +21,11 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "TableName": "t", "stateMachineArn": "arn:aws:states:us-east-1:1:stateMachine:m",
                "executionArn": "arn:aws:states:us-east-1:1:execution:m:e", "StackName": "hpops-ml",
                "FunctionName": "f", "TopicArn": "arn:aws:sns:us-east-1:1:t", "Name": "SSM-SessionManagerRunShell",
-               "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg"}
+               "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg",
+               "Bucket": "lifecycle", "RoleName": "hyperpod-exec",
+               "TrailName": f"arn:aws:cloudtrail:us-east-1:{ACCOUNT}:trail/management-events"}
+    if call.service == "s3":
+        request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)
     actions = {check.action: check.resource for check in checks(call.service, call.operation, request, LOOKUP)}
     assert call.action in actions, f"the twin maps {call.service} {call.operation} to {sorted(actions)}"
     assert (actions[call.action] == "*") == (call.resource == "*"), \
@@ -66,3 +70,20 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     # The stack above has no BudgetGuard, topic or CA secret: what needs them is left out, and said.
     assert {n.split(": ")[0] for n in notes} >= {"hpops cost subscribe", "hpops cost release", "hpops host-keys ca-generate"}
     assert all(resource != "*" or action in WILDCARD_REASONS for action, resource in granted)
+
+
+def test_doctors_s3_reads_name_the_lifecycle_buckets_given_else_are_on_star_with_a_note():
+    parameters = {"ClusterArn": f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123"}
+
+    def s3_grants(buckets):
+        document, notes = operator_policy(STACK_ID, {}, parameters, {}, buckets)
+        return {(a, s["Resource"] if isinstance(s["Resource"], str) else tuple(s["Resource"]))
+                for s in document["Statement"] for a in s["Action"] if a.startswith("s3:")}, notes
+
+    granted, notes = s3_grants(["lifecycle-a", "lifecycle-b"])
+    assert granted == {("s3:GetObject", ("arn:aws:s3:::lifecycle-a/*", "arn:aws:s3:::lifecycle-b/*")),
+                       ("s3:ListBucket", ("arn:aws:s3:::lifecycle-a", "arn:aws:s3:::lifecycle-b"))}
+    assert not any("--lifecycle-bucket" in n for n in notes)
+    granted, notes = s3_grants([])
+    assert granted == {("s3:GetObject", "*"), ("s3:ListBucket", "*")}
+    assert any(n.startswith("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket") for n in notes)
