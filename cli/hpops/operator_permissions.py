@@ -57,7 +57,9 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sfn", "ListExecutions", "states:ListExecutions", "{output:SessionLimitsStateMachineArn}"),
         Call("sfn", "ListExecutions", "states:ListExecutions", "{output:BudgetGuardStateMachineArn}"),
         Call("cloudformation", "ListStackResources", "cloudformation:ListStackResources", STACK),
-        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:*"),
+        # CloudFormation names the stack's alarms <stack>-<LogicalId>-<suffix> (no AlarmName in template.yaml;
+        # alarm names may be 255 characters, so the stack name is never shortened)
+        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:{stack}-*"),
         Call("ssm", "DescribeSessions", "ssm:DescribeSessions", "*"),
         Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
     ),

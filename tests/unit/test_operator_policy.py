@@ -63,6 +63,7 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
             f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:hpops-ml-CheckUserSpendFunction-1AB") in granted
     assert ("kms:GenerateDataKey", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111") in granted
     assert ("cloudformation:DescribeStacks", f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/*") in granted
+    assert ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:us-east-1:{ACCOUNT}:alarm:hpops-ml-*") in granted
     assert ("dynamodb:PutItem", f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/hpops-ml-SyncStateTable-1AB") in granted
     for statement in document["Statement"]:
         if statement["Resource"] == "*":

@@ -95,6 +95,12 @@ def _trail(field: str) -> Callable[[dict, Lookup], list[str]]:
     return arns
 
 
+def _alarms(params: dict, lookup: Lookup) -> list[str]:
+    """DescribeAlarms is authorized on each alarm it names; a call naming none lists them all (alarm:*)."""
+    names = params.get("AlarmNames") or ["*"]
+    return [f"arn:aws:cloudwatch:{lookup.region}:{lookup.account}:alarm:{name}" for name in names]
+
+
 def _function(params: dict, lookup: Lookup) -> list[str]:
     name = params["FunctionName"]
     if name.startswith("arn:"):
@@ -184,7 +190,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
                                                "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
     ("cloudformation", "DescribeStackResource"): ("cloudformation:DescribeStackResource",
                                                   "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
-    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:*"),
+    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", _alarms),
 }
 
 
