@@ -182,12 +182,12 @@ def _running_login_nodes(sagemaker: Any, cluster: str, group: str) -> list[dict]
 
 def _node_reports(dynamodb: Any, table: str, cluster: str) -> dict[str, dict]:
     """Instance id -> the latest report its agent sent (one item per node, report_store's layout)."""
-    from hpops_core.common.state_table import lease_item_key
+    from hpops_core.common.state_table import node_report_partition
     from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
 
     pages = dynamodb.get_paginator("query").paginate(
         TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
-        ExpressionAttributeValues={":pk": lease_item_key(cluster)["pk"], ":sk": {"S": SK_PREFIX}})
+        ExpressionAttributeValues={":pk": {"S": node_report_partition(cluster)}, ":sk": {"S": SK_PREFIX}})
     return {item["sk"]["S"][len(SK_PREFIX):]: report_from_item(item) for page in pages for item in page["Items"]}
 
 
