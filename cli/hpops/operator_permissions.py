@@ -28,6 +28,7 @@ class Call:
     operation: str
     action: str
     resource: str
+    leading_keys: tuple[str, ...] = ()  # DynamoDB: the partition keys (patterns) the command reads or writes
 
 
 STACK = "arn:aws:cloudformation:{region}:{account}:stack/{stack}/*"
@@ -37,6 +38,13 @@ SYNC = "{output:LoginNodeSyncStateMachineArn}"
 RUN_SHELL = "arn:aws:ssm:{region}:{account}:document/SSM-SessionManagerRunShell"
 HOST_KEY = "{resource:HostIdentityKey}"
 
+# The state table's item kinds (hpops_core.common.state_table and budget_guard's usage_store and
+# alert_state name them; tests/unit/test_operator_policy.py holds these to those modules).
+LEASE = ("cluster#{parameter:ClusterName}",)  # the sync lease, with the published host identity
+NODE_REPORTS = ("node-report#{parameter:ClusterName}",)
+SPEND_ITEMS = ("usage#{parameter:ClusterName}", "usage#{parameter:ClusterName}#*", "budget#{parameter:ClusterName}")
+BUDGET_ITEMS = ("budget#{parameter:ClusterName}",)  # a release is a budget item
+
 READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
 SPEND = (
     Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),
@@ -44,12 +52,14 @@ SPEND = (
     Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
     Call("cost-explorer", "GetCostAndUsage", "ce:GetCostAndUsage", "*"),
     Call("pricing", "GetProducts", "pricing:GetProducts", "*"),
-    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),
-    Call("dynamodb", "Query", "dynamodb:Query", TABLE),
+    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, SPEND_ITEMS),
+    Call("dynamodb", "Query", "dynamodb:Query", TABLE, SPEND_ITEMS),
 )
 
 COMMANDS: dict[str, tuple[Call, ...]] = {
     "status": READ_STACK + SPEND + (
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
@@ -73,21 +83,21 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     # GetCallerIdentity (who released) needs no permission.
     "cost release": READ_STACK + (
-        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE),
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, BUDGET_ITEMS),
         Call("sfn", "StartExecution", "states:StartExecution", "{output:BudgetGuardStateMachineArn}"),
     ),
     "host-keys generate|adopt|rotate": READ_STACK + (
         Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue", "{output:HostIdentitySecretArn}"),
         Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
-        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE),
+        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE, LEASE),
     ),
     "host-keys ca-generate": READ_STACK + (
         Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue",
              "{output:HostCertificateAuthoritySecretArn}"),
         Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
-        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE),
+        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE, LEASE),
     ),
-    "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),),
+    "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
     # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
     "doctor": READ_STACK + (
@@ -104,8 +114,9 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
-        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),
-        Call("dynamodb", "Query", "dynamodb:Query", TABLE),
+        # The published host identity, the agents' reports, the usage collector's status.
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
         Call("cloudtrail", "DescribeTrails", "cloudtrail:DescribeTrails", "*"),
         Call("cloudtrail", "GetTrailStatus", "cloudtrail:GetTrailStatus", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
@@ -190,6 +201,7 @@ def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mappi
     stack = {"region": region, "account": account, "stack": rest.split("/")[1]}
     fill = _filler(stack, outputs, parameters, resources)
     statements: dict[str, dict[str, set[str]]] = {}  # Sid -> action -> resources
+    leading_keys: dict[str, set[str]] = {}  # DynamoDB action -> the partition keys it may touch
     notes: list[str] = []
     for command, calls in COMMANDS.items():
         for call in calls:
@@ -198,24 +210,29 @@ def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mappi
                     resource = fill(template)
                     if template.startswith("{resource:"):
                         resource = _resource_arn(call.action, resource, region, account)
+                    keys = {fill(key) for key in call.leading_keys}
                 except MissingStackValue as missing:
                     notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
                     continue
                 sid = WILDCARD_REASONS[call.action] if resource == "*" else _sid(call.action.split(":")[0]) + "OfTheStack"
                 statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
+                leading_keys.setdefault(call.action, set()).update(keys)
     if not lifecycle_buckets:
         notes.append("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket B (the bucket of "
                      "the cluster's LifeCycleConfig.SourceS3Uri) to name it")
     document: dict = {"Version": "2012-10-17", "Statement": []}
     for sid, actions in sorted(statements.items()):
-        # One statement per distinct resource set: every action in it applies to every resource in it.
-        groups: dict[tuple[str, ...], list[str]] = {}
+        # One statement per distinct resource set (and DynamoDB item kinds): every action in it applies to
+        # every resource in it.
+        groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
         for action, arns in actions.items():
-            groups.setdefault(tuple(sorted(arns)), []).append(action)
-        for number, (arns, names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
-            document["Statement"].append({
-                "Sid": sid if number == 0 else f"{sid}{number + 1}", "Effect": "Allow",
-                "Action": sorted(names), "Resource": list(arns) if len(arns) > 1 else arns[0]})
+            groups.setdefault((tuple(sorted(arns)), tuple(sorted(leading_keys.get(action, ())))), []).append(action)
+        for number, ((arns, keys), names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
+            statement = {"Sid": sid if number == 0 else f"{sid}{number + 1}", "Effect": "Allow",
+                         "Action": sorted(names), "Resource": list(arns) if len(arns) > 1 else arns[0]}
+            if keys:
+                statement["Condition"] = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(keys)}}
+            document["Statement"].append(statement)
     return document, notes
 
 

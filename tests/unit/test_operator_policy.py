@@ -52,7 +52,7 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
                "LoginNodeSyncStateMachineArn": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:LoginNodeSync-1AB",
                "HostIdentitySecretArn": f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:hpops-ml-keys-AbCdEf"}
     parameters = {"ClusterArn": f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
-                  "ClusterExecutionRoleName": "hyperpod-exec"}
+                  "ClusterExecutionRoleName": "hyperpod-exec", "ClusterName": "ml-research"}
     resources = {"CheckUserSpendFunction": "hpops-ml-CheckUserSpendFunction-1AB", "HostIdentityKey": "0f1e2d3c-1111"}
     document, notes = operator_policy(STACK_ID, outputs, parameters, resources)
 
@@ -65,6 +65,13 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     assert ("cloudformation:DescribeStacks", f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/*") in granted
     assert ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:us-east-1:{ACCOUNT}:alarm:hpops-ml-*") in granted
     assert ("dynamodb:PutItem", f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/hpops-ml-SyncStateTable-1AB") in granted
+    # DynamoDB: the item kinds the commands touch, each action only its own.
+    kinds = {a: s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] for s in document["Statement"]
+             for a in s["Action"] if a.startswith("dynamodb:")}
+    assert kinds == {
+        "dynamodb:GetItem": ["budget#ml-research", "cluster#ml-research", "usage#ml-research", "usage#ml-research#*"],
+        "dynamodb:Query": ["budget#ml-research", "node-report#ml-research", "usage#ml-research", "usage#ml-research#*"],
+        "dynamodb:PutItem": ["budget#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])
@@ -88,3 +95,17 @@ def test_doctors_s3_reads_name_the_lifecycle_buckets_given_else_are_on_star_with
     granted, notes = s3_grants([])
     assert granted == {("s3:GetObject", "*"), ("s3:ListBucket", "*")}
     assert any(n.startswith("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket") for n in notes)
+
+
+def test_the_item_kinds_named_here_are_the_state_tables():
+    from hpops.operator_permissions import LEASE, NODE_REPORTS, SPEND_ITEMS
+    from hpops_core.budget_guard.alert_state import partition_key
+    from hpops_core.budget_guard.usage_store import month_key, status_key
+    from hpops_core.common.state_table import lease_partition, node_report_partition
+
+    def named(pattern: str) -> str:
+        return pattern.replace("{parameter:ClusterName}", "ml-research").replace("*", "2026-11")
+
+    assert [named(k) for k in LEASE + NODE_REPORTS + SPEND_ITEMS] == [
+        lease_partition("ml-research"), node_report_partition("ml-research"), status_key("ml-research"),
+        month_key("ml-research", "2026-11"), partition_key("ml-research")]
