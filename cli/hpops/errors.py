@@ -33,6 +33,8 @@ REJECTED_CODES = frozenset({"InvalidClientTokenId", "UnrecognizedClientException
 DENIED_CODES = frozenset({"UnauthorizedOperation", "AuthorizationError"})
 # AWS names the IAM action in the message: "... is not authorized to perform: states:ListExecutions on ..."
 ACTION_RE = re.compile(r"perform: ([A-Za-z0-9-]+:[A-Za-z0-9*]+)")
+# A HEAD request's answer has no body: a refusal is a bare 403 naming no action, so name it here.
+HEAD_ACTIONS = {"HeadObject": "s3:GetObject", "HeadBucket": "s3:ListBucket"}
 MISSING_STACK_RE = re.compile(r"Stack with id (\S+) does not exist")
 MAX_DETAIL = 300
 
@@ -89,9 +91,10 @@ def _client_error(error: ClientError, region: str | None) -> str:
                 "credentials) and try again")
     if code in REJECTED_CODES:
         return f"AWS does not accept these credentials ({detail(error)}): check AWS_PROFILE and your keys"
-    if code.startswith("AccessDenied") or code in DENIED_CODES:
+    head_refused = code == "403" and error.operation_name in HEAD_ACTIONS
+    if code.startswith("AccessDenied") or code in DENIED_CODES or head_refused:
         found = ACTION_RE.search(message)
-        action = found.group(1) if found else error.operation_name
+        action = found.group(1) if found else HEAD_ACTIONS.get(error.operation_name, error.operation_name)
         return (f"access denied to {action} ({detail(error)}): use a role or profile allowed {action}, "
                 "or ask your AWS administrator to grant it")
     missing = MISSING_STACK_RE.search(message) if code == "ValidationError" else None

@@ -69,7 +69,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("cloudformation", "ListStackResources", "cloudformation:ListStackResources", STACK),
         # CloudFormation names the stack's alarms <stack>-<LogicalId>-<suffix> (no AlarmName in template.yaml;
         # alarm names may be 255 characters, so the stack name is never shortened)
-        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:{stack}-*"),
+        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms",
+             "arn:aws:cloudwatch:{region}:{account}:alarm:{stack}-*"),
         Call("ssm", "DescribeSessions", "ssm:DescribeSessions", "*"),
         Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
     ),
@@ -214,7 +215,8 @@ def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mappi
                 except MissingStackValue as missing:
                     notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
                     continue
-                sid = WILDCARD_REASONS[call.action] if resource == "*" else _sid(call.action.split(":")[0]) + "OfTheStack"
+                sid = (WILDCARD_REASONS[call.action] if resource == "*"
+                       else _sid(call.action.split(":")[0]) + "OfTheStack")
                 statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
                 leading_keys.setdefault(call.action, set()).update(keys)
     if not lifecycle_buckets:
