@@ -86,6 +86,20 @@ def test_without_one_action_its_check_is_unknown_naming_the_action_and_the_other
         assert f"User: operator is not authorized to perform: {action} on resource: " in finding.line()
 
 
+def test_without_list_bucket_a_missing_bundle_file_reads_as_access_denied_as_on_s3(account):
+    """S3 answers a missing object with 403 to a caller who may not list its bucket: why doctor needs
+    s3:ListBucket (the twin models it: a missing object's read also needs s3:ListBucket)."""
+    from hpops_twin.doctor_twin import bundle_not_uploaded
+
+    with bundle_not_uploaded(account):
+        findings = account.run(policy=without_action(copy.deepcopy(account.operator_policy()), "s3:ListBucket"))
+    assert {d.action for d in account.denials} == {"s3:ListBucket"}
+    (unknown, *others) = [f for f in findings if f.status != OK]
+    assert unknown.line().startswith(f"UNKNOWN lifecycle-script[{account.world.login_group}]: could not tell: access "
+                                     "denied to s3:GetObject, or to s3:ListBucket for a missing object"), unknown.line()
+    assert {f.check for f in others} <= {"lifecycle-script"}
+
+
 @pytest.mark.parametrize("check, condition", [(check, condition) for check, condition, _ in BREAKS])
 def test_each_broken_condition_is_caught_by_its_check_alone(account, check, condition):
     breaking = next(b for c, name, b in BREAKS if name == condition)

@@ -30,6 +30,8 @@ class Lookup:
     account: str
     cluster_arn: Callable[[str], str]  # SageMaker cluster name or ARN -> its ARN
     secret_key_arn: Callable[[str], str | None]  # secret ARN -> its KMS key ARN (None: AWS managed key)
+    # (bucket, key) -> False only when the bucket exists and the object does not
+    s3_object_exists: Callable[[str, str], bool] = lambda bucket, key: True
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,11 @@ def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[C
         resources = [_fill(resource, params, lookup)]
     context = _leading_keys(service, operation, params) if service == "dynamodb" else ()
     found = [Check(action, r, context) for r in resources]
+    if service == "s3" and operation in ("GetObject", "HeadObject") \
+            and not lookup.s3_object_exists(params["Bucket"], params.get("Key", "")):
+        # S3 answers a missing object with 404 only to a caller who may list the bucket; to others with
+        # 403 AccessDenied, so that objects' existence does not leak.
+        found.append(Check("s3:ListBucket", f"arn:aws:s3:::{params['Bucket']}"))
     if service == "secrets-manager":
         key = lookup.secret_key_arn(resources[0])
         found += _kms_via("secretsmanager", "kms:Decrypt" if operation == "GetSecretValue" else "kms:GenerateDataKey",
