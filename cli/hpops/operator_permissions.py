@@ -67,8 +67,9 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sfn", "ListExecutions", "states:ListExecutions", "{output:SessionLimitsStateMachineArn}"),
         Call("sfn", "ListExecutions", "states:ListExecutions", "{output:BudgetGuardStateMachineArn}"),
         Call("cloudformation", "ListStackResources", "cloudformation:ListStackResources", STACK),
-        # CloudFormation names the stack's alarms <stack>-<LogicalId>-<suffix> (no AlarmName in template.yaml;
-        # alarm names may be 255 characters, so the stack name is never shortened)
+        # CloudFormation names the stack's alarms <stack>-<LogicalId>-<suffix> (no AlarmName in template.yaml).
+        # It shortens a generated name only past the type's limit: 255 for alarms, which a 128-character stack
+        # name and this template's logical ids stay under.
         Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms",
              "arn:aws:cloudwatch:{region}:{account}:alarm:{stack}-*"),
         Call("ssm", "DescribeSessions", "ssm:DescribeSessions", "*"),

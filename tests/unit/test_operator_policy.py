@@ -109,3 +109,13 @@ def test_the_item_kinds_named_here_are_the_state_tables():
     assert [named(k) for k in LEASE + NODE_REPORTS + SPEND_ITEMS] == [
         lease_partition("ml-research"), node_report_partition("ml-research"), status_key("ml-research"),
         month_key("ml-research", "2026-11"), partition_key("ml-research")]
+
+
+def test_the_stacks_alarms_carry_the_stack_name_the_describe_alarms_grant_names():
+    """The grant is alarm:<stack>-*: CloudFormation names an alarm <stack>-<LogicalId>-<13 characters> when the
+    template gives no AlarmName, shortening it only past 255 characters (a stack name has at most 128)."""
+    from hpops_twin.template_model import TemplateModel
+
+    alarms = {name: r for name, r in TemplateModel().raw["Resources"].items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    assert alarms and not [name for name, r in alarms.items() if "AlarmName" in r.get("Properties", {})]
+    assert max(128 + 1 + len(name) + 1 + 13 for name in alarms) <= 255
