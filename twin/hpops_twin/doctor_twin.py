@@ -157,8 +157,8 @@ class DoctorAccount:
 
     # ------------------------------------------------------------------ doctor, on this account
     @contextmanager
-    def answering_what_moto_lacks(self) -> Iterator[None]:
-        account = self
+    def answering_what_moto_lacks(self) -> Iterator[DoctorAccount]:
+        """Inside the block, the calls moto cannot answer are answered here (after IAM enforcement)."""
         real_process_request = BotocoreStubber.process_request
         answers = {"AWSInsightsIndexService.ListCostAllocationTags": self._list_cost_allocation_tags,
                    "SageMaker.ListTags": self._list_cluster_tags}
@@ -173,7 +173,7 @@ class DoctorAccount:
             return real_process_request(stubber, request)
 
         with mock.patch.object(BotocoreStubber, "process_request", process_request):
-            yield account
+            yield self
 
     def _list_cost_allocation_tags(self, params: dict) -> dict:
         keys = params.get("TagKeys")
