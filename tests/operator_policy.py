@@ -29,6 +29,14 @@ def operator_policy_of(capsys, stack_name: str, region: str | None, main: Callab
     return json.loads(out) if status == 0 else None
 
 
+def without_action(document: dict, action: str) -> dict:
+    """`document` with `action` taken out of every statement (in place; returned for convenience)."""
+    for statement in document["Statement"]:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        statement["Action"] = [a for a in actions if a != action] or ["none:Nothing"]
+    return document
+
+
 def operator_lookup(stack_name: str, region: str | None) -> Lookup:
     """The twin's ARN lookup: the cluster's ARN is the stack's ClusterArn parameter, as template.yaml has it."""
     region = _region(region)

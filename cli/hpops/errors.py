@@ -33,6 +33,10 @@ REJECTED_CODES = frozenset({"InvalidClientTokenId", "UnrecognizedClientException
 DENIED_CODES = frozenset({"UnauthorizedOperation", "AuthorizationError"})
 # AWS names the IAM action in the message: "... is not authorized to perform: states:ListExecutions on ..."
 ACTION_RE = re.compile(r"perform: ([A-Za-z0-9-]+:[A-Za-z0-9*]+)")
+# A HEAD request's answer has no body: a refusal is a bare 403 naming no action. S3 also answers a
+# missing object with 403 to a caller who may not list its bucket.
+HEAD_OBJECT_REFUSED = ("access denied to s3:GetObject, or to s3:ListBucket for a missing object ({}): use a role "
+                       "or profile allowed both on the bucket, or ask your AWS administrator to grant them")
 MISSING_STACK_RE = re.compile(r"Stack with id (\S+) does not exist")
 MAX_DETAIL = 300
 
@@ -89,6 +93,8 @@ def _client_error(error: ClientError, region: str | None) -> str:
                 "credentials) and try again")
     if code in REJECTED_CODES:
         return f"AWS does not accept these credentials ({detail(error)}): check AWS_PROFILE and your keys"
+    if code == "403" and error.operation_name == "HeadObject":
+        return HEAD_OBJECT_REFUSED.format(detail(error))
     if code.startswith("AccessDenied") or code in DENIED_CODES:
         found = ACTION_RE.search(message)
         action = found.group(1) if found else error.operation_name

@@ -17,7 +17,8 @@
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
                                              what the account or cluster lacks, one line per check
     hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
-    hpops iam-policy --stack-name S          the least-privilege IAM policy (JSON) for these commands on S
+    hpops iam-policy --stack-name S [--lifecycle-bucket B]
+                                             the least-privilege IAM policy (JSON) for these commands on S
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
@@ -181,12 +182,12 @@ def _running_login_nodes(sagemaker: Any, cluster: str, group: str) -> list[dict]
 
 def _node_reports(dynamodb: Any, table: str, cluster: str) -> dict[str, dict]:
     """Instance id -> the latest report its agent sent (one item per node, report_store's layout)."""
-    from hpops_core.common.state_table import lease_item_key
+    from hpops_core.common.state_table import node_report_partition
     from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
 
     pages = dynamodb.get_paginator("query").paginate(
         TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
-        ExpressionAttributeValues={":pk": lease_item_key(cluster)["pk"], ":sk": {"S": SK_PREFIX}})
+        ExpressionAttributeValues={":pk": {"S": node_report_partition(cluster)}, ":sk": {"S": SK_PREFIX}})
     return {item["sk"]["S"][len(SK_PREFIX):]: report_from_item(item) for page in pages for item in page["Items"]}
 
 
@@ -597,7 +598,7 @@ def cmd_iam_policy(args: argparse.Namespace) -> int:
     resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
                  for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=args.stack_name)
                  for r in page["StackResourceSummaries"] if r.get("PhysicalResourceId")}
-    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources)
+    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources, args.lifecycle_bucket)
     print(policy_json(document))
     for note in notes:
         print(note, file=sys.stderr)
@@ -716,6 +717,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "action has none; its statement's Sid says why.")
     iam_policy.add_argument("--stack-name", required=True, help="the deployed stack")
     iam_policy.add_argument("--region")
+    iam_policy.add_argument("--lifecycle-bucket", action="append", default=[], metavar="BUCKET",
+                            help="the S3 bucket of the cluster's lifecycle scripts, which doctor reads (repeatable; "
+                                 "without it doctor's S3 reads are on *)")
     iam_policy.set_defaults(func=cmd_iam_policy)
 
     bench = commands.add_parser("bench", help="API calls, state transitions and times in the twin")

@@ -9,6 +9,7 @@ template filled from the stack:
     {output:Name} {parameter:Name} a stack output or parameter (an ARN, or a table's name)
     {resource:LogicalId}           the physical id of a stack resource (ListStackResources)
     {execution:Output}             every execution of the state machine an output names
+    {lifecycle-bucket}             each bucket given with --lifecycle-bucket ("*" for the resource without one)
 
 "*" only where the action has no resource type; WILDCARD_REASONS says why, and is the statement's Sid.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -27,6 +28,7 @@ class Call:
     operation: str
     action: str
     resource: str
+    leading_keys: tuple[str, ...] = ()  # DynamoDB: the partition keys (patterns) the command reads or writes
 
 
 STACK = "arn:aws:cloudformation:{region}:{account}:stack/{stack}/*"
@@ -36,6 +38,13 @@ SYNC = "{output:LoginNodeSyncStateMachineArn}"
 RUN_SHELL = "arn:aws:ssm:{region}:{account}:document/SSM-SessionManagerRunShell"
 HOST_KEY = "{resource:HostIdentityKey}"
 
+# The state table's item kinds (hpops_core.common.state_table and budget_guard's usage_store and
+# alert_state name them; tests/unit/test_operator_policy.py holds these to those modules).
+LEASE = ("cluster#{parameter:ClusterName}",)  # the sync lease, with the published host identity
+NODE_REPORTS = ("node-report#{parameter:ClusterName}",)
+SPEND_ITEMS = ("usage#{parameter:ClusterName}", "usage#{parameter:ClusterName}#*", "budget#{parameter:ClusterName}")
+BUDGET_ITEMS = ("budget#{parameter:ClusterName}",)  # a release is a budget item
+
 READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
 SPEND = (
     Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),
@@ -43,12 +52,14 @@ SPEND = (
     Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
     Call("cost-explorer", "GetCostAndUsage", "ce:GetCostAndUsage", "*"),
     Call("pricing", "GetProducts", "pricing:GetProducts", "*"),
-    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),
-    Call("dynamodb", "Query", "dynamodb:Query", TABLE),
+    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, SPEND_ITEMS),
+    Call("dynamodb", "Query", "dynamodb:Query", TABLE, SPEND_ITEMS),
 )
 
 COMMANDS: dict[str, tuple[Call, ...]] = {
     "status": READ_STACK + SPEND + (
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
@@ -56,7 +67,11 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sfn", "ListExecutions", "states:ListExecutions", "{output:SessionLimitsStateMachineArn}"),
         Call("sfn", "ListExecutions", "states:ListExecutions", "{output:BudgetGuardStateMachineArn}"),
         Call("cloudformation", "ListStackResources", "cloudformation:ListStackResources", STACK),
-        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:*"),
+        # CloudFormation names the stack's alarms <stack>-<LogicalId>-<suffix> (no AlarmName in template.yaml).
+        # It shortens a generated name only past the type's limit: 255 for alarms, which a 128-character stack
+        # name and this template's logical ids stay under.
+        Call("cloudwatch", "DescribeAlarms", "cloudwatch:DescribeAlarms",
+             "arn:aws:cloudwatch:{region}:{account}:alarm:{stack}-*"),
         Call("ssm", "DescribeSessions", "ssm:DescribeSessions", "*"),
         Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
     ),
@@ -70,21 +85,21 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     # GetCallerIdentity (who released) needs no permission.
     "cost release": READ_STACK + (
-        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE),
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, BUDGET_ITEMS),
         Call("sfn", "StartExecution", "states:StartExecution", "{output:BudgetGuardStateMachineArn}"),
     ),
     "host-keys generate|adopt|rotate": READ_STACK + (
         Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue", "{output:HostIdentitySecretArn}"),
         Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
-        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE),
+        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE, LEASE),
     ),
     "host-keys ca-generate": READ_STACK + (
         Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue",
              "{output:HostCertificateAuthoritySecretArn}"),
         Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
-        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE),
+        Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE, LEASE),
     ),
-    "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),),
+    "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
     # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
     "doctor": READ_STACK + (
@@ -92,8 +107,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "ListTags", "sagemaker:ListTags", CLUSTER),
-        Call("s3", "GetObject", "s3:GetObject", "*"),
-        Call("s3", "ListObjectsV2", "s3:ListBucket", "*"),
+        Call("s3", "GetObject", "s3:GetObject", "arn:aws:s3:::{lifecycle-bucket}/*"),
+        Call("s3", "ListObjectsV2", "s3:ListBucket", "arn:aws:s3:::{lifecycle-bucket}"),
         Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies",
              "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
         Call("ec2", "DescribeSubnets", "ec2:DescribeSubnets", "*"),
@@ -101,8 +116,9 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
-        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE),
-        Call("dynamodb", "Query", "dynamodb:Query", TABLE),
+        # The published host identity, the agents' reports, the usage collector's status.
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
         Call("cloudtrail", "DescribeTrails", "cloudtrail:DescribeTrails", "*"),
         Call("cloudtrail", "GetTrailStatus", "cloudtrail:GetTrailStatus", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
@@ -124,10 +140,12 @@ WILDCARD_REASONS = {
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
     "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
-    # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: unknown here.
+    # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: without
+    # --lifecycle-bucket it is unknown here.
     "s3:GetObject": "LifecycleBucketIsTheClustersNotTheStacks",
     "s3:ListBucket": "LifecycleBucketIsTheClustersNotTheStacks",
 }
+LIFECYCLE_BUCKET = "{lifecycle-bucket}"
 
 
 class MissingStackValue(Exception):
@@ -168,37 +186,56 @@ def _sid(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "", text.title())
 
 
+def _templates(call: Call, lifecycle_buckets: Sequence[str]) -> list[str]:
+    """The call's resource template, once per lifecycle bucket where it names one ("*" with none)."""
+    if LIFECYCLE_BUCKET not in call.resource:
+        return [call.resource]
+    return [call.resource.replace(LIFECYCLE_BUCKET, b) for b in lifecycle_buckets] or ["*"]
+
+
 def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
-                    resources: Mapping[str, str]) -> tuple[dict, list[str]]:
+                    resources: Mapping[str, str], lifecycle_buckets: Sequence[str] = ()) -> tuple[dict, list[str]]:
     """The policy document for every command on this stack, and the notes on what it leaves out.
 
-    ``stack_id``: the stack's ARN (its region and account); ``resources``: logical id -> physical id."""
+    ``stack_id``: the stack's ARN (its region and account); ``resources``: logical id -> physical id;
+    ``lifecycle_buckets``: the buckets of the cluster's lifecycle scripts, which doctor reads."""
     _, _, _, region, account, rest = stack_id.split(":", 5)
     stack = {"region": region, "account": account, "stack": rest.split("/")[1]}
     fill = _filler(stack, outputs, parameters, resources)
     statements: dict[str, dict[str, set[str]]] = {}  # Sid -> action -> resources
+    leading_keys: dict[str, set[str]] = {}  # DynamoDB action -> the partition keys it may touch
     notes: list[str] = []
     for command, calls in COMMANDS.items():
         for call in calls:
-            try:
-                resource = fill(call.resource)
-                if call.resource.startswith("{resource:"):
-                    resource = _resource_arn(call.action, resource, region, account)
-            except MissingStackValue as missing:
-                notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
-                continue
-            sid = WILDCARD_REASONS[call.action] if resource == "*" else _sid(call.action.split(":")[0]) + "OfTheStack"
-            statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
+            for template in _templates(call, lifecycle_buckets):
+                try:
+                    resource = fill(template)
+                    if template.startswith("{resource:"):
+                        resource = _resource_arn(call.action, resource, region, account)
+                    keys = {fill(key) for key in call.leading_keys}
+                except MissingStackValue as missing:
+                    notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
+                    continue
+                sid = (WILDCARD_REASONS[call.action] if resource == "*"
+                       else _sid(call.action.split(":")[0]) + "OfTheStack")
+                statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
+                leading_keys.setdefault(call.action, set()).update(keys)
+    if not lifecycle_buckets:
+        notes.append("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket B (the bucket of "
+                     "the cluster's LifeCycleConfig.SourceS3Uri) to name it")
     document: dict = {"Version": "2012-10-17", "Statement": []}
     for sid, actions in sorted(statements.items()):
-        # One statement per distinct resource set: every action in it applies to every resource in it.
-        groups: dict[tuple[str, ...], list[str]] = {}
+        # One statement per distinct resource set (and DynamoDB item kinds): every action in it applies to
+        # every resource in it.
+        groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
         for action, arns in actions.items():
-            groups.setdefault(tuple(sorted(arns)), []).append(action)
-        for number, (arns, names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
-            document["Statement"].append({
-                "Sid": sid if number == 0 else f"{sid}{number + 1}", "Effect": "Allow",
-                "Action": sorted(names), "Resource": list(arns) if len(arns) > 1 else arns[0]})
+            groups.setdefault((tuple(sorted(arns)), tuple(sorted(leading_keys.get(action, ())))), []).append(action)
+        for number, ((arns, keys), names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
+            statement = {"Sid": sid if number == 0 else f"{sid}{number + 1}", "Effect": "Allow",
+                         "Action": sorted(names), "Resource": list(arns) if len(arns) > 1 else arns[0]}
+            if keys:
+                statement["Condition"] = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(keys)}}
+            document["Statement"].append(statement)
     return document, notes
 
 

@@ -1,5 +1,5 @@
 """CheckReportedSessions: a login node's session list changed (RecordNodeReport's announcement, after
-its origin check) -> one Query of the stored reports; when someone is over their limit cluster-wide,
+its origin check) -> the stored reports and the ledger (one Query each); when someone is over their limit cluster-wide,
 start a SessionLimits execution at once (hpops_core.session_limits.report_check says when and why).
 """
 

@@ -151,9 +151,19 @@ def describe_groups_with(session_factory: Callable[[], Any], config: AgentConfig
             client = session_factory().client("sagemaker", region_name=config.region)
             return client.describe_cluster(ClusterName=config.cluster).get("InstanceGroups")
         except Exception as error:  # botocore's errors, no credentials, no route: all mean "unknown"
-            raise IdentityError("DescribeCluster {} failed: {}".format(config.cluster, type(error).__name__)) from None
+            raise IdentityError("DescribeCluster {} failed: {}".format(config.cluster, _why(error))) from None
 
     return describe
+
+
+def _why(error: Exception) -> str:
+    """An AWS error's code, and the permission when it is access denied (the node role lacks it)."""
+    code = (getattr(error, "response", None) or {}).get("Error", {}).get("Code")
+    if not code:
+        return type(error).__name__
+    if "AccessDenied" in code:
+        return "{} (the node's role needs sagemaker:DescribeCluster on the cluster: NodeAgentPolicy)".format(code)
+    return code
 
 
 def resolve(config: AgentConfig, need_instance_id: bool = True, imds=imds_instance_id,

@@ -448,3 +448,13 @@ def test_the_command_line_prints_one_line_and_exits_2(tmp_path, argv, says):
                           cwd=tmp_path, timeout=120)
     assert done.returncode == 2
     assert done.stderr == "" and done.stdout.count("\n") == 1 and done.stdout.startswith(says), done
+
+
+def test_a_refused_head_object_names_the_actions_its_bare_403_does_not():
+    from botocore.exceptions import ClientError
+
+    from hpops.errors import explain
+
+    refused = ClientError({"Error": {"Code": "403", "Message": "Forbidden"}}, "HeadObject")
+    assert explain(refused, "us-east-1").startswith(
+        "access denied to s3:GetObject, or to s3:ListBucket for a missing object (HeadObject: 403: Forbidden)")

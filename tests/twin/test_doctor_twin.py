@@ -5,11 +5,14 @@ and by no other check.
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
+from operator_policy import without_action
 
-from hpops.doctor_checks import CHECKS, OK, PROBLEM, RUN_AS_OFF
+from hpops.doctor import DOCTOR_IAM_ACTIONS
+from hpops.doctor_checks import CHECKS, OK, PROBLEM, RUN_AS_OFF, UNKNOWN, exit_status
 from hpops_twin.doctor_twin import BREAKS, DoctorAccount, doctor_world
 
 # What each broken condition's line must say (a fragment of its message, and of its fix).
@@ -49,6 +52,52 @@ def test_a_working_installation_is_all_ok(account):
     assert [f.line() for f in findings if f.status != OK] == []
     assert [f.check for f in findings] == [c for c in CHECKS for _ in range(2 if c in (
         "lifecycle-script", "node-agent-policy", "node-network") else 1)]
+
+
+def test_doctor_runs_as_the_operator_under_the_policy_hpops_iam_policy_prints(account):
+    account.run()
+    assert account.denials == [] and account.world.iam.errors == []
+    used = {action for principal, action, _ in account.world.iam.exercised if principal == "operator"}
+    # The twin hands doctor the stack's names (no CloudFormation reads), and every object it asks for exists
+    # (s3:ListBucket only turns a missing object's 403 into 404).
+    assert used == set(DOCTOR_IAM_ACTIONS) - {"cloudformation:DescribeStacks", "cloudformation:DescribeStackResource",
+                                              "s3:ListBucket"}
+
+
+# A doctor action taken out of the operator policy -> the check that needs it (the others must stay OK).
+WITHOUT = {
+    "ec2:DescribeRouteTables": "node-network",
+    "s3:GetObject": "lifecycle-script",
+    "iam:ListAttachedRolePolicies": "node-agent-policy",
+    "cloudtrail:DescribeTrails": "cloudtrail",
+    "ce:ListCostAllocationTags": "cost-allocation-tag",
+    "dynamodb:Query": "agent-reports",
+}
+
+
+@pytest.mark.parametrize("action", sorted(WITHOUT))
+def test_without_one_action_its_check_is_unknown_naming_the_action_and_the_others_still_run(account, action):
+    findings = account.run(policy=without_action(copy.deepcopy(account.operator_policy()), action))
+    assert account.denials and {d.action for d in account.denials} == {action}
+    unknown = [f for f in findings if f.status != OK]
+    assert {(f.check, f.status) for f in unknown} == {(WITHOUT[action], UNKNOWN)} and exit_status(findings) == 1
+    for finding in unknown:
+        assert f"could not tell: access denied to {action} (" in finding.line(), finding.line()
+        assert f"User: operator is not authorized to perform: {action} on resource: " in finding.line()
+
+
+def test_without_list_bucket_a_missing_bundle_file_reads_as_access_denied_as_on_s3(account):
+    """S3 answers a missing object with 403 to a caller who may not list its bucket: why doctor needs
+    s3:ListBucket (the twin models it: a missing object's read also needs s3:ListBucket)."""
+    from hpops_twin.doctor_twin import bundle_not_uploaded
+
+    with bundle_not_uploaded(account):
+        findings = account.run(policy=without_action(copy.deepcopy(account.operator_policy()), "s3:ListBucket"))
+    assert {d.action for d in account.denials} == {"s3:ListBucket"}
+    (unknown, *others) = [f for f in findings if f.status != OK]
+    assert unknown.line().startswith(f"UNKNOWN lifecycle-script[{account.world.login_group}]: could not tell: access "
+                                     "denied to s3:GetObject, or to s3:ListBucket for a missing object"), unknown.line()
+    assert {f.check for f in others} <= {"lifecycle-script"}
 
 
 @pytest.mark.parametrize("check, condition", [(check, condition) for check, condition, _ in BREAKS])

@@ -37,7 +37,7 @@ def node_reports(world):
     table = world.resolver.physical_ids["SyncStateTable"]
     items = world.aws.client("dynamodb").query(
         TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
-        ExpressionAttributeValues={":pk": {"S": f"cluster#{world.cluster_name}"}, ":sk": {"S": "node-report#"}})["Items"]
+        ExpressionAttributeValues={":pk": {"S": f"node-report#{world.cluster_name}"}, ":sk": {"S": "node-report#"}})["Items"]
     return {i["sk"]["S"].split("#", 1)[1]: json.loads(i["report"]["S"]) for i in items}
 
 

@@ -3,6 +3,7 @@ grants it (hpops_twin/iam): a missing permission fails the twin as it would fail
 
 import boto3
 import pytest
+from operator_policy import without_action
 
 from hpops_twin.iam.enforce import acting_as
 from hpops_twin.iam.evaluate import TwinIamError
@@ -15,9 +16,7 @@ def without(principal: str, action: str):
         if name != principal:
             return
         for document in policies.values():
-            for statement in document["Statement"]:
-                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-                statement["Action"] = [a for a in actions if a != action] or ["none:Nothing"]
+            without_action(document, action)
     return edit
 
 
@@ -98,3 +97,20 @@ def test_functions_write_logs_only_to_the_stacks_log_group(synced_world):
     refused = iam.decide("function:ApplyTargetChangesFunction", other)
     assert not refused.allowed and "permissions boundary FunctionsPermissionsBoundary" in refused.reason
     assert any(action == "logs:PutLogEvents" for _, action, _ in iam.exercised)  # every invocation's log delivery
+
+
+@pytest.mark.parametrize("function, own, other", [
+    ("RecordNodeReportFunction", "node-report", "cluster"),  # a node's report never overwrites the lease
+    ("EnforceSessionLimitsFunction", "session", "node-report"),  # the ledger writer cannot forge a report
+    ("GateTargetChangesFunction", "notice", "session"),
+])
+def test_each_writer_of_the_state_table_writes_only_its_own_item_kind(world, function, own, other):
+    """dynamodb:LeadingKeys: every item kind has a partition of its own (state_table.py)."""
+    table = world.resolver.physical_ids["SyncStateTable"]
+    ddb = boto3.client("dynamodb")
+    with acting_as(f"function:{function}"):
+        ddb.put_item(TableName=table, Item={"pk": {"S": f"{own}#{world.cluster_name}"}, "sk": {"S": "iam-check"}})
+        with pytest.raises(ddb.exceptions.ClientError, match="AccessDeniedException"):
+            ddb.put_item(TableName=table, Item={"pk": {"S": f"{other}#{world.cluster_name}"}, "sk": {"S": "iam-check"}})
+    table_arn = world.resolver.attributes[("SyncStateTable", "Arn")]
+    assert [(d.action, d.resource) for d in world.iam.denials] == [("dynamodb:PutItem", table_arn)]

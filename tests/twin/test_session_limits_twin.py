@@ -141,7 +141,7 @@ def test_ended_sessions_are_recorded_with_a_ttl(world):
     *_, third = open_sessions(world, "alice", 3)
     table = world.resolver.physical_ids["SyncStateTable"]
     item = world.aws.client("dynamodb").get_item(
-        TableName=table, Key={"pk": {"S": f"cluster#{world.cluster_name}"}, "sk": {"S": f"session#{third.session_id}"}}
+        TableName=table, Key={"pk": {"S": f"session#{world.cluster_name}"}, "sk": {"S": f"session#{third.session_id}"}}
     )["Item"]
     assert item["kind"]["S"] == "ended" and item["user"]["S"] == "alice"
     assert int(item["ttl"]["N"]) > int(time.time()) + 3600, "expires through the table's TTL, not soon"
@@ -385,8 +385,8 @@ def test_start_session_event_under_the_limit_costs_at_most_three_calls(world):
     result = succeeded(check(world, [started.event]))[0]
     calls = dict(world.counter.calls)
     assert sum(calls.values()) <= 3, calls
-    # One Query: the login nodes' SSH sessions count with the shells (and the ledger comes with them).
-    assert calls == {"ssm.DescribeSessions": 1, "dynamodb.Query": 1}, "no IAM, writes or SNS for a user under the limit"
+    # One Query of each partition: the login nodes' SSH sessions count with the shells; the ledger.
+    assert calls == {"ssm.DescribeSessions": 1, "dynamodb.Query": 2}, "no IAM, writes or SNS for a user under the limit"
     assert report(result)["scope"] == "owner"
 
 
@@ -441,5 +441,5 @@ def test_duplicate_event_after_the_session_ended_costs_two_reads(world):
     world.counter.reset()
     result = succeeded(check(world, [third.event]))[0]
     assert report(result)["scope"] == "owner", "alice's other sessions show the Owner filter works"
-    assert dict(world.counter.calls) == {"ssm.DescribeSessions": 1, "dynamodb.Query": 1}
+    assert dict(world.counter.calls) == {"ssm.DescribeSessions": 1, "dynamodb.Query": 2}
     assert world.sessions.store.terminated_by_api() == [third.session_id]

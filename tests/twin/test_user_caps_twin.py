@@ -47,7 +47,7 @@ def dropins(world: TwinWorld, instance_id: str) -> dict[str, list[str]]:
 def node_report(world: TwinWorld, instance_id: str) -> dict:
     item = world.aws.client("dynamodb").get_item(
         TableName=world.output("SyncStateTableName"),
-        Key={"pk": {"S": f"cluster#{world.cluster_name}"}, "sk": {"S": f"node-report#{instance_id}"}})["Item"]
+        Key={"pk": {"S": f"node-report#{world.cluster_name}"}, "sk": {"S": f"node-report#{instance_id}"}})["Item"]
     return json.loads(item["report"]["S"])
 
 

@@ -22,7 +22,8 @@ SAMPLE_REQUEST = {
     "TopicArn": f"arn:aws:sns:us-east-1:{ACCOUNT}:alerts", "QueueUrl": f"https://sqs.us-east-1.amazonaws.com/{ACCOUNT}/dlq",
     "FunctionName": "hpops-ParseTriggerFunction", "stateMachineArn": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:sync",
     "executionArn": f"arn:aws:states:us-east-1:{ACCOUNT}:execution:sync:run-1", "StackName": "hpops", "RequestItems": {"hpops-state": []},
-    "Key": {"pk": {"S": "cluster#ml-research"}, "sk": {"S": "sync-lease"}},
+    "Key": {"pk": {"S": "cluster#ml-research"}, "sk": {"S": "sync-lease"}}, "Bucket": "sagemaker-lifecycle",
+    "TrailName": "management-events", "AlarmNames": ["hpops-SyncExecutionsFailed-1AB2C3"],
 }
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")

@@ -130,7 +130,7 @@ def store_report(aws, instance_id, version, result="changed", reason=""):
     body = {"format": contract.REPORT_FORMAT, "instanceId": instance_id,
             "loginLimits": {"version": version, "result": result, "reason": reason}}
     aws.dynamodb.put_item(TableName="t", Item={
-        "pk": {"S": "cluster#ml"}, "sk": {"S": f"node-report#{instance_id}"},
+        "pk": {"S": "node-report#ml"}, "sk": {"S": f"node-report#{instance_id}"},
         "report": {"S": json.dumps(body)}, "receivedAt": {"S": "2026-11-22T11:59:30Z"}})
 
 

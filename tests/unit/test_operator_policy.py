@@ -21,7 +21,11 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "TableName": "t", "stateMachineArn": "arn:aws:states:us-east-1:1:stateMachine:m",
                "executionArn": "arn:aws:states:us-east-1:1:execution:m:e", "StackName": "hpops-ml",
                "FunctionName": "f", "TopicArn": "arn:aws:sns:us-east-1:1:t", "Name": "SSM-SessionManagerRunShell",
-               "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg"}
+               "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg",
+               "Bucket": "lifecycle", "RoleName": "hyperpod-exec",
+               "TrailName": f"arn:aws:cloudtrail:us-east-1:{ACCOUNT}:trail/management-events"}
+    if call.service == "s3":
+        request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)
     actions = {check.action: check.resource for check in checks(call.service, call.operation, request, LOOKUP)}
     assert call.action in actions, f"the twin maps {call.service} {call.operation} to {sorted(actions)}"
     assert (actions[call.action] == "*") == (call.resource == "*"), \
@@ -48,7 +52,7 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
                "LoginNodeSyncStateMachineArn": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:LoginNodeSync-1AB",
                "HostIdentitySecretArn": f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:hpops-ml-keys-AbCdEf"}
     parameters = {"ClusterArn": f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
-                  "ClusterExecutionRoleName": "hyperpod-exec"}
+                  "ClusterExecutionRoleName": "hyperpod-exec", "ClusterName": "ml-research"}
     resources = {"CheckUserSpendFunction": "hpops-ml-CheckUserSpendFunction-1AB", "HostIdentityKey": "0f1e2d3c-1111"}
     document, notes = operator_policy(STACK_ID, outputs, parameters, resources)
 
@@ -59,10 +63,59 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
             f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:hpops-ml-CheckUserSpendFunction-1AB") in granted
     assert ("kms:GenerateDataKey", f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111") in granted
     assert ("cloudformation:DescribeStacks", f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/*") in granted
+    assert ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:us-east-1:{ACCOUNT}:alarm:hpops-ml-*") in granted
     assert ("dynamodb:PutItem", f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/hpops-ml-SyncStateTable-1AB") in granted
+    # DynamoDB: the item kinds the commands touch, each action only its own.
+    kinds = {a: s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] for s in document["Statement"]
+             for a in s["Action"] if a.startswith("dynamodb:")}
+    assert kinds == {
+        "dynamodb:GetItem": ["budget#ml-research", "cluster#ml-research", "usage#ml-research", "usage#ml-research#*"],
+        "dynamodb:Query": ["budget#ml-research", "node-report#ml-research", "usage#ml-research", "usage#ml-research#*"],
+        "dynamodb:PutItem": ["budget#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])
     # The stack above has no BudgetGuard, topic or CA secret: what needs them is left out, and said.
     assert {n.split(": ")[0] for n in notes} >= {"hpops cost subscribe", "hpops cost release", "hpops host-keys ca-generate"}
     assert all(resource != "*" or action in WILDCARD_REASONS for action, resource in granted)
+
+
+def test_doctors_s3_reads_name_the_lifecycle_buckets_given_else_are_on_star_with_a_note():
+    parameters = {"ClusterArn": f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123"}
+
+    def s3_grants(buckets):
+        document, notes = operator_policy(STACK_ID, {}, parameters, {}, buckets)
+        return {(a, s["Resource"] if isinstance(s["Resource"], str) else tuple(s["Resource"]))
+                for s in document["Statement"] for a in s["Action"] if a.startswith("s3:")}, notes
+
+    granted, notes = s3_grants(["lifecycle-a", "lifecycle-b"])
+    assert granted == {("s3:GetObject", ("arn:aws:s3:::lifecycle-a/*", "arn:aws:s3:::lifecycle-b/*")),
+                       ("s3:ListBucket", ("arn:aws:s3:::lifecycle-a", "arn:aws:s3:::lifecycle-b"))}
+    assert not any("--lifecycle-bucket" in n for n in notes)
+    granted, notes = s3_grants([])
+    assert granted == {("s3:GetObject", "*"), ("s3:ListBucket", "*")}
+    assert any(n.startswith("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket") for n in notes)
+
+
+def test_the_item_kinds_named_here_are_the_state_tables():
+    from hpops.operator_permissions import LEASE, NODE_REPORTS, SPEND_ITEMS
+    from hpops_core.budget_guard.alert_state import partition_key
+    from hpops_core.budget_guard.usage_store import month_key, status_key
+    from hpops_core.common.state_table import lease_partition, node_report_partition
+
+    def named(pattern: str) -> str:
+        return pattern.replace("{parameter:ClusterName}", "ml-research").replace("*", "2026-11")
+
+    assert [named(k) for k in LEASE + NODE_REPORTS + SPEND_ITEMS] == [
+        lease_partition("ml-research"), node_report_partition("ml-research"), status_key("ml-research"),
+        month_key("ml-research", "2026-11"), partition_key("ml-research")]
+
+
+def test_the_stacks_alarms_carry_the_stack_name_the_describe_alarms_grant_names():
+    """The grant is alarm:<stack>-*: CloudFormation names an alarm <stack>-<LogicalId>-<13 characters> when the
+    template gives no AlarmName, shortening it only past 255 characters (a stack name has at most 128)."""
+    from hpops_twin.template_model import TemplateModel
+
+    alarms = {name: r for name, r in TemplateModel().raw["Resources"].items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    assert alarms and not [name for name, r in alarms.items() if "AlarmName" in r.get("Properties", {})]
+    assert max(128 + 1 + len(name) + 1 + 13 for name in alarms) <= 255

@@ -108,7 +108,7 @@ SKIPPED = {
     "hpops doctor --stack-name S": AWS,
     "hpops doctor --cluster NAME --region R": AWS,
     "hpops cost release --stack-name S USER --reason TEXT": AWS,
-    "hpops iam-policy --stack-name S [--region R]": AWS,
+    "hpops iam-policy --stack-name S [--region R] [--lifecycle-bucket B]": AWS,
     "hpops iam-policy --stack-name S": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",

@@ -82,8 +82,9 @@ def test_a_sweep_under_the_limit_writes_nothing_and_tells_nobody(aws):
     open_sessions(fake, "alice", 2)
     result = enforce_limits(config(), SWEEP, NOW, fake)
     assert result.error is None and fake.terminated == []
-    # One Query: the login nodes' reports (their SSH sessions count too); no ledger read, no alert.
-    assert aws.dynamodb == ["Query"] and aws.sns == []
+    # One Query of each partition: the ledger with the Run As state, the login nodes' reports (their SSH
+    # sessions count too); no alert.
+    assert aws.dynamodb == ["Query", "Query"] and aws.sns == []
     assert result.output["plannedCount"] == 0 and result.output["notified"] is False
     assert result.output["apiCalls"] == {"DescribeSessions": 1}
 
@@ -102,10 +103,9 @@ def test_a_sweep_over_the_limit_ends_the_newest_records_it_and_says_why(aws):
                                          "reason": "3 active > default limit 2; ending the 1 newest"}]
     assert output["scope"] == "all" and output["recorded"] == 1 and output["notified"] is True
     assert output["apiCalls"] == {"DescribeSessions": 1, "GetDocument": 1, "ListRoleTags": 2, "TerminateSession": 1}
-    # The ledger is read once the plan ends something; PutItem records that Run As is on (no alert:
-    # it never was off).
-    # One Query (node reports, ledger, Run As state); no PutItem: Run As is on, as never recorded means.
-    assert aws.dynamodb == ["Query", "BatchWriteItem"]
+    # One Query of each partition (ledger and Run As state, node reports); no PutItem: Run As is on, as
+    # never recorded means.
+    assert aws.dynamodb == ["Query", "Query", "BatchWriteItem"]
     assert ledger_kinds() == {alice[2]: ledger.ENDED}
     (message,) = aws.sns
     assert "alice" in message["Subject"] and "User alice: limit 2, 3 active session(s); ended 1" in message["Message"]

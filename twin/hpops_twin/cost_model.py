@@ -207,13 +207,13 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
 def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
     """What users' logins add, which the month's table cannot count (it depends on how often they log
     in), in USD per 1,000: a session list that changed on a node (one default-bus event, one
-    CheckReportedSessions invocation of about 0.1 s, its one Query) and a crossing of a limit (one
+    CheckReportedSessions invocation of about 0.1 s, its two Queries: the nodes' reports, the ledger) and a crossing of a limit (one
     SessionLimits execution: its measured transitions and its 2 Lambda tasks, about 0.5 s)."""
     bound = bench.get("session_limit_bound")
     if not bound:
         return {}
     change = (p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
-              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + p["dynamodb_on_demand_per_1m_read_units"] / 1e6)
+              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + 2 * p["dynamodb_on_demand_per_1m_read_units"] / 1e6)
     crossing = (bound["transitions_per_crossing"] / 1000 * p["stepfunctions_standard_per_1k_transitions"]
                 + 2 * p["lambda_per_1m_requests"] / 1e6 + 0.5 * memory_gb * p["lambda_arm64_per_gb_second"])
     return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)}

@@ -8,9 +8,14 @@ execution role (CloudFormation's job: the twin does not provision IAM), the clus
 a NAT gateway route and its security group admitting SSH from the verifier's, a CloudTrail trail
 logging management events, the controller's real node agent reporting Slurm usage.
 
-Where moto lacks an answer, the twin gives it here, never in the product:
+Doctor runs as the operator, under the policy `hpops iam-policy` prints for the twin's stack
+(operator_permissions.py), enforced by the twin's IAM model like every other caller's requests.
+
+Where moto lacks an answer, the twin gives it here, never in the product, behind IAM enforcement
+(it wraps moto's `BotocoreStubber.process_request`, as price_list.py does, so a request is
+checked before it is answered):
   * Cost Explorer's ListCostAllocationTags (moto has no such API): answered from
-    `cost_allocation_tags` through a botocore hook on doctor's session.
+    `cost_allocation_tags`.
   * moto's DescribeCluster returns the VpcConfig it was created with; the simulator creates the
     cluster before the twin's VPC exists, so the cluster's VpcConfig is pointed at the twin's
     subnets and security group here (a real cluster's VpcConfig names real ones).
@@ -31,8 +36,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
+from moto.core.botocore_stubber import BotocoreStubber
 
 from hpops.doctor import StackView, Target, target_of_stack
 from hpops.lifecycle_script import INSTALL_LINE
@@ -67,6 +74,7 @@ class DoctorAccount:
         self.aws = world.aws
         self.cost_allocation_tags: list[dict] = []
         self.controller = None
+        self.denials: list = []  # what the operator policy refused in the last run
 
     # ------------------------------------------------------------------ setting up
     def prepare(self) -> DoctorAccount:
@@ -148,28 +156,52 @@ class DoctorAccount:
         self.controller.run_agent(dt.datetime.now(dt.timezone.utc))
 
     # ------------------------------------------------------------------ doctor, on this account
-    def session(self) -> Any:
-        """A session of the twin's account, with the answers moto lacks."""
-        session = boto3.session.Session(region_name=self.aws.region_name)
-        session.events.register("before-call.ce.ListCostAllocationTags", self._list_cost_allocation_tags)
-        session.events.register("before-call.sagemaker.ListTags", self._list_cluster_tags)
-        return session
+    @contextmanager
+    def answering_what_moto_lacks(self) -> Iterator[DoctorAccount]:
+        """Inside the block, the calls moto cannot answer are answered here (after IAM enforcement)."""
+        real_process_request = BotocoreStubber.process_request
+        answers = {"AWSInsightsIndexService.ListCostAllocationTags": self._list_cost_allocation_tags,
+                   "SageMaker.ListTags": self._list_cluster_tags}
 
-    def _answer(self, response: dict) -> tuple[Any, dict]:
-        from botocore.awsrequest import AWSResponse
+        def process_request(stubber: BotocoreStubber, request: Any) -> Any:
+            target = request.headers.get("X-Amz-Target", b"")
+            answer = answers.get(target.decode() if isinstance(target, bytes) else target)
+            body = request.body.decode() if isinstance(request.body, bytes) else request.body
+            answered = answer(json.loads(body or "{}")) if answer else None
+            if answered is not None:
+                return 200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(answered)
+            return real_process_request(stubber, request)
 
-        return AWSResponse("https://twin", 200, {}, None), response | {"ResponseMetadata": {"HTTPStatusCode": 200}}
+        with mock.patch.object(BotocoreStubber, "process_request", process_request):
+            yield self
 
-    def _list_cost_allocation_tags(self, params: dict, **_: Any) -> tuple[Any, dict]:
+    def _list_cost_allocation_tags(self, params: dict) -> dict:
         keys = params.get("TagKeys")
-        return self._answer({"CostAllocationTags": [t for t in self.cost_allocation_tags
-                                                    if keys is None or t["TagKey"] in keys]})
+        return {"CostAllocationTags": [t for t in self.cost_allocation_tags if keys is None or t["TagKey"] in keys]}
 
-    def _list_cluster_tags(self, params: dict, **_: Any) -> tuple[Any, dict] | None:
+    def _list_cluster_tags(self, params: dict) -> dict | None:
         cluster = self.world.sim.cluster(self.world.cluster_name)
         if params.get("ResourceArn") != cluster.arn:
             return None  # not the cluster: moto answers
-        return self._answer({"Tags": list(cluster.tags or [])})
+        return {"Tags": list(cluster.tags or [])}
+
+    def operator_policy(self) -> dict:
+        """What `hpops iam-policy --stack-name hpops-twin --lifecycle-bucket sagemaker-lifecycle-twin` prints."""
+        from hpops.operator_permissions import operator_policy
+
+        world = self.world
+        outputs = {}
+        for name in world.template.raw["Outputs"]:
+            try:
+                value = world.output(name)
+            except KeyError:  # an output of a resource a condition left out
+                continue
+            if isinstance(value, str) and value:
+                outputs[name] = value
+        stack_id = f"arn:aws:cloudformation:{self.aws.region_name}:{world.account_id}:stack/{STACK_NAME}/twin"
+        resources = {k: v for k, v in world.resolver.physical_ids.items() if isinstance(v, str)}
+        document, _ = operator_policy(stack_id, outputs, dict(world.resolver.parameters), resources, [LIFECYCLE_BUCKET])
+        return document
 
     def target(self) -> Target:
         world = self.world
@@ -177,10 +209,16 @@ class DoctorAccount:
                           lambda logical_id: world.resolver.physical_ids.get(logical_id))
         return target_of_stack(stack, self.aws.region_name)
 
-    def run(self, now: dt.datetime | None = None) -> list:
+    def run(self, now: dt.datetime | None = None, policy: dict | None = None) -> list:
+        """Doctor's findings, run as the operator under `policy` (default: the stack's operator policy);
+        what it was refused is in `self.denials`."""
         from hpops.doctor import run_doctor
 
-        return run_doctor(self.session(), self.target(), now or dt.datetime.now(dt.timezone.utc))
+        session = boto3.session.Session(region_name=self.aws.region_name)
+        with self.answering_what_moto_lacks(), self.world.iam.operator(policy or self.operator_policy()) as denials:
+            findings = run_doctor(session, self.target(), now or dt.datetime.now(dt.timezone.utc))
+        self.denials = denials
+        return findings
 
 
 class _Outputs(dict):

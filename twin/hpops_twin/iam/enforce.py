@@ -28,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
-from urllib.parse import parse_qs, unquote
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from botocore.awsrequest import AWSResponse
 from moto.core.botocore_stubber import BotocoreStubber, MockRawResponse
@@ -48,6 +48,7 @@ PROTOCOLS: dict[str, tuple[str, str]] = {
     "ec2": ("ec2", "UnauthorizedOperation"),
     "lambda": ("rest-json", "AccessDeniedException"),
     "sqs": ("json", "AccessDenied"),
+    "s3": ("rest-xml", "AccessDenied"),
 }
 QUERY_NAMESPACES = {
     "elastic-load-balancing-v2": "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/",
@@ -57,6 +58,7 @@ QUERY_NAMESPACES = {
     "cloudwatch": "http://monitoring.amazonaws.com/doc/2010-08-01/",
 }
 EVENTS_SERVICE = "events.amazonaws.com"
+OPERATOR = "operator"
 
 
 # Every enforcer of this process adds here: what a whole test run exercised and refused.
@@ -95,6 +97,8 @@ def request_parameters(service: str, request: Any) -> dict:
                 params.setdefault(head, []).append(values[0])  # Names.member.1 -> Names[0]
             else:
                 params[key] = values[0]
+    if service == "s3":
+        return params | _s3_location(request.url)
     if service == "lambda":
         path = request.url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
         parts = [unquote(p) for p in path.split("/")]
@@ -103,7 +107,18 @@ def request_parameters(service: str, request: Any) -> dict:
     return params
 
 
-def denied_response(url: str, service: str, denial: Denial) -> AWSResponse:
+def _s3_location(url: str) -> dict:
+    """S3's Bucket and Key are in the URL: virtual-hosted (bucket.s3[.region].amazonaws.com/key) or path style."""
+    parts = urlsplit(url)
+    host, path = parts.hostname or "", unquote(parts.path).lstrip("/")
+    if ".s3." in host:
+        bucket, key = host.split(".s3.", 1)[0], path
+    else:
+        bucket, _, key = path.partition("/")
+    return {"Bucket": bucket, "Key": key} if key else {"Bucket": bucket}
+
+
+def denied_response(url: str, service: str, denial: Denial, method: str = "POST") -> AWSResponse:
     protocol, code = PROTOCOLS.get(service, ("json", "AccessDeniedException"))
     request_id = str(uuid.uuid4())
     message = (f"User: {denial.principal} is not authorized to perform: {denial.action} on resource: "
@@ -112,6 +127,11 @@ def denied_response(url: str, service: str, denial: Denial) -> AWSResponse:
         body = (f'<ErrorResponse xmlns="{QUERY_NAMESPACES[service]}"><Error><Type>Sender</Type><Code>{code}</Code>'
                 f"<Message>{message}</Message></Error><RequestId>{request_id}</RequestId></ErrorResponse>")
         headers = {"Content-Type": "text/xml", "x-amzn-RequestId": request_id}
+    elif protocol == "rest-xml":
+        # An answer to HEAD has no body: botocore sees a bare 403, as from S3.
+        body = "" if method == "HEAD" else (f"<Error><Code>{code}</Code><Message>{message}</Message>"
+                                            f"<RequestId>{request_id}</RequestId></Error>")
+        headers = {"Content-Type": "application/xml", "x-amz-request-id": request_id}
     elif protocol == "ec2":
         body = (f"<Response><Errors><Error><Code>{code}</Code><Message>{message}</Message></Error></Errors>"
                 f"<RequestID>{request_id}</RequestID></Response>")
@@ -253,6 +273,25 @@ class IamEnforcer:
                 self.exercised[(principal, action, stream)] += 1
                 SUITE_EXERCISED[(principal, action, stream)] += 1
 
+    @contextmanager
+    def operator(self, policy: dict) -> Iterator[list[Denial]]:
+        """Requests sent inside the block are the operator CLI's, allowed only by `policy` (what
+        `hpops iam-policy` prints for the twin's stack). Yields the denials made inside the block."""
+        self.policies()
+        with self._lock:
+            self._principals[OPERATOR] = {"HpopsOperator": policy}
+            # A test may hand a narrower policy next time: decisions under the last one do not hold.
+            self._decisions = {key: d for key, d in self._decisions.items() if key[0] != OPERATOR}
+        start = len(self.denials)
+        denials: list[Denial] = []
+        try:
+            with acting_as(OPERATOR):
+                yield denials
+        finally:
+            denials += self.denials[start:]
+            with self._lock:
+                self._principals.pop(OPERATOR, None)
+
     def principals_covered(self) -> set[str]:
         return {principal for principal, _, _ in self.exercised}
 
@@ -276,7 +315,7 @@ class IamEnforcer:
                 enforcer.errors.append(f"{principal}: {error}")
                 raise
             if denial is not None:
-                return denied_response(request.url, service, denial)
+                return denied_response(request.url, service, denial, request.method)
             return real_stubber_call(stubber, event_name, request, **kwargs)
 
         def invoke(function_name: str, event: Any) -> Any:
@@ -329,7 +368,13 @@ def moto_lookup(region: str, account: str, cluster_arn: Callable[[str], str]) ->
             return None
         return key if key.startswith("arn:") else f"arn:aws:kms:{region}:{account}:key/{key}"
 
-    return Lookup(region, account, cluster_arn, secret_key_arn)
+    def s3_object_exists(bucket: str, key: str) -> bool:
+        from moto.s3.models import s3_backends
+
+        found = s3_backends[account]["aws"].buckets.get(bucket)
+        return found is None or key in found.keys
+
+    return Lookup(region, account, cluster_arn, secret_key_arn, s3_object_exists)
 
 
 @contextmanager
@@ -348,7 +393,7 @@ def policy_enforced(principal: str, policies: dict[str, dict], lookup: Lookup) -
             if not decision.allowed:
                 denial = Denial(principal, service, operation, check.action, check.resource, decision.reason)
                 denials.append(denial)  # the caller's to judge: a test may remove an action on purpose
-                return denied_response(request.url, service, denial)
+                return denied_response(request.url, service, denial, request.method)
             SUITE_EXERCISED[(principal, check.action, check.resource)] += 1
         return real_stubber_call(stubber, event_name, request, **kwargs)
 

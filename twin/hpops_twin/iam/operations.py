@@ -30,6 +30,8 @@ class Lookup:
     account: str
     cluster_arn: Callable[[str], str]  # SageMaker cluster name or ARN -> its ARN
     secret_key_arn: Callable[[str], str | None]  # secret ARN -> its KMS key ARN (None: AWS managed key)
+    # (bucket, key) -> False only when the bucket exists and the object does not
+    s3_object_exists: Callable[[str, str], bool] = lambda bucket, key: True
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,20 @@ def _tables(params: dict, lookup: Lookup) -> list[str]:
     return [f"arn:aws:dynamodb:{lookup.region}:{lookup.account}:table/{t}" for t in sorted(params.get("RequestItems", {}))]
 
 
+def _trail(field: str) -> Callable[[dict, Lookup], list[str]]:
+    """CloudTrail takes a trail's name or ARN; a shadow trail is asked for by ARN in its home region."""
+    def arns(params: dict, lookup: Lookup) -> list[str]:
+        name = params[field]
+        return [name if name.startswith("arn:") else f"arn:aws:cloudtrail:{lookup.region}:{lookup.account}:trail/{name}"]
+    return arns
+
+
+def _alarms(params: dict, lookup: Lookup) -> list[str]:
+    """DescribeAlarms is authorized on each alarm it names; a call naming none lists them all (alarm:*)."""
+    names = params.get("AlarmNames") or ["*"]
+    return [f"arn:aws:cloudwatch:{lookup.region}:{lookup.account}:alarm:{name}" for name in names]
+
+
 def _function(params: dict, lookup: Lookup) -> list[str]:
     name = params["FunctionName"]
     if name.startswith("arn:"):
@@ -111,7 +127,21 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("elastic-load-balancing-v2", "DeregisterTargets"): ("elasticloadbalancing:DeregisterTargets", TARGET_GROUP),
     ("elastic-load-balancing-v2", "DescribeTargetHealth"): ("elasticloadbalancing:DescribeTargetHealth", "*"),
     ("elastic-load-balancing-v2", "DescribeTargetGroups"): ("elasticloadbalancing:DescribeTargetGroups", "*"),
+    # EC2 Describe* have no resource-level permissions (the reference lists "*" only)
     ("ec2", "DescribeVpcs"): ("ec2:DescribeVpcs", "*"),
+    ("ec2", "DescribeSubnets"): ("ec2:DescribeSubnets", "*"),
+    ("ec2", "DescribeRouteTables"): ("ec2:DescribeRouteTables", "*"),
+    ("ec2", "DescribeVpcEndpoints"): ("ec2:DescribeVpcEndpoints", "*"),
+    ("ec2", "DescribeSecurityGroups"): ("ec2:DescribeSecurityGroups", "*"),
+    # S3 (doctor reads the lifecycle prefix): objects arn:aws:s3:::{BucketName}/{ObjectName}, HeadObject is
+    # s3:GetObject; listing is s3:ListBucket on arn:aws:s3:::{BucketName}
+    ("s3", "GetObject"): ("s3:GetObject", "arn:aws:s3:::{Bucket}/{Key}"),
+    ("s3", "HeadObject"): ("s3:GetObject", "arn:aws:s3:::{Bucket}/{Key}"),
+    ("s3", "ListObjectsV2"): ("s3:ListBucket", "arn:aws:s3:::{Bucket}"),
+    # CloudTrail: DescribeTrails has no resource type; a trail's status and selectors are on its ARN
+    ("cloudtrail", "DescribeTrails"): ("cloudtrail:DescribeTrails", "*"),
+    ("cloudtrail", "GetTrailStatus"): ("cloudtrail:GetTrailStatus", _trail("Name")),
+    ("cloudtrail", "GetEventSelectors"): ("cloudtrail:GetEventSelectors", _trail("TrailName")),
     # SageMaker HyperPod
     ("sagemaker", "DescribeCluster"): ("sagemaker:DescribeCluster", _cluster),
     ("sagemaker", "ListClusterNodes"): ("sagemaker:ListClusterNodes", _cluster),
@@ -131,6 +161,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # IAM (session owners' tags)
     ("iam", "ListRoleTags"): ("iam:ListRoleTags", "arn:aws:iam::{account}:role/{RoleName}"),
     ("iam", "ListUserTags"): ("iam:ListUserTags", "arn:aws:iam::{account}:user/{UserName}"),
+    # doctor: what is attached to an instance group's execution role (role/{RoleNameWithPath}; the twin's
+    # roles have no path)
+    ("iam", "ListAttachedRolePolicies"): ("iam:ListAttachedRolePolicies", "arn:aws:iam::{account}:role/{RoleName}"),
     # Budgets: create/update/delete are ModifyBudget, describe is ViewBudget
     ("budgets", "DescribeBudget"): ("budgets:ViewBudget", BUDGET + "{BudgetName}"),
     ("budgets", "DescribeBudgets"): ("budgets:ViewBudget", BUDGET + "*"),
@@ -139,6 +172,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("budgets", "DeleteBudget"): ("budgets:ModifyBudget", BUDGET + "{BudgetName}"),
     # Cost Explorer and the Price List API have no resource-level permissions
     ("cost-explorer", "GetCostAndUsage"): ("ce:GetCostAndUsage", "*"),
+    ("cost-explorer", "ListCostAllocationTags"): ("ce:ListCostAllocationTags", "*"),
     ("pricing", "GetProducts"): ("pricing:GetProducts", "*"),
     # EventBridge, SNS, SQS
     ("eventbridge", "PutEvents"): ("events:PutEvents", _event_buses),
@@ -158,7 +192,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
                                                "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
     ("cloudformation", "DescribeStackResource"): ("cloudformation:DescribeStackResource",
                                                   "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
-    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", "arn:aws:cloudwatch:{region}:{account}:alarm:*"),
+    ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", _alarms),
 }
 
 
@@ -210,6 +244,11 @@ def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[C
         resources = [_fill(resource, params, lookup)]
     context = _leading_keys(service, operation, params) if service == "dynamodb" else ()
     found = [Check(action, r, context) for r in resources]
+    if service == "s3" and operation in ("GetObject", "HeadObject") \
+            and not lookup.s3_object_exists(params["Bucket"], params.get("Key", "")):
+        # S3 answers a missing object with 404 only to a caller who may list the bucket; to others with
+        # 403 AccessDenied, so that objects' existence does not leak.
+        found.append(Check("s3:ListBucket", f"arn:aws:s3:::{params['Bucket']}"))
     if service == "secrets-manager":
         key = lookup.secret_key_arn(resources[0])
         found += _kms_via("secretsmanager", "kms:Decrypt" if operation == "GetSecretValue" else "kms:GenerateDataKey",

@@ -1,8 +1,14 @@
-"""The stack's state table: the one item two features share.
+"""The stack's state table: each item kind's partition key, and the one item two features share.
+
+Every kind of item has a partition of its own (pk = "<kind>#<cluster>"), so each function's role can
+be limited to the kinds it owns or reads (`dynamodb:LeadingKeys` in template.yaml) and a function
+that writes one kind cannot overwrite another. Kinds of other modules: budget_guard's `budget#`,
+`usage#` and hold items (their modules name their keys).
 
 The cluster's sync-lease item is written by the login node sync (holder, expiry, IP cache) and by
 the operator's `hpops host-keys` (the published host identity, public half only), so the lease
-acquire that every reconcile makes anyway returns the identity the verifier expects.
+acquire that every reconcile makes anyway returns the identity the verifier expects. It keeps the
+key it had when every kind shared one partition: the identity it carries must survive an upgrade.
 """
 
 from __future__ import annotations
@@ -14,8 +20,28 @@ from typing import Any
 HOST_IDENTITY_ATTRIBUTE = "hostIdentity"
 
 
+def lease_partition(cluster: str) -> str:
+    """The sync lease and the published host identity (one item)."""
+    return f"cluster#{cluster}"
+
+
+def node_report_partition(cluster: str) -> str:
+    """Each login or controller node's latest agent report (node_channel/report_store.py)."""
+    return f"node-report#{cluster}"
+
+
+def session_partition(cluster: str) -> str:
+    """The session limits' ledger of ended sessions and the Run As state (session_limits/ledger.py)."""
+    return f"session#{cluster}"
+
+
+def notice_partition(cluster: str) -> str:
+    """When each "kept out" notice was last sent (host_identity/notices.py)."""
+    return f"notice#{cluster}"
+
+
 def lease_item_key(cluster: str) -> dict[str, dict[str, str]]:
-    return {"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": "sync-lease"}}
+    return {"pk": {"S": lease_partition(cluster)}, "sk": {"S": "sync-lease"}}
 
 
 def host_identity_of(item: Mapping[str, Any]) -> dict | None:

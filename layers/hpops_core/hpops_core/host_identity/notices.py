@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 
 from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.state_table import notice_partition
 
 # The same message again after this is a reminder that the node is still out, not noise.
 REPEAT_AFTER_SECONDS = 3600
@@ -20,7 +21,7 @@ REPEAT_AFTER_SECONDS = 3600
 
 def notice_key(cluster: str, subject: str, message: str) -> dict:
     digest = hashlib.sha256(f"{subject}\n{message}".encode()).hexdigest()[:24]
-    return {"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": f"notice#{digest}"}}
+    return {"pk": {"S": notice_partition(cluster)}, "sk": {"S": f"notice#{digest}"}}
 
 
 def sent_recently(table: str, key: dict, now_epoch: int) -> bool:

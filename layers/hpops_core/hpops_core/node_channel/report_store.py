@@ -1,6 +1,6 @@
 """Where node reports are kept: one item per node in the SyncStateTable, the latest report wins.
 
-    pk = "cluster#<cluster>"   sk = "node-report#<instance id>"   report (JSON), receivedAt, ttl,
+    pk = "node-report#<cluster>"   sk = "node-report#<instance id>"   report (JSON), receivedAt, ttl,
     eventId (the EventBridge event that brought it: a redelivery of the same event is recognised)
 """
 
@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.state_table import node_report_partition
 
 if TYPE_CHECKING:  # the pydantic model; reading reports back needs no pydantic at all
     from hpops_core.node_channel.reports import NodeReport
@@ -21,7 +22,7 @@ REPORT_TTL_SECONDS = 30 * 24 * 3600  # a replaced node's last report outlives it
 def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int, event_id: str | None = None) -> dict:
     """The DynamoDB item (low-level format) that keeps a node's latest report."""
     item = {
-        "pk": {"S": f"cluster#{cluster}"},
+        "pk": {"S": node_report_partition(cluster)},
         "sk": {"S": SK_PREFIX + report.instanceId},
         "report": {"S": report.to_json()},
         "receivedAt": {"S": received_at},
@@ -44,7 +45,7 @@ def report_from_item(item: dict | None) -> dict | None:
 def latest_report(table: str, cluster: str, instance_id: str) -> dict | None:
     with transient_errors_named("dynamodb:GetItem"):
         item = client("dynamodb").get_item(
-            TableName=table, Key={"pk": {"S": f"cluster#{cluster}"}, "sk": {"S": SK_PREFIX + instance_id}},
+            TableName=table, Key={"pk": {"S": node_report_partition(cluster)}, "sk": {"S": SK_PREFIX + instance_id}},
             ConsistentRead=True,
         ).get("Item")
     return report_from_item(item)

@@ -5,15 +5,14 @@ Why a record at all: ``DescribeSessions`` can keep listing a session as Connecte
 it, the user would look over the limit again and a *second*, legitimate session could be ended.
 ``enforce(already_terminated=...)`` neither counts nor picks the ids recorded here.
 
-Items live in the stack's SyncStateTable next to the LoginNodeSync lease, in their own sort-key
-namespace, and expire through the table's TTL attribute:
+Items live in the stack's SyncStateTable, in a partition of their own (state_table.session_partition),
+and expire through the table's TTL attribute:
 
-    pk = "cluster#<cluster name>"   sk = "session#<session id>"
+    pk = "session#<cluster name>"   sk = "session#<session id>"
     kind = "ended" | "dry-run-reported"   user, at (ISO time), ttl (epoch seconds)
 
-Reading is part of each run's one ``Query`` of the cluster's partition (node_sessions.py: the
-login nodes' reports live there too; strongly consistent, so the previous run's writes are
-visible); writing is one ``BatchWriteItem`` per 25 sessions.
+Reading is one ``Query`` of that partition each run (node_sessions.py; strongly consistent, so the
+previous run's writes are visible); writing is one ``BatchWriteItem`` per 25 sessions.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from datetime import datetime, timezone
 
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import TransientAwsError
+from hpops_core.common.state_table import session_partition
 
 ENDED = "ended"
 DRY_RUN_REPORTED = "dry-run-reported"
@@ -39,10 +39,6 @@ UNPROCESSED_RETRIES = 4
 class RecordedSession:
     session_id: str
     user: str
-
-
-def _pk(cluster: str) -> str:
-    return f"cluster#{cluster}"
 
 
 def session_record(item: dict, cutoff: int) -> tuple[str, str] | None:
@@ -65,7 +61,7 @@ def record_sessions(
         {
             "PutRequest": {
                 "Item": {
-                    "pk": {"S": _pk(cluster)},
+                    "pk": {"S": session_partition(cluster)},
                     "sk": {"S": SK_PREFIX + s.session_id},
                     "kind": {"S": kind},
                     "user": {"S": s.user},
@@ -105,7 +101,7 @@ def record_run_as_state(table: str, cluster: str, state: str, at: datetime) -> b
     condition = "attribute_not_exists(#state) OR #state <> :state" if state == RUN_AS_OFF else "#state = :off"
     values = {":state": {"S": state}} if state == RUN_AS_OFF else {":off": {"S": RUN_AS_OFF}}
     item = {
-        "pk": {"S": _pk(cluster)},
+        "pk": {"S": session_partition(cluster)},
         "sk": {"S": RUN_AS_SK},
         "state": {"S": state},
         "at": {"S": at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")},

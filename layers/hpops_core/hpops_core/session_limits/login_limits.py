@@ -30,6 +30,7 @@ from hpops_core.node_channel import contract
 from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
 from hpops_core.node_channel.login_limits import canonical_json, desired_document
 from hpops_core.node_channel.user_caps import caps_document
+from hpops_core.common.state_table import node_report_partition
 from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
 
 from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
@@ -121,7 +122,7 @@ def read_reports(table: str, cluster: str) -> dict[str, dict]:
     kwargs = {
         "TableName": table,
         "KeyConditionExpression": "pk = :pk AND begins_with(sk, :prefix)",
-        "ExpressionAttributeValues": {":pk": {"S": f"cluster#{cluster}"}, ":prefix": {"S": SK_PREFIX}},
+        "ExpressionAttributeValues": {":pk": {"S": node_report_partition(cluster)}, ":prefix": {"S": SK_PREFIX}},
         "ConsistentRead": True,
     }
     found: dict[str, dict] = {}

@@ -1,8 +1,8 @@
 """The login nodes' side of the cluster-wide limit: their reported SSH sessions in, instructions out.
 
 In: the latest report of each login node (node_channel/report_store.py; only reports that passed
-the origin check are ever stored, and a node speaks only for itself), read with the same Query
-the ledger uses. A report older than ``max_age_seconds`` is not used: its node may be gone or cut
+the origin check are ever stored, and a node speaks only for itself), read each run with the
+ledger. A report older than ``max_age_seconds`` is not used: its node may be gone or cut
 off, and sessions it listed may have ended long ago; counting them could end a newer session.
 
 Out: for each node holding a session to end, its end-sessions parameter (one PutParameter per
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.state_table import node_report_partition, session_partition
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.report_store import SK_PREFIX
 
@@ -54,65 +55,68 @@ def _received(value: str | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class ClusterState:
-    """What one Query of the cluster's partition says: the nodes' sessions, the ledger of sessions
-    already ended (ledger.py) and whether Run As was last seen off."""
+    """What the state table says: the nodes' sessions, the ledger of sessions already ended
+    (ledger.py) and whether Run As was last seen off."""
 
     nodes: ReportedSessions
     recorded: Mapping[str, str]  # ledger: session id or SSH key -> kind
     run_as: str | None  # ledger.RUN_AS_ON / RUN_AS_OFF, None when never recorded
 
 
-def read_cluster_state(table: str, cluster: str, now: datetime,
-                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> ClusterState:
-    """The cluster's partition of the state table in one Query (paged): node reports, ledger, Run As.
-
-    One read instead of two: every run needs the nodes' SSH sessions (they can put a user over with
-    a single new shell), and the ledger and the Run As state sit in the same partition."""
-    ddb = client("dynamodb")
-    kwargs = {
-        "TableName": table,
-        "KeyConditionExpression": "pk = :pk",
-        "ExpressionAttributeValues": {":pk": {"S": f"cluster#{cluster}"}},
-        "ProjectionExpression": "sk, report, receivedAt, #kind, #ttl, #state",
-        "ExpressionAttributeNames": {"#kind": "kind", "#ttl": "ttl", "#state": "state"},  # reserved words
-        "ConsistentRead": True,
-    }
-    ssh: list[NodeSshSession] = []
-    nodes, stale, ssm, omitted, ended = [], [], [], 0, {}
-    recorded: dict[str, str] = {}
-    run_as = None
-    cutoff = int(now.timestamp())
+def _partition(ddb, table: str, pk: str, projection: str, names: dict[str, str]):
+    """Every item of one partition of the state table, strongly consistent (paged past 1 MB)."""
+    kwargs = {"TableName": table, "KeyConditionExpression": "pk = :pk", "ExpressionAttributeValues": {":pk": {"S": pk}},
+              "ProjectionExpression": projection, "ConsistentRead": True}
+    if names:  # DynamoDB refuses an empty map
+        kwargs["ExpressionAttributeNames"] = names
     while True:
         with transient_errors_named("dynamodb:Query"):
             page = ddb.query(**kwargs)
-        for item in page.get("Items", []):
-            sk = item["sk"]["S"]
-            record = ledger.session_record(item, cutoff)
-            if record is not None:
-                recorded[record[0]] = record[1]
-            if sk == ledger.RUN_AS_SK:
-                run_as = item.get("state", {}).get("S")
-            if not sk.startswith(SK_PREFIX):
-                continue
-            instance = sk[len(SK_PREFIX):]
-            received = _received(item.get("receivedAt", {}).get("S"))
-            report = json.loads(item.get("report", {}).get("S") or "{}")
-            sessions = report.get("sessions")
-            if sessions is None:
-                continue  # an agent that does not list sessions (older version): nothing to count
-            if received is None or (now - received).total_seconds() > max_age_seconds:
-                stale.append(instance)
-                continue
-            nodes.append(instance)
-            ssh.extend(ssh_sessions_of_report(instance, sessions.get("list", [])))
-            ssm.extend(ActiveSession(s["sessionId"], "", instance, _received(s["startedAt"]) or now, s["user"])
-                       for s in sessions.get("list", []) if s.get("path") == "ssm" and s.get("sessionId"))
-            omitted += int(sessions.get("omitted") or 0)
-            for outcome in sessions.get("ended", []):
-                ended[f"{SSH_KEY_PREFIX}{instance}/{outcome['handle']}"] = outcome
+        yield from page.get("Items", [])
         if "LastEvaluatedKey" not in page:
-            break
+            return
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def read_cluster_state(table: str, cluster: str, now: datetime,
+                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> ClusterState:
+    """The cluster's node reports and its ledger with the Run As state: one Query (paged) of each partition.
+
+    Every run needs the nodes' SSH sessions (they can put a user over with a single new shell). The
+    two kinds have partitions of their own so that the nodes' report writer can never touch the ledger."""
+    ddb = client("dynamodb")
+    recorded: dict[str, str] = {}
+    run_as = None
+    cutoff = int(now.timestamp())
+    for item in _partition(ddb, table, session_partition(cluster), "sk, #kind, #ttl, #state",
+                           {"#kind": "kind", "#ttl": "ttl", "#state": "state"}):  # reserved words
+        record = ledger.session_record(item, cutoff)
+        if record is not None:
+            recorded[record[0]] = record[1]
+        if item["sk"]["S"] == ledger.RUN_AS_SK:
+            run_as = item.get("state", {}).get("S")
+    ssh: list[NodeSshSession] = []
+    nodes, stale, ssm, omitted, ended = [], [], [], 0, {}
+    for item in _partition(ddb, table, node_report_partition(cluster), "sk, report, receivedAt", {}):
+        sk = item["sk"]["S"]
+        if not sk.startswith(SK_PREFIX):
+            continue
+        instance = sk[len(SK_PREFIX):]
+        received = _received(item.get("receivedAt", {}).get("S"))
+        report = json.loads(item.get("report", {}).get("S") or "{}")
+        sessions = report.get("sessions")
+        if sessions is None:
+            continue  # an agent that does not list sessions (older version): nothing to count
+        if received is None or (now - received).total_seconds() > max_age_seconds:
+            stale.append(instance)
+            continue
+        nodes.append(instance)
+        ssh.extend(ssh_sessions_of_report(instance, sessions.get("list", [])))
+        ssm.extend(ActiveSession(s["sessionId"], "", instance, _received(s["startedAt"]) or now, s["user"])
+                   for s in sessions.get("list", []) if s.get("path") == "ssm" and s.get("sessionId"))
+        omitted += int(sessions.get("omitted") or 0)
+        for outcome in sessions.get("ended", []):
+            ended[f"{SSH_KEY_PREFIX}{instance}/{outcome['handle']}"] = outcome
     reported = ReportedSessions(tuple(ssh), len(ssm), tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended,
                                 tuple(ssm))
     return ClusterState(reported, recorded, run_as)

@@ -91,8 +91,8 @@ def enforce_limits(
     """One check of the login nodes' sessions, end to end: what ended and why, as a TaskResult.
 
     An event is checked against the starting principal's own sessions first (one call however big
-    the account). One Query reads the cluster's state first: the login nodes' reported SSH
-    sessions (counted with the shells), the ledger of sessions already ended, the Run As state.
+    the account). Two Queries read the cluster's state first: the login nodes' reported SSH
+    sessions (counted with the shells); the ledger of sessions already ended with the Run As state.
     Raises only before anything was ended (state read, listing, preferences).
     """
     dry_run = request.dry_run or config.dry_run
