@@ -129,7 +129,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
 
 # Why a statement's resource is "*" (the Sid says it, in the words IAM allows in a Sid).
 WILDCARD_REASONS = {
-    "ce:GetCostAndUsage": "CostExplorerHasNoResourceTypeForThisCall",
+    # Its one resource type is a billing view, which applies only to a request naming one (ours never do).
+    "ce:GetCostAndUsage": "CostExplorerRequestsNameNoBillingView",
     "ce:ListCostAllocationTags": "CostExplorerTagsHaveNoResourceType",
     "pricing:GetProducts": "PriceListHasNoResourceType",
     "elasticloadbalancing:DescribeTargetHealth": "ElbDescribeActionsHaveNoResourceType",
