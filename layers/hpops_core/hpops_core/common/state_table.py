@@ -3,7 +3,7 @@
 Every kind of item has a partition of its own (pk = "<kind>#<cluster>"), so each function's role can
 be limited to the kinds it owns or reads (`dynamodb:LeadingKeys` in template.yaml) and a function
 that writes one kind cannot overwrite another. Kinds of other modules: budget_guard's `budget#`,
-`usage#` and hold items (their modules name their keys).
+`usage#`, `ce-cache#` and hold items (their modules name their keys).
 
 The cluster's sync-lease item is written by the login node sync (holder, expiry, IP cache) and by
 the operator's `hpops host-keys` (the published host identity, public half only), so the lease
