@@ -168,9 +168,6 @@ class SessionLimitsConfig:
         )
 
 
-_STATE_MACHINE_ARN_RE = re.compile(r"^arn:aws[a-z-]*:states:[a-z0-9-]+:[0-9]{12}:stateMachine:[A-Za-z0-9_-]{1,80}$")
-
-
 @dataclass(frozen=True)
 class ReportCheckConfig:
     """What CheckReportedSessions needs: the same limits as enforcement, and which machine to start.
@@ -188,7 +185,7 @@ class ReportCheckConfig:
         env = environment(env)
         return cls(cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE), policy=_policy(env),
                    state_table=env_str(env, "STATE_TABLE_NAME"),
-                   state_machine_arn=env_str(env, "SESSION_LIMITS_STATE_MACHINE_ARN", _STATE_MACHINE_ARN_RE))
+                   state_machine_arn=env_str(env, "SESSION_LIMITS_STATE_MACHINE_ARN", validation.STATE_MACHINE_ARN_RE))
 
 
 @dataclass(frozen=True)
