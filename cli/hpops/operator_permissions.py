@@ -52,7 +52,8 @@ SPEND = (
     Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
     Call("cost-explorer", "GetCostAndUsage", "ce:GetCostAndUsage", "*"),
     Call("pricing", "GetProducts", "pricing:GetProducts", "*"),
-    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, SPEND_ITEMS),
+    # Also Cost Explorer's kept answer, which the report reuses (--fresh asks again, and never writes it).
+    Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, SPEND_ITEMS + ("ce-cache#{parameter:ClusterName}",)),
     Call("dynamodb", "Query", "dynamodb:Query", TABLE, SPEND_ITEMS),
 )
 

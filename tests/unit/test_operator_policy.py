@@ -76,7 +76,8 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     kinds = {a: s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] for s in document["Statement"]
              for a in s["Action"] if a.startswith("dynamodb:")}
     assert kinds == {
-        "dynamodb:GetItem": ["budget#ml-research", "cluster#ml-research", "usage#ml-research", "usage#ml-research#*"],
+        "dynamodb:GetItem": ["budget#ml-research", "ce-cache#ml-research", "cluster#ml-research", "usage#ml-research",
+                             "usage#ml-research#*"],
         "dynamodb:Query": ["budget#ml-research", "node-report#ml-research", "usage#ml-research", "usage#ml-research#*"],
         "dynamodb:PutItem": ["budget#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
     for statement in document["Statement"]:
