@@ -28,6 +28,7 @@ from hpops_core.budget_guard.aws_budgets import budgets_client, ce_client
 from hpops_core.budget_guard.config import AlertConfig, EnsureBudgetsConfig, ProjectionConfig
 from hpops_core.budget_guard.pricing import pricing_client
 from hpops_core.common.errors import MalformedEventError
+from hpops_core.common.requests import step_field
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
 
@@ -39,10 +40,7 @@ def _report_warnings(warnings: list[dict[str, str]]) -> None:
 
 
 def _state(event: Any, key: str) -> dict[str, Any]:
-    value = event.get(key) if isinstance(event, dict) else None
-    if not isinstance(value, dict):
-        raise MalformedEventError(f"budget guard step input needs an object '{key}'")
-    return value
+    return step_field(event, key, "budget guard", may_be_empty=True)
 
 
 @logger.inject_lambda_context

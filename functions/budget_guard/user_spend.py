@@ -15,16 +15,13 @@ from hpops_core.budget_guard import spend_check
 from hpops_core.budget_guard.aws_budgets import ce_client
 from hpops_core.budget_guard.config import UserAlertConfig, UserSpendConfig
 from hpops_core.budget_guard.pricing import pricing_client
-from hpops_core.common.errors import MalformedEventError
+from hpops_core.common.requests import step_field
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
 
 
 def _field(event: object, key: str, kind: type = dict):
-    value = event.get(key) if isinstance(event, dict) else None
-    if not isinstance(value, kind) or not value:
-        raise MalformedEventError(f"user spend step input needs a non-empty {kind.__name__} '{key}'")
-    return value
+    return step_field(event, key, "user spend", kind)
 
 
 def log_cost_explorer(outcome: dict) -> None:

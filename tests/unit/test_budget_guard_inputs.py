@@ -18,6 +18,7 @@ from hpops_core.budget_guard.config import (
 from hpops_core.budget_guard.rate_overrides import InvalidRateOverrides, rate_overrides
 from hpops_core.budget_guard.trigger import observed_from_describe, parse_budget_input
 from hpops_core.common.errors import ConfigurationError, MalformedEventError, UnknownClusterError
+from hpops_core.common.requests import step_field
 
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:cluster/abcdef012345"
 ENV = {
@@ -180,3 +181,19 @@ def test_describe_cluster_gives_the_same_compact_state():
          "LifeCycleConfig": {}}]}
     assert observed_from_describe(described) == {"ClusterStatus": "InService", "InstanceGroups": [
         {"InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "CurrentCount": 8, "TargetCount": 8}]}
+
+
+@pytest.mark.parametrize("event, key, kind, may_be_empty", [
+    (None, "request", dict, False), ([], "request", dict, False), ({}, "request", dict, False),
+    ({"request": "x"}, "request", dict, False), ({"request": {}}, "request", dict, False),
+    ({"owner": ""}, "owner", str, False), ({"owner": 7}, "owner", str, False), ({"cluster": []}, "cluster", dict, True),
+])
+def test_a_step_input_without_its_field_is_a_named_error_naming_step_and_field(event, key, kind, may_be_empty):
+    with pytest.raises(MalformedEventError, match=f"user spend step input needs .*'{key}'"):
+        step_field(event, key, "user spend", kind, may_be_empty)
+
+
+def test_a_step_input_field_is_returned_as_it_is():
+    assert step_field({"request": {"cluster": "c"}}, "request", "budget guard") == {"cluster": "c"}
+    assert step_field({"cluster": {}}, "cluster", "budget guard", may_be_empty=True) == {}
+    assert step_field({"owner": "exec-1"}, "owner", "user spend", str) == "exec-1"
