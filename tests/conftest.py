@@ -1,4 +1,5 @@
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,10 @@ def pytest_terminal_summary(terminalreporter):
     principals = {principal for principal, _, _ in triples}
     terminalreporter.write_line(f"twin IAM: {len(triples)} distinct (principal, action, resource) triples allowed, "
                                 f"{len(principals)} principals, {len(enforce.SUITE_DENIALS)} denials")
+    # Which ones: the tests that take a permission away on purpose account for every one of a green run.
+    refused = Counter(f"{d.principal} {d.action} {d.resource}" for d in enforce.SUITE_DENIALS)
+    for line, count in sorted(refused.items()):
+        terminalreporter.write_line(f"  denied {count}x: {line}")
     import os
 
     if os.environ.get("HPOPS_TWIN_IAM_REPORT"):  # a file to keep them in, e.g. to add up several runs
