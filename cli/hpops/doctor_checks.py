@@ -13,10 +13,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 OK, PROBLEM, UNKNOWN, SKIPPED = "OK", "PROBLEM", "UNKNOWN", "SKIPPED"
+# A fact the operator should know and may accept (exit status unchanged): the node role reachable to users.
+NOTE = "NOTE"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
 CHECKS = ("lifecycle-script", "node-agent-policy", "node-network", "verifier-path", "agent-reports",
-          "cloudtrail", "run-as", "cost-allocation-tag", "slurm-usage")
+          "cloudtrail", "run-as", "cost-allocation-tag", "slurm-usage", "imds-exposure")
 # What the node agent calls from a node: desired state, the canonical keys, its reports.
 NODE_SERVICES = ("ssm", "secretsmanager", "events")
 BUNDLE_FILES = ("hpops/install.sh", "hpops/agent.json")
@@ -433,3 +435,50 @@ def decide_usage(group: str, usage: UsageFacts | None, now: dt.datetime, max_age
                        "add gres/gpu to AccountingStorageTRES in slurm.conf and restart slurmctld", group)
     return Finding("slurm-usage", OK, f"the controller's agent ({usage.instance_id}) reports Slurm usage "
                    f"({_age(now, collected)} ago), with no warning that GPUs are not tracked", subject=group)
+
+
+# ---------------------------------------------------------------------------- 10. IMDS exposure
+
+
+@dataclass(frozen=True)
+class RoleExposure:
+    """What a process holding an instance group's execution role may call, as far as the operator can read."""
+
+    role: str
+    policies: Mapping[str, Sequence[str]]  # policy name -> its Allow actions ("*" = everything)
+    unreadable: Sequence[str] = ()  # policies whose document the operator could not read
+
+
+def decide_imds_exposure(group: str, nodes: Sequence[str], reported: Mapping[str, str], lockdown: str,
+                         exposure: RoleExposure, stack_name: str | None) -> Finding:
+    """``nodes``: the group's Running instance ids; ``reported``: instance id -> the agent's last probe
+    result (reachable | blocked | no-imds | unknown); nodes without an agent report are taken as reachable
+    unless the stack's ImdsLockdown is on (then: applied by the installer, not verified)."""
+    if not nodes:
+        return Finding("imds-exposure", OK, "no Running node", subject=group)
+    open_nodes: dict[str, list[str]] = {}
+    unverified = []
+    for instance in sorted(nodes):
+        result = reported.get(instance)
+        if result in ("blocked", "no-imds"):
+            continue
+        if result is None and lockdown == "on":
+            unverified.append(instance)
+        else:
+            open_nodes.setdefault(result or "no agent report", []).append(instance)
+    grants = "; ".join(f"{name}: {', '.join(sorted(actions)) or 'no Allow'}" for name, actions
+                       in sorted(exposure.policies.items()))
+    unread = f"; not readable by you: {', '.join(exposure.unreadable)}" if exposure.unreadable else ""
+    if not open_nodes:
+        said = f"; {len(unverified)} without an agent report rely on the installer's rules" if unverified else ""
+        return Finding("imds-exposure", OK, f"no node leaves role {exposure.role} to non-root users{said}",
+                       subject=group)
+    count = sum(len(ids) for ids in open_nodes.values())
+    shown = "; ".join(f"{said}: {', '.join(ids[:5])}{f' and {len(ids) - 5} more' if len(ids) > 5 else ''}"
+                      for said, ids in sorted(open_nodes.items()))
+    return Finding("imds-exposure", NOTE,
+                   f"{count} of {len(nodes)} node(s) leave role {exposure.role} reachable to every "
+                   f"user ({shown}); it allows {grants or 'nothing readable'}{unread}",
+                   "accept it (the stack trusts only the enrolled agent's key, not the role), or set the stack's "
+                   f"ImdsLockdown=on, run hpops lifecycle --stack-name {stack_name or 'S'} and re-install "
+                   "(users' own aws calls then need credentials of their own)", group)

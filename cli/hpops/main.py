@@ -368,15 +368,19 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     if args.patch and not wants_bundle:
         return _patch_on_create(args.patch)
     _output_folder(args.out, "--out")
+    imds = {}
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         cluster, bus, region = parameters["ClusterName"], outputs["NodeReportBusName"], session.region_name
+        # An older stack has neither parameter: the lockdown stays off.
+        imds = {"imds_lockdown": parameters.get("ImdsLockdown") or "off",
+                "imds_allowed_groups": parameters.get("ImdsAllowedGroups") or ""}
     elif args.cluster and args.report_bus and args.region:
         cluster, bus, region = args.cluster, args.report_bus, args.region
     else:
         raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region (or only --patch FILE)")
     try:
-        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
+        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor, **imds)
     except ValueError as error:  # a cluster name or region the agent would refuse
         raise CliError(f"{error} ({cluster!r}, {region!r}): give the HyperPod cluster's name and region") from None
     print(f"wrote {folder}")

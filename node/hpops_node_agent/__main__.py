@@ -46,6 +46,9 @@ def parse_args(argv):
     parser.add_argument("--print-role", action="store_true",
                         help="print this node's role (login, controller, compute) and exit; needs boto3 only "
                              "where no provisioning_parameters.json names the groups (DescribeCluster)")
+    parser.add_argument("--imds-lockdown", action="store_true",
+                        help="apply the config's imdsLockdown (on: only root and imdsAllowedGroups reach IMDS; "
+                             "off: remove the rules) and exit 0 whatever happens; needs no boto3")
     parser.add_argument("--print", dest="print_reports", action="store_true",
                         help="usage: print the reports as JSON instead of sending them; needs no boto3")
     parser.add_argument("--since", help="usage --print: first window is the one holding this UTC time "
@@ -85,6 +88,18 @@ def print_usage(config, since):
     return 0 if all(report["status"] == "ok" for report in reports) else 1
 
 
+def imds_lockdown(config):
+    """The installer's and the boot unit's step: never fails, so it never stops a node's provisioning."""
+    from . import imds_guard
+
+    if config.imds_lockdown == "on":
+        result = imds_guard.apply_lockdown(config.imds_groups)
+    else:
+        result = imds_guard.remove_lockdown()
+    print("IMDS lockdown {}: {}".format("applied" if result.applied else "not in place", result.reason))
+    return 0
+
+
 def boto3_problem():
     try:
         import boto3
@@ -120,6 +135,8 @@ def main(argv=None):
         return fail(str(error))
     if args.command == "usage" and args.print_reports:
         return print_usage(config, args.since)
+    if args.imds_lockdown:
+        return imds_lockdown(config)
     def new_session():
         import boto3
 

@@ -47,7 +47,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, user_holds
 
-from . import __version__, host_keys, login_limits, slurm_holds, ssh_sessions, usage, user_caps
+from . import __version__, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions, usage, user_caps
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 
@@ -165,8 +165,12 @@ def backoff_active(state: Dict[str, Any], key: str, now: float) -> Optional[str]
 
 class NodeAgent:
     def __init__(self, config: AgentConfig, session: Any, clock: Callable[[], float] = time.time,
-                 identity: Optional[NodeIdentity] = None) -> None:
+                 identity: Optional[NodeIdentity] = None,
+                 imds_probe: Callable[[str], tuple] = imds_guard.probe) -> None:
         self.config = config
+        self._imds_probe = imds_probe
+        self._imds: Optional[Dict[str, Any]] = None
+        self._imds_at = float("-inf")
         self.session = session
         self.clock = clock
         self._identity = identity
@@ -316,6 +320,9 @@ class NodeAgent:
             end["Value"] if end else None, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
         if sessions is not None:
             report["sessions"] = sessions
+        imds = self.imds_section(now)
+        if imds is not None:
+            report["imds"] = imds
         caps = self._user_caps(found.get(names["userCaps"]))
         if caps is not None:
             report["userCaps"] = caps
@@ -551,6 +558,19 @@ class NodeAgent:
             section["atCap"], self.state["capCounters"] = user_caps.users_at_cap(
                 Path(self.config.under_root("/sys/fs/cgroup")), self.state.get("capCounters") or {})
         return section
+
+    # ------------------------------------------------------------------ IMDS exposure
+
+    def imds_section(self, now: float) -> Optional[Dict[str, Any]]:
+        """Can a non-root process on this node take the role from IMDS? Probed once per heartbeat."""
+        if not self.config.imds_probe:
+            return None
+        if self._imds is None or now - self._imds_at >= self.config.heartbeat_seconds:
+            result, reason = self._imds_probe(self.config.imds_probe)
+            self._imds = {"nonRoot": result, "reason": short(reason), "lockdown": self.config.imds_lockdown}
+            self._imds_at = now
+            self._log_once("imds", "imds-exposure", self._imds)
+        return dict(self._imds)
 
     # ------------------------------------------------------------------ report
 

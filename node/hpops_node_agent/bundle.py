@@ -20,13 +20,16 @@ from pathlib import Path
 
 from hpops_core.node_channel import contract
 
+from . import imds_guard
 from .__main__ import MIN_PYTHON
+from .config import AgentConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # install.sh and the systemd unit: package data, so an installed `hpops lifecycle` finds them too.
 LIFECYCLE_DIR = PACKAGE_DIR / "lifecycle"
 # Modules only the operator's machine needs.
 NOT_SHIPPED = {"bundle.py"}
+UNITS = ("hpops-node-agent.service", "hpops-imds-lockdown.service")
 # The oldest Python the agent accepts (the HyperPod Slurm AMI's, 3.10); wheels are resolved for it,
 # not for the operator's Python.
 NODE_PYTHON_VERSION = "{}.{}".format(*MIN_PYTHON)
@@ -49,11 +52,16 @@ def _core_dir() -> Path:
     return _node_channel_dir().parent
 
 
-def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True) -> Path:
+def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True,
+                 imds_lockdown: str = "off", imds_allowed_groups: str = "") -> Path:
     """Write out_dir/hpops/ and return its path (replacing an older one)."""
     contract.parameter_prefix(cluster)  # raises ValueError for a name the agent would refuse
     if not region or not report_bus:
         raise ValueError("region and report bus are required")
+    agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus,
+                    "imdsLockdown": imds_lockdown, "imdsAllowedGroups": imds_allowed_groups,
+                    "imdsProbe": imds_guard.IMDS_V4}
+    AgentConfig.from_dict(agent_config)  # raises ConfigError (a ValueError) for a value the agent would refuse
     bundle = Path(out_dir) / "hpops"
     if bundle.exists():
         shutil.rmtree(bundle)
@@ -62,8 +70,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     installer = (LIFECYCLE_DIR / "install.sh").read_text()
     (bundle / "install.sh").write_text(installer.replace("@MIN_PYTHON@", "{}.{}".format(*MIN_PYTHON)))
     (bundle / "install.sh").chmod(0o755)
-    shutil.copy2(LIFECYCLE_DIR / "hpops-node-agent.service", bundle / "hpops-node-agent.service")
-    agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus}
+    for unit in UNITS:
+        shutil.copy2(LIFECYCLE_DIR / unit, bundle / unit)
     (bundle / "agent.json").write_text(json.dumps(agent_config, indent=2, sort_keys=True) + "\n")
 
     package = bundle / "hpops_node_agent"

@@ -63,7 +63,9 @@ def build(tmp_path: Path, **agent_overrides) -> Path:
         {"Name": "gpu", "Instances": [{"InstanceName": "g1", "CustomerIpAddress": "10.1.1.9"}]}]}))
     bundle = bundle_module.build_bundle(lifecycle, CLUSTER, REGION, BUS, vendor=False)
     config = json.loads((bundle / "agent.json").read_text())
-    assert config == {"cluster": CLUSTER, "region": REGION, "reportBus": BUS}
+    assert config == {"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "imdsLockdown": "off",
+                      "imdsAllowedGroups": "", "imdsProbe": "169.254.169.254"}
+    config["imdsProbe"] = ""  # this machine may answer on IMDS's address; the probe has its own test
     config.update({"resourceConfig": str(resource)}, **agent_overrides)
     (bundle / "agent.json").write_text(json.dumps(config))
     return bundle

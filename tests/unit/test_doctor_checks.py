@@ -166,3 +166,23 @@ def test_a_trail_doctor_may_not_read_is_unknown_unless_another_logs_start_sessio
     hidden = TrailFacts("org-trail", REGION, True, False, unreadable="access denied to cloudtrail:GetTrailStatus")
     assert checks.decide_trail(REGION, [hidden]).status == UNKNOWN
     assert checks.decide_trail(REGION, [hidden, TrailFacts("own", REGION, False, True)]).status == OK
+
+
+EXPOSURE = checks.RoleExposure("exec", {"NodeAgentPolicy": ["events:PutEvents", "ssm:GetParameters"]}, ("Vendor",))
+
+
+def test_imds_exposure_names_reachable_and_silent_nodes_and_what_the_role_allows():
+    finding = checks.decide_imds_exposure("login", ["i-1", "i-2", "i-3"], {"i-1": "reachable", "i-2": "blocked"},
+                                          "off", EXPOSURE, "S")
+    assert finding.status == checks.NOTE and finding.message.startswith("2 of 3 node(s)")
+    assert "reachable: i-1" in finding.message and "no agent report: i-3" in finding.message
+    assert "NodeAgentPolicy: events:PutEvents, ssm:GetParameters" in finding.message
+    assert "not readable by you: Vendor" in finding.message and checks.exit_status([finding]) == 0
+
+
+def test_imds_exposure_is_ok_when_every_node_is_blocked_or_the_lockdown_covers_the_silent_ones():
+    blocked = checks.decide_imds_exposure("login", ["i-1"], {"i-1": "blocked"}, "off", EXPOSURE, "S")
+    covered = checks.decide_imds_exposure("gpu", ["i-7"], {}, "on", EXPOSURE, "S")
+    reachable_anyway = checks.decide_imds_exposure("login", ["i-1"], {"i-1": "reachable"}, "on", EXPOSURE, "S")
+    assert blocked.status == OK and covered.status == OK and "rely on the installer" in covered.message
+    assert reachable_anyway.status == checks.NOTE  # a node's own probe outweighs the stack's setting

@@ -164,6 +164,10 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # doctor: what is attached to an instance group's execution role (role/{RoleNameWithPath}; the twin's
     # roles have no path)
     ("iam", "ListAttachedRolePolicies"): ("iam:ListAttachedRolePolicies", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "ListRolePolicies"): ("iam:ListRolePolicies", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "GetRolePolicy"): ("iam:GetRolePolicy", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "GetPolicy"): ("iam:GetPolicy", "{PolicyArn}"),
+    ("iam", "GetPolicyVersion"): ("iam:GetPolicyVersion", "{PolicyArn}"),
     # Budgets: create/update/delete are ModifyBudget, describe is ViewBudget
     ("budgets", "DescribeBudget"): ("budgets:ViewBudget", BUDGET + "{BudgetName}"),
     ("budgets", "DescribeBudgets"): ("budgets:ViewBudget", BUDGET + "*"),

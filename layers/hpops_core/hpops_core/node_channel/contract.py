@@ -138,6 +138,11 @@ MAX_END_SESSIONS = 20
 SESSIONS_CHANGED_SOURCE = "hpops.node-reports"
 SESSIONS_CHANGED_DETAIL_TYPE = "HyperPod Login Node Sessions Changed"
 
+# A report's "imds" section: {"nonRoot": IMDS_PROBE_RESULTS, "lockdown": IMDS_LOCKDOWN_VALUES, "reason": str}
+# (node agent's imds_guard.py): could a non-root process reach IMDS, hence the node's role?
+IMDS_PROBE_RESULTS = ("reachable", "blocked", "no-imds", "unknown")
+IMDS_LOCKDOWN_VALUES = ("off", "on")
+
 MODES = ("keys", "certificate", "off")
 RESULTS = ("changed", "unchanged", "failed", "waiting")
 TRIGGERS = ("start", "change", "heartbeat")
