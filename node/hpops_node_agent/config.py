@@ -49,6 +49,9 @@ OPTIONAL = {
     # ("": PATH, then /opt/slurm/bin where HyperPod installs Slurm).
     "usageSeconds": ("usage_seconds", (int, float), contract.DEFAULT_USAGE_SECONDS),
     "sacctCmd": ("sacct_cmd", str, ""),
+    # The stack's NodeChannel function (name or ARN): enrollment of the agent's key. Absent (an agent.json
+    # from before enrollment existed): reports go unsigned, and a stack that checks them refuses them.
+    "nodeChannel": ("node_channel", str, None),
 }
 MIN_POLL_SECONDS = 1
 MAX_POLL_SECONDS = 3600
@@ -79,6 +82,7 @@ class AgentConfig:
     role: Optional[str] = None
     usage_seconds: float = contract.DEFAULT_USAGE_SECONDS
     sacct_cmd: str = ""
+    node_channel: Optional[str] = None
 
     @classmethod
     def from_dict(cls, document: object) -> "AgentConfig":
