@@ -47,9 +47,10 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, user_holds
 
-from . import __version__, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions, usage, user_caps
+from . import __version__, agent_key, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions, usage, user_caps
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
+from .node_identity import AgentIdentity, NodeIdentityError
 
 FAILURE_RETRY_SECONDS = 600  # a failed install of one desired version is retried at most this often
 JITTER = 0.2
@@ -185,6 +186,10 @@ class NodeAgent:
         self._last_logged: Dict[str, Any] = {}
         self._usage: Optional[usage.UsageCollector] = None
         self._holds: Optional[slurm_holds.SlurmHolds] = None
+        self.proof: Optional[AgentIdentity] = None
+        if config.node_channel:
+            self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
+                                       lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -203,6 +208,33 @@ class NodeAgent:
     def _call(self, service: str, operation: str, method: str, **kwargs: Any) -> Dict[str, Any]:
         self._calls["{}:{}".format(service, operation)] += 1
         return getattr(self._client(service), method)(**kwargs)
+
+    def _invoke_channel(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """One synchronous NodeChannel call; the answer is for this caller only (never logged whole)."""
+        response = self._call("lambda", "Invoke", "invoke", FunctionName=self.config.node_channel,
+                              Payload=json.dumps(request).encode("utf-8"))
+        payload = response["Payload"].read()
+        if response.get("FunctionError"):
+            raise NodeIdentityError("NodeChannel failed ({})".format(response["FunctionError"]))
+        answer = json.loads(payload.decode("utf-8"))
+        if not isinstance(answer, dict):
+            raise NodeIdentityError("NodeChannel answered something other than an object")
+        return answer
+
+    def signed(self, detail: Dict[str, Any], instance_id: Optional[str], ip: str) -> Optional[Dict[str, Any]]:
+        """The detail as the stack accepts it: enrolled and signed; None (do not send) while this agent
+        cannot prove itself. Without a configured NodeChannel the detail goes unsigned, as before."""
+        if self.proof is None:
+            return detail
+        try:
+            if instance_id is None or not self.proof.ensure_enrolled(instance_id, ip):
+                return None
+            return self.proof.sign_report(detail)
+        except AWS_ERRORS as error:
+            log("enrollment-failed", reason=aws_reason("lambda:Invoke", error))
+        except (agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
+            log("enrollment-failed", reason=short(str(error)))
+        return None
 
     def _install_args(self, mode: str) -> Namespace:
         return Namespace(mode=mode, ssh_keygen_cmd=self.config.ssh_keygen_cmd, sshd_cmd=self.config.sshd_cmd,
@@ -590,7 +622,12 @@ class NodeAgent:
         }
 
     def _send(self, report: Dict[str, Any]) -> bool:
-        detail = json.dumps(report, sort_keys=True, separators=(",", ":"))
+        node = self.identity()
+        signed = self.signed(report, node.instance_id, node.ip)
+        if signed is None:
+            log("report-not-sent", trigger=report["trigger"], reason="this agent's key is not enrolled yet")
+            return False
+        detail = json.dumps(signed, sort_keys=True, separators=(",", ":"))
         if len(detail.encode("utf-8")) > contract.MAX_REPORT_BYTES:
             log("report-too-large", bytes=len(detail.encode("utf-8")))
         entry = {"Source": contract.REPORT_SOURCE, "DetailType": contract.REPORT_DETAIL_TYPE,
@@ -669,6 +706,10 @@ class NodeAgent:
         batches: list = []
         batch_bytes = 0
         for part in parts:
+            part = self._signed_controller_report(part)
+            if part is None:
+                log("usage-not-sent", windowStart=parts[0]["windowStart"], reason="this agent's key is not enrolled yet")
+                return False
             entry = {"Source": contract.REPORT_SOURCE, "DetailType": contract.USAGE_DETAIL_TYPE,
                      "Detail": usage.encoded(part), "EventBusName": self.config.report_bus}
             size = sum(len(entry[key].encode("utf-8")) for key in ("Source", "DetailType", "Detail"))
@@ -690,6 +731,16 @@ class NodeAgent:
                     reason=short("events:PutEvents: {}".format(failed[0].get("ErrorCode", "entry failed"))))
                 return False
         return True
+
+    def _signed_controller_report(self, detail: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        if self.proof is None:
+            return detail
+        try:
+            ip = self.identity().ip
+        except IdentityError as error:
+            log("identity-failed", reason=short(str(error)))
+            return None
+        return self.signed(detail, detail.get("instanceId"), ip)
 
     # ------------------------------------------------------------------ Slurm holds (controller)
 
@@ -729,6 +780,10 @@ class NodeAgent:
                       instanceId=instance_id, agentVersion=__version__,
                       reportedAt=datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
                       .strftime("%Y-%m-%dT%H:%M:%SZ"))
+        report = self._signed_controller_report(report)
+        if report is None:
+            log("holds-report-not-sent", reason="this agent's key is not enrolled yet")
+            return body
         entry = {"Source": contract.REPORT_SOURCE, "DetailType": user_holds.HOLDS_DETAIL_TYPE,
                  "Detail": json.dumps(report, sort_keys=True, separators=(",", ":")),
                  "EventBusName": self.config.report_bus}

@@ -56,6 +56,9 @@ OPTIONAL = {
     "imdsLockdown": ("imds_lockdown", str, "off"),
     "imdsAllowedGroups": ("imds_allowed_groups", str, ""),
     "imdsProbe": ("imds_probe", str, ""),
+    # The stack's NodeChannel function (name or ARN): enrollment of the agent's key. Absent (an agent.json
+    # from before enrollment existed): reports go unsigned, and a stack that checks them refuses them.
+    "nodeChannel": ("node_channel", str, None),
 }
 MIN_POLL_SECONDS = 1
 MAX_POLL_SECONDS = 3600
@@ -89,6 +92,7 @@ class AgentConfig:
     role: Optional[str] = None
     usage_seconds: float = contract.DEFAULT_USAGE_SECONDS
     sacct_cmd: str = ""
+    node_channel: Optional[str] = None
     imds_lockdown: str = "off"
     imds_allowed_groups: str = ""
     imds_probe: str = ""

@@ -161,7 +161,8 @@ def test_a_forged_report_is_refused_recorded_nowhere_and_lands_in_the_dlq(synced
     world.aws.client("events").put_events(Entries=[{
         "Source": "hpops.node", "DetailType": "HyperPod Login Node Report", "EventBusName": world.output("NodeReportBusName"),
         "Detail": json.dumps(forged)}])
-    assert world.delivery_failures[-1]["error"] == "NodeReportRejected"
+    # Sent with the node role alone: it carries no signature by the node's enrolled agent key.
+    assert world.delivery_failures[-1]["error"] == "NodeProofMalformedError"
     assert node_reports(world)[node.instance_id] == before
     dlq = world.aws.client("sqs").receive_message(QueueUrl=world.output("EventDeliveryDLQUrl"), MaxNumberOfMessages=10)
     assert any("10.9.9.9" in m["Body"] for m in dlq.get("Messages", []))

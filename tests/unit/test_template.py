@@ -153,8 +153,11 @@ def test_certificate_parameters_are_scoped_to_the_clusters_path():
 def test_the_node_agent_policy_names_only_this_clusters_resources():
     statements = _statements("NodeAgentPolicy")
     actions = sorted(a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))
-    assert actions == ["events:PutEvents", "kms:Decrypt", "sagemaker:DescribeCluster", "secretsmanager:GetSecretValue",
-                       "ssm:GetParameters"]
+    assert actions == ["events:PutEvents", "kms:Decrypt", "lambda:InvokeFunction", "sagemaker:DescribeCluster",
+                       "secretsmanager:GetSecretValue", "ssm:GetParameters"]
+    # The agent may invoke its NodeChannel and no other function.
+    assert [s["Resource"] for s in statements if s["Action"] == "lambda:InvokeFunction"] == [
+        {"Fn::GetAtt": ["NodeChannelFunction", "Arn"]}]
     resources = json.dumps([s["Resource"] for s in statements])
     # API-driven Slurm configuration: the agent reads its own cluster's SlurmConfig, no other.
     assert [s["Resource"] for s in statements if s["Action"] == "sagemaker:DescribeCluster"] == [{"Ref": "ClusterArn"}]

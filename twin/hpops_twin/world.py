@@ -373,7 +373,8 @@ class TwinWorld:
             node_by_instance=self._node_by_instance, node_by_ip=self._node_by_ip,
             running_login_nodes=lambda: [n for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running"],
             agent_settings=lambda: AgentSettings(cluster=self.cluster_name, region=self.region,
-                                                 report_bus=self.output("NodeReportBusName"), login_group=self.login_group),
+                                                 report_bus=self.output("NodeReportBusName"), login_group=self.login_group,
+                                                 node_channel=self.output("NodeChannelFunctionName")),
             exclusive=self.dispatcher.environment_lock,
         )
         # The node agent polls at least once between two reads of its report by a state machine.

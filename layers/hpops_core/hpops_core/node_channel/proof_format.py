@@ -26,8 +26,20 @@ def canonical(body: dict) -> bytes:
     """The bytes signed for ``body``: its fields other than "proof", sorted, compact, ASCII-only."""
     if not isinstance(body, dict):
         raise ValueError("a signed body must be a JSON object")
-    unsigned = {key: value for key, value in body.items() if key != PROOF_FIELD}
+    unsigned = {key: _plain(value) for key, value in body.items() if key != PROOF_FIELD}
     return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _plain(value):
+    """Whole floats as ints: a JSON hop may write 2.0 as 2 (UNCONFIRMED for EventBridge), and the
+    signed bytes must not depend on it."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
 
 
 def namespace(purpose: str, cluster: str) -> str:
