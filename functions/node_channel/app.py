@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster.login_group import describe_node
 from hpops_core.common.errors import HpopsError, TransientAwsError
-from hpops_core.node_channel import enrollment_store, node_proof
+from hpops_core.node_channel import enrollment_store, fetch_serve, node_proof
 from hpops_core.node_channel.config import NodeChannelConfig
 from hpops_core.node_channel.enrollment import (
     EnrollmentConflictError,
@@ -74,7 +74,7 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
 
 
 # action -> handler(config, request, now) -> answer
-ACTIONS = {"enroll": enroll}
+ACTIONS = {"enroll": enroll, "fetch": fetch_serve.serve}
 
 
 @logger.inject_lambda_context

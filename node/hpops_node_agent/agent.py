@@ -47,7 +47,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, user_holds
 
-from . import __version__, agent_key, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions, usage, user_caps
+from . import __version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions, usage, user_caps
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
@@ -187,6 +187,9 @@ class NodeAgent:
         self._usage: Optional[usage.UsageCollector] = None
         self._holds: Optional[slurm_holds.SlurmHolds] = None
         self.proof: Optional[AgentIdentity] = None
+        # Instructions for this node only, fetched with the enrolled key when their public marker moves.
+        self._end_sessions = fetch_client.Instructions(fetch_client.END_SESSIONS, self._fetch)
+        self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, self._fetch)
         if config.node_channel:
             self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
                                        lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd)
@@ -235,6 +238,30 @@ class NodeAgent:
         except (agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
             log("enrollment-failed", reason=short(str(error)))
         return None
+
+    def _fetch(self, item: str) -> Optional[dict]:
+        """One NodeChannel fetch of ``item`` for this node, signed by the enrolled key (fetch_client)."""
+        if self.proof is None:
+            raise fetch_client.FetchFailed("no NodeChannel configured (agent.json nodeChannel): secrets and "
+                                           "instructions reach only an enrolled agent")
+        try:
+            node = self.identity()
+            instance_id = node.instance_id if node.role == "login" else self.usage_collector().instance_id
+            if instance_id is None or not self.proof.ensure_enrolled(instance_id, node.ip):
+                raise fetch_client.FetchFailed("this agent's key is not enrolled yet")
+        except (IdentityError, agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
+            raise fetch_client.FetchFailed(short(str(error))) from None
+        except AWS_ERRORS as error:
+            raise fetch_client.FetchFailed(aws_reason("lambda:Invoke", error)) from None
+        return fetch_client.fetch(self.proof, instance_id, [item], self.clock())[item]
+
+    def _instruction(self, kind: fetch_client.Instructions, marker: Optional[dict]) -> Optional[str]:
+        """The instruction to act on: fetched when the marker moved; the last one fetched if that failed."""
+        try:
+            return kind.current(marker["Value"] if marker else None)
+        except fetch_client.FetchFailed as error:
+            self._log_once("fetch:" + kind.item, "fetch-failed", {"item": kind.item, "reason": short(str(error))})
+            return kind.value
 
     def _install_args(self, mode: str) -> Namespace:
         return Namespace(mode=mode, ssh_keygen_cmd=self.config.ssh_keygen_cmd, sshd_cmd=self.config.sshd_cmd,
@@ -330,7 +357,7 @@ class NodeAgent:
             "host": contract.host_identity_parameter(cluster),
             "limits": contract.login_limits_parameter(cluster),
             "certificate": contract.certificate_parameter(cluster, node.instance_id),
-            "endSessions": contract.end_sessions_parameter(cluster, node.instance_id),
+            "endSessions": contract.instruction_marker_parameter(contract.end_sessions_parameter(cluster, node.instance_id)),
             "userCaps": contract.user_caps_parameter(cluster),
         }
         try:
@@ -347,9 +374,9 @@ class NodeAgent:
         self._log_once("limits", "login-limits", limits)
 
         report = self._report(node, host, limits)
-        end = found.get(names["endSessions"])
+        end = self._instruction(self._end_sessions, found.get(names["endSessions"]))
         sessions, self.state["sessionsEnded"] = ssh_sessions.report_section(
-            end["Value"] if end else None, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
+            end, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
         if sessions is not None:
             report["sessions"] = sessions
         imds = self.imds_section(now)
@@ -426,14 +453,14 @@ class NodeAgent:
         held = backoff_active(self.state, key, now)
         if held:
             return section("keys", version, "failed", held, fingerprints=local)
+        # The node role cannot read the secret: only this node's enrolled agent gets it, from NodeChannel.
         try:
-            secret_text = self._call("secretsmanager", "GetSecretValue", "get_secret_value",
-                                     SecretId=secret_arn)["SecretString"]
-        except AWS_ERRORS as error:
-            return section("keys", version, "failed", aws_reason("secretsmanager:GetSecretValue", error),
-                           fingerprints=local)
-        except KeyError:
-            return self._failed("keys", version, key, now, "the secret has no SecretString", local)
+            fetched = self._fetch(fetch_client.HOST_KEYS)
+        except fetch_client.FetchFailed as error:
+            return section("keys", version, "failed", short(str(error)), fingerprints=local)
+        secret_text = fetched.get("value") if isinstance(fetched, dict) else None
+        if not isinstance(secret_text, str):
+            return self._failed("keys", version, key, now, "NodeChannel returned no host keys", local)
         try:
             entries = host_keys.parse_key_bundle(secret_text)
         except host_keys.InstallError as error:
@@ -760,15 +787,22 @@ class NodeAgent:
         holds = self.slurm_holds()
         if holds is None:
             return None
-        name = user_holds.user_holds_parameter(self.config.cluster)
+        name = contract.instruction_marker_parameter(user_holds.user_holds_parameter(self.config.cluster))
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=[name])
         except AWS_ERRORS as error:
             log("holds-poll-failed", reason=aws_reason("ssm:GetParameters", error))
             return None
         found = [p for p in response.get("Parameters", []) if p.get("Name") == name]
+        try:
+            # Only a list this agent fetched with its key counts; the marker just says when to fetch.
+            document = self._user_holds.current(found[0]["Value"] if found else None)
+        except fetch_client.FetchFailed as error:
+            # Not fetched: change no hold this pass (a failed fetch must neither hold nor lift anyone).
+            self._log_once("fetch:holds", "fetch-failed", {"item": "userHolds", "reason": short(str(error))})
+            return None
         now = self.clock()
-        body = holds.converge(found[0]["Value"] if found else None, now)
+        body = holds.converge(document, now)
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
         sent_at = float(holds.state.get("lastReportAt") or 0)
         if digest == holds.state.get("lastReportDigest") and now - sent_at < self.config.heartbeat_seconds:

@@ -41,6 +41,12 @@ def enrollment_partition(cluster: str) -> str:
     return f"enroll#{cluster}"
 
 
+def fetch_nonce_partition(cluster: str) -> str:
+    """Nonces of NodeChannel fetch requests already served, kept (TTL) while such a request could still
+    be fresh, so none is served twice (node_channel/fetch.py)."""
+    return f"fetch-nonce#{cluster}"
+
+
 def notice_partition(cluster: str) -> str:
     """When each "kept out" notice was last sent (host_identity/notices.py)."""
     return f"notice#{cluster}"

@@ -36,6 +36,7 @@ from typing import Any
 
 from hpops_core.common import validation
 from hpops_core.common.errors import HpopsError
+from hpops_core.common.state_table import fetch_nonce_partition
 from hpops_core.node_channel import proof_format
 
 ACTION = "fetch"
@@ -145,12 +146,7 @@ def decide_fetch(request: FetchRequest, cluster: str, enrolled: Enrolled | None,
         raise FetchRefusedError(f"fetch issued {int(-skew)} s ago (at most {MAX_SKEW_SECONDS} s): stale")
 
 
-def nonce_partition(cluster: str) -> str:
-    """The state table's kind for remembered fetch nonces (pk "fetch-nonce#<cluster>")."""
-    return f"fetch-nonce#{cluster}"
-
-
 def nonce_item(cluster: str, request: FetchRequest, now: dt.datetime) -> dict:
     """The conditional PutItem's item (DynamoDB wire format): unique per instance and nonce, with a TTL."""
-    return {"pk": {"S": nonce_partition(cluster)}, "sk": {"S": f"{request.instance_id}#{request.nonce}"},
+    return {"pk": {"S": fetch_nonce_partition(cluster)}, "sk": {"S": f"{request.instance_id}#{request.nonce}"},
             "ttl": {"N": str(int(now.timestamp()) + NONCE_TTL_SECONDS)}}
