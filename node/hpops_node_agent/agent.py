@@ -253,7 +253,8 @@ class NodeAgent:
             raise fetch_client.FetchFailed(short(str(error))) from None
         except AWS_ERRORS as error:
             raise fetch_client.FetchFailed(aws_reason("lambda:Invoke", error)) from None
-        return fetch_client.fetch(self.proof, instance_id, [item], self.clock())[item]
+        # The wall clock, as for enrollment: NodeChannel compares issuedAt with its own.
+        return fetch_client.fetch(self.proof, instance_id, [item], self.proof.clock())[item]
 
     def _instruction(self, kind: fetch_client.Instructions, marker: Optional[dict]) -> Optional[str]:
         """The instruction to act on: fetched when the marker moved; the last one fetched if that failed."""

@@ -26,6 +26,12 @@ and budget events. The target group must end equal to the running login nodes, e
 cluster must be reconciled by a pass that started after it, nothing applied twice, the lease
 item free at the end.
 
+Part 5, a cluster user with only the node role's credentials (chaos_secrets.py) goes after the host
+private keys, other nodes' instructions and the holds list, and NodeChannel fetch without the
+agent's key (own key, made-up proof, none, a node never enrolled, a captured request replayed or
+late, a login key asking for the controller's list): each refused with a named error, nothing
+secret handed back, nothing stored.
+
 Exit status 0 only if every case survived with no side effect. No timing is asserted; wall time
 per part is reported.
 """
@@ -1095,7 +1101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="fault-injection runs (part 2)")
     parser.add_argument("--backoff-scale", type=float, default=1.0,
                         help="multiply botocore's computed retry delays (1 = real delays)")
-    parser.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 1,3")
+    parser.add_argument("--parts", default="1,2,3,5", help="which parts to run, e.g. 1,3")
     args = parser.parse_args(argv)
     quiet()
     wanted = {p.strip() for p in args.parts.split(",")}
@@ -1113,6 +1119,11 @@ def main(argv: list[str] | None = None) -> int:
     if "3" in wanted:
         print("== part 3: duplicate, reordered, burst delivery, timeouts", flush=True)
         parts.append(part_delivery(progress))
+    if "5" in wanted:
+        from hpops_twin.chaos_secrets import part_secret_attacker
+
+        print("== part 5: a user with the node role after secrets and other nodes' instructions", flush=True)
+        parts.append(part_secret_attacker(progress))
     print()
     print(render(parts))
     ok = all(p["ok"] for p in parts)

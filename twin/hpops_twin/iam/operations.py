@@ -150,6 +150,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # Systems Manager
     ("ssm", "GetParameter"): ("ssm:GetParameter", _parameters("Name")),
     ("ssm", "GetParameters"): ("ssm:GetParameters", _parameters("Names")),
+    # by path: IAM checks the path itself (arn:...:parameter/<path>), as the Service Authorization Reference lists it
+    ("ssm", "GetParametersByPath"): ("ssm:GetParametersByPath", _parameters("Path")),
     ("ssm", "PutParameter"): ("ssm:PutParameter", _parameters("Name")),
     ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
     ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
