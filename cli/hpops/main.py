@@ -586,6 +586,22 @@ def _cost_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node(args: argparse.Namespace) -> int:
+    """Enrollment of the node agents' keys: list them, or approve one key for one instance."""
+    from . import enrollments
+
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    table, cluster = outputs["SyncStateTableName"], parameters["ClusterName"]
+    dynamodb = session.client("dynamodb")
+    if args.node_command == "approve-enrollment":
+        print(enrollments.approve(dynamodb, session.client("sagemaker"), table, cluster, parameters["LoginGroupName"],
+                                  parameters["ControllerGroupName"], args.node, args.fingerprint))
+        return 0
+    for line in enrollments.listing(dynamodb, table, cluster):
+        print(line)
+    return 0
+
+
 def cmd_iam_policy(args: argparse.Namespace) -> int:
     """Print the operator's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
     from hpops.operator_permissions import operator_policy, policy_json
@@ -710,6 +726,19 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="the checks as one JSON document")
     doctor.set_defaults(func=cmd_doctor)
 
+    node = commands.add_parser("node", help="node agents' enrolled keys: enrollments | approve-enrollment")
+    node_commands = node.add_subparsers(dest="node_command", required=True)
+    listed = node_commands.add_parser("enrollments", help="which agent key speaks for each node, and pending approvals")
+    approval = node_commands.add_parser(
+        "approve-enrollment", help="let one instance's agent enroll exactly this key (upgrade, lost key, contested)")
+    approval.add_argument("--node", required=True, metavar="INSTANCE_ID")
+    approval.add_argument("--fingerprint", required=True, metavar="SHA256:...",
+                          help="what `sudo python3 -m hpops_node_agent identity` prints on that node")
+    for sub in (listed, approval):
+        sub.add_argument("--stack-name", required=True)
+        sub.add_argument("--region")
+        sub.set_defaults(func=cmd_node)
+
     iam_policy = commands.add_parser(
         "iam-policy", help="the least-privilege IAM policy the operator's commands need on a stack (JSON)",
         description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
@@ -731,7 +760,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _label(args: argparse.Namespace) -> str:
     """`hpops cost subscribe`, `hpops host-keys adopt`, `hpops twin send`: what an error line starts with."""
     words = ["hpops", args.command]
-    for name in ("twin_command", "action", "cost_command"):
+    for name in ("twin_command", "action", "cost_command", "node_command"):
         if getattr(args, name, None):
             words.append(getattr(args, name))
     return " ".join(words)
