@@ -368,15 +368,17 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     if args.patch and not wants_bundle:
         return _patch_on_create(args.patch)
     _output_folder(args.out, "--out")
+    channel = args.node_channel
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         cluster, bus, region = parameters["ClusterName"], outputs["NodeReportBusName"], session.region_name
+        channel = outputs["NodeChannelFunctionName"]
     elif args.cluster and args.report_bus and args.region:
         cluster, bus, region = args.cluster, args.report_bus, args.region
     else:
         raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region (or only --patch FILE)")
     try:
-        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
+        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor, node_channel=channel)
     except ValueError as error:  # a cluster name or region the agent would refuse
         raise CliError(f"{error} ({cluster!r}, {region!r}): give the HyperPod cluster's name and region") from None
     print(f"wrote {folder}")
@@ -666,6 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle.add_argument("--region")
     lifecycle.add_argument("--cluster", help="without a stack: the HyperPod cluster name")
     lifecycle.add_argument("--report-bus", help="without a stack: the stack's NodeReportBusName output")
+    lifecycle.add_argument("--node-channel", help="without a stack: the stack's NodeChannelFunctionName output "
+                                                  "(where agents enroll their key)")
     lifecycle.add_argument("--out", default="dist/lifecycle", help="folder to write (default dist/lifecycle)")
     lifecycle.add_argument("--patch", metavar="ON_CREATE_SH",
                            help="put the install line into this on_create.sh, before its final exit")

@@ -50,7 +50,8 @@ def _core_dir() -> Path:
     return _node_channel_dir().parent
 
 
-def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True) -> Path:
+def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True,
+                 node_channel: str | None = None) -> Path:
     """Write out_dir/hpops/ and return its path (replacing an older one)."""
     contract.parameter_prefix(cluster)  # raises ValueError for a name the agent would refuse
     if not region or not report_bus:
@@ -65,6 +66,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     (bundle / "install.sh").chmod(0o755)
     shutil.copy2(LIFECYCLE_DIR / "hpops-node-agent.service", bundle / "hpops-node-agent.service")
     agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus}
+    if node_channel:  # the stack's NodeChannelFunctionName: where the agent enrolls its key
+        agent_config["nodeChannel"] = node_channel
     (bundle / "agent.json").write_text(json.dumps(agent_config, indent=2, sort_keys=True) + "\n")
 
     package = bundle / "hpops_node_agent"
@@ -110,10 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", required=True)
     parser.add_argument("--region", required=True)
     parser.add_argument("--report-bus", required=True)
+    parser.add_argument("--node-channel", help="the stack's NodeChannelFunctionName output (agents enroll their key)")
     parser.add_argument("--no-vendor", action="store_true", help="skip lib/ (nodes must have boto3 >= 1.28)")
     args = parser.parse_args(argv)
     try:
-        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor)
+        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor,
+                            node_channel=args.node_channel)
     except (ValueError, RuntimeError) as error:
         print("hpops bundle: {}".format(error), file=sys.stderr)
         return 1
