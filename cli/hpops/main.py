@@ -369,9 +369,11 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
         return _patch_on_create(args.patch)
     _output_folder(args.out, "--out")
     imds = {}
+    channel = args.node_channel
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         cluster, bus, region = parameters["ClusterName"], outputs["NodeReportBusName"], session.region_name
+        channel = outputs["NodeChannelFunctionName"]
         # An older stack has neither parameter: the lockdown stays off.
         imds = {"imds_lockdown": parameters.get("ImdsLockdown") or "off",
                 "imds_allowed_groups": parameters.get("ImdsAllowedGroups") or ""}
@@ -380,7 +382,8 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     else:
         raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region (or only --patch FILE)")
     try:
-        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor, **imds)
+        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor, node_channel=channel,
+                              **imds)
     except ValueError as error:  # a cluster name or region the agent would refuse
         raise CliError(f"{error} ({cluster!r}, {region!r}): give the HyperPod cluster's name and region") from None
     print(f"wrote {folder}")
@@ -590,6 +593,22 @@ def _cost_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node(args: argparse.Namespace) -> int:
+    """Enrollment of the node agents' keys: list them, or approve one key for one instance."""
+    from . import enrollments
+
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    table, cluster = outputs["SyncStateTableName"], parameters["ClusterName"]
+    dynamodb = session.client("dynamodb")
+    if args.node_command == "approve-enrollment":
+        print(enrollments.approve(dynamodb, session.client("sagemaker"), table, cluster, parameters["LoginGroupName"],
+                                  parameters["ControllerGroupName"], args.node, args.fingerprint))
+        return 0
+    for line in enrollments.listing(dynamodb, table, cluster):
+        print(line)
+    return 0
+
+
 def cmd_iam_policy(args: argparse.Namespace) -> int:
     """Print the operator's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
     from hpops.operator_permissions import operator_policy, policy_json
@@ -654,6 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle.add_argument("--region")
     lifecycle.add_argument("--cluster", help="without a stack: the HyperPod cluster name")
     lifecycle.add_argument("--report-bus", help="without a stack: the stack's NodeReportBusName output")
+    lifecycle.add_argument("--node-channel", help="without a stack: the stack's NodeChannelFunctionName output "
+                                                  "(where agents enroll their key)")
     lifecycle.add_argument("--out", default="dist/lifecycle", help="folder to write (default dist/lifecycle)")
     lifecycle.add_argument("--patch", metavar="ON_CREATE_SH",
                            help="put the install line into this on_create.sh, before its final exit")
@@ -714,6 +735,19 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="the checks as one JSON document")
     doctor.set_defaults(func=cmd_doctor)
 
+    node = commands.add_parser("node", help="node agents' enrolled keys: enrollments | approve-enrollment")
+    node_commands = node.add_subparsers(dest="node_command", required=True)
+    listed = node_commands.add_parser("enrollments", help="which agent key speaks for each node, and pending approvals")
+    approval = node_commands.add_parser(
+        "approve-enrollment", help="let one instance's agent enroll exactly this key (upgrade, lost key, contested)")
+    approval.add_argument("--node", required=True, metavar="INSTANCE_ID")
+    approval.add_argument("--fingerprint", required=True, metavar="SHA256:...",
+                          help="what `sudo python3 -m hpops_node_agent identity` prints on that node")
+    for sub in (listed, approval):
+        sub.add_argument("--stack-name", required=True)
+        sub.add_argument("--region")
+        sub.set_defaults(func=cmd_node)
+
     iam_policy = commands.add_parser(
         "iam-policy", help="the least-privilege IAM policy the operator's commands need on a stack (JSON)",
         description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
@@ -735,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _label(args: argparse.Namespace) -> str:
     """`hpops cost subscribe`, `hpops host-keys adopt`, `hpops twin send`: what an error line starts with."""
     words = ["hpops", args.command]
-    for name in ("twin_command", "action", "cost_command"):
+    for name in ("twin_command", "action", "cost_command", "node_command"):
         if getattr(args, name, None):
             words.append(getattr(args, name))
     return " ".join(words)

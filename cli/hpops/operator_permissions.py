@@ -44,6 +44,7 @@ LEASE = ("cluster#{parameter:ClusterName}",)  # the sync lease, with the publish
 NODE_REPORTS = ("node-report#{parameter:ClusterName}",)
 SPEND_ITEMS = ("usage#{parameter:ClusterName}", "usage#{parameter:ClusterName}#*", "budget#{parameter:ClusterName}")
 BUDGET_ITEMS = ("budget#{parameter:ClusterName}",)  # a release is a budget item
+ENROLLMENTS = ("enroll#{parameter:ClusterName}",)  # agent keys and operator approvals
 
 READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
 SPEND = (
@@ -102,6 +103,11 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
+    "node enrollments": READ_STACK + (Call("dynamodb", "Query", "dynamodb:Query", TABLE, ENROLLMENTS),),
+    "node approve-enrollment": READ_STACK + (
+        Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
+    ),
     # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
     "doctor": READ_STACK + (
         Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),

@@ -3,7 +3,7 @@
 The answer goes back over the invoke response to the caller only; nothing secret is logged. Each
 action is a thin step: parse, verify the proof, decide (pure, node_channel/*), then write. A
 refused request gets a named error answer ({"ok": false, "error": <class name>, "message"}) and
-changes nothing; refusals are counted, and contested enrollments alarm (template.yaml).
+changes nothing; enrollment conflicts are counted and alarmed (template.yaml).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
         raise EnrollmentRefusedError(f"the operator's approval for {statement.instance_id} was used or replaced")
     if decision.outcome == "contest":
         enrollment_store.mark_contested(config.state_table, config.cluster_name, statement.instance_id, fingerprint)
-        metrics.add_metric(name="EnrollmentContested", unit=MetricUnit.Count, value=1)
+        # One metric (and alarm) for both kinds of conflict: each custom metric is billed monthly.
+        metrics.add_metric(name="EnrollmentConflict", unit=MetricUnit.Count, value=1)
         logger.warning("enrollment contested", extra=log)
         raise EnrollmentConflictError(decision.reason)
     if decision.outcome == "conflict":
@@ -60,13 +61,10 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
         logger.warning("enrollment conflict", extra=log)
         raise EnrollmentConflictError(decision.reason)
     if decision.outcome == "await-approval":
-        metrics.add_metric(name="EnrollmentAwaitingApproval", unit=MetricUnit.Count, value=1)
         logger.info("enrollment awaits an operator approval", extra=log)
         raise EnrollmentRefusedError(decision.reason)
     if not decision.accepted:
         raise EnrollmentRefusedError(decision.reason)
-    if decision.outcome != "already":
-        metrics.add_metric(name="NodesEnrolled", unit=MetricUnit.Count, value=1)
     logger.info("enrolled", extra=log)
     record = decision.record
     return {"ok": True, "status": record.status, "instanceId": record.instance_id, "fingerprint": record.fingerprint,
@@ -92,7 +90,7 @@ def handle(event: dict, context: LambdaContext) -> dict:
     except TransientAwsError:
         raise  # AWS trouble, not a refusal: the invoke reports a function error and the agent retries
     except HpopsError as error:
-        metrics.add_metric(name="NodeChannelRefused", unit=MetricUnit.Count, value=1)
+        # Logged, not counted: conflicts (the attack that matters) have their metric and alarm above.
         logger.warning("node channel request refused", extra={"action": str(action)[:32],
                                                               "error": type(error).__name__, "reason": str(error)})
         return {"ok": False, "error": type(error).__name__, "message": str(error)}

@@ -1,5 +1,6 @@
 """python3 -m hpops_node_agent [--config PATH] [--once] [--print-role]
 python3 -m hpops_node_agent usage --once [--print [--since ISO-TIME]] [--config PATH]
+python3 -m hpops_node_agent identity [--config PATH]
 
 Kept to syntax old Pythons can parse, so that on an unsupported interpreter the user gets one
 clear line (and exit 78, EX_CONFIG) instead of a traceback.
@@ -10,6 +11,9 @@ loop (unless usageSeconds is 0); compute nodes have nothing to do.
 `usage --once --print` prints the Slurm usage reports (a JSON list, one per hourly window from the
 one holding --since, default now, to the current one) and touches neither AWS nor the agent's
 state; `usage --once` collects the due windows and sends them, as one turn of the controller loop.
+
+`identity` (as root) makes the agent's key if it is missing and prints its fingerprint: what the
+operator approves with `hpops node approve-enrollment --fingerprint` (needs no boto3).
 
 Exit codes: 0 ok (also compute nodes, and --once with host identity unchanged, changed or
 waiting; usage with every report's status "ok"); 1 --once and the host identity failed, or a
@@ -39,8 +43,8 @@ def parse_args(argv):
         description="Keep this HyperPod node's SSH host identity and login limits as the hpops stack wants them "
                     "(login nodes); report per-user Slurm usage from accounting (the controller node).",
     )
-    parser.add_argument("command", nargs="?", choices=("usage",),
-                        help="usage: Slurm usage from accounting (with --once)")
+    parser.add_argument("command", nargs="?", choices=("usage", "identity"),
+                        help="usage: Slurm usage from accounting (with --once); identity: the agent key's fingerprint")
     parser.add_argument("--config", default="/etc/hpops/node-agent.json", help="agent config file (JSON)")
     parser.add_argument("--once", action="store_true", help="run one poll/apply/report cycle and exit")
     parser.add_argument("--print-role", action="store_true",
@@ -100,6 +104,20 @@ def imds_lockdown(config):
     return 0
 
 
+def print_identity(config):
+    import os
+
+    from . import agent_key, node_identity
+
+    try:
+        line = agent_key.ensure_key(os.path.join(config.under_root(config.state_dir), node_identity.KEY_FILE),
+                                    config.ssh_keygen_cmd)
+    except (agent_key.AgentKeyError, OSError) as error:
+        return fail("agent key: " + str(error))
+    sys.stdout.write(agent_key.fingerprint(line) + "\n")
+    return 0
+
+
 def boto3_problem():
     try:
         import boto3
@@ -135,6 +153,8 @@ def main(argv=None):
         return fail(str(error))
     if args.command == "usage" and args.print_reports:
         return print_usage(config, args.since)
+    if args.command == "identity":
+        return print_identity(config)
     if args.imds_lockdown:
         return imds_lockdown(config)
     def new_session():

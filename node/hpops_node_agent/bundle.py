@@ -54,7 +54,7 @@ def _core_dir() -> Path:
 
 
 def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True,
-                 imds_lockdown: str = "off", imds_allowed_groups: str = "") -> Path:
+                 node_channel: str | None = None, imds_lockdown: str = "off", imds_allowed_groups: str = "") -> Path:
     """Write out_dir/hpops/ and return its path (replacing an older one)."""
     contract.parameter_prefix(cluster)  # raises ValueError for a name the agent would refuse
     if not region or not report_bus:
@@ -62,6 +62,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus,
                     "imdsLockdown": imds_lockdown, "imdsAllowedGroups": imds_allowed_groups,
                     "imdsProbe": imds_guard.IMDS_V4}
+    if node_channel:  # the stack's NodeChannelFunctionName: where the agent enrolls its key
+        agent_config["nodeChannel"] = node_channel
     AgentConfig.from_dict(agent_config)  # raises ConfigError (a ValueError) for a value the agent would refuse
     bundle = Path(out_dir) / "hpops"
     if bundle.exists():
@@ -118,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", required=True)
     parser.add_argument("--region", required=True)
     parser.add_argument("--report-bus", required=True)
+    parser.add_argument("--node-channel", help="the stack's NodeChannelFunctionName output (agents enroll their key)")
     parser.add_argument("--no-vendor", action="store_true", help="skip lib/ (nodes must have boto3 >= 1.28)")
     args = parser.parse_args(argv)
     try:
-        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor)
+        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor,
+                            node_channel=args.node_channel)
     except (ValueError, RuntimeError) as error:
         print("hpops bundle: {}".format(error), file=sys.stderr)
         return 1

@@ -25,6 +25,9 @@ STATE_FILE = "enrollment.json"
 KEY_FILE = "agent-key"
 # A refused enrollment (awaiting an operator's approval, contested) is asked again at most this often.
 ENROLL_RETRY_SECONDS = 300
+# An enrolled agent asks again (idempotent) this often: a contested enrollment, or an operator's
+# re-enrollment, is noticed without a restart. 6 invokes an hour per node.
+ENROLL_RECHECK_SECONDS = 600
 
 
 class NodeIdentityError(Exception):
@@ -77,10 +80,11 @@ class AgentIdentity:
     def ensure_enrolled(self, instance_id: str, ip: str, force: bool = False) -> bool:
         """Enroll once; True when this key is enrolled for the instance. A refusal is logged and asked
         again after ENROLL_RETRY_SECONDS (an operator may approve the key meanwhile)."""
-        if self.enrolled and not force:
-            return True
         now = self.clock()
-        if not force and now - float(self.state.get("lastAttemptAt") or 0) < ENROLL_RETRY_SECONDS:
+        since = now - float(self.state.get("lastAttemptAt") or 0)
+        if self.enrolled and not force and since < ENROLL_RECHECK_SECONDS:
+            return True
+        if not self.enrolled and not force and since < ENROLL_RETRY_SECONDS:
             return False
         statement = {"cluster": self.cluster, "instanceId": instance_id, "ip": ip, "agentPublicKey": self.public_key(),
                      "issuedAt": _iso(now), "nonce": secrets.token_urlsafe(24)}
@@ -89,7 +93,15 @@ class AgentIdentity:
                    "proof": agent_key.sign(self.key_path, proof_format.namespace(proof_format.ENROLL, self.cluster),
                                            proof_format.canonical(body), self.ssh_keygen)}
         self.state["lastAttemptAt"] = now
-        answer = self.invoke(request)
+        was_enrolled = self.enrolled
+        try:
+            answer = self.invoke(request)
+        except Exception as error:  # botocore's errors, a function error: a recheck that fails changes nothing
+            if not was_enrolled:
+                raise
+            self.log("enrollment-recheck-failed", reason=str(error)[:300])
+            self._save()
+            return True
         if answer.get("ok"):
             self.state["enrolledFingerprint"] = answer.get("fingerprint")
             self.state["role"] = answer.get("role")

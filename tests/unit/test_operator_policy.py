@@ -78,8 +78,9 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     assert kinds == {
         "dynamodb:GetItem": ["budget#ml-research", "ce-cache#ml-research", "cluster#ml-research", "usage#ml-research",
                              "usage#ml-research#*"],
-        "dynamodb:Query": ["budget#ml-research", "node-report#ml-research", "usage#ml-research", "usage#ml-research#*"],
-        "dynamodb:PutItem": ["budget#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
+        "dynamodb:Query": ["budget#ml-research", "enroll#ml-research", "node-report#ml-research", "usage#ml-research",
+                           "usage#ml-research#*"],
+        "dynamodb:PutItem": ["budget#ml-research", "enroll#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])

@@ -145,6 +145,13 @@ fi
 
 # The unit names both directories in ReadWritePaths, which systemd needs to exist on every role.
 mkdir -p -m 0700 "$prefix/var/lib/hpops-node-agent" "$prefix/var/backups/hpops-host-keys"
+# The agent's own key (root-only): the stack trusts only what it signs. A failure here must not fail
+# provisioning: the agent makes the key at start if it is missing.
+if fingerprint="$(agent identity)"; then
+    say "agent key: $fingerprint"
+else
+    say "warning: could not make the agent key now (the agent's line on stderr says why); the service retries"
+fi
 if [ "$role" = "login" ]; then
     # A failed first cycle must not fail the node's provisioning: the service retries and reports.
     if agent --once; then

@@ -26,6 +26,9 @@ Report (sent by the agent with events:PutEvents to the stack's bus):
    "loginLimits": {"version": str|null, "result": str, "reason": str}}
 
 Everything in a report is public: versions, fingerprints, public keys, short reasons.
+Every report (login, usage, holds) also carries "sequence" and "proof": the agent's SSHSIG over the
+report without "proof" (proof_format.py), checked against the key enrolled for the instance
+(enrollment.py, report_proof.py); the parsers here see the report with both taken out.
 
 Interactive sessions (login nodes; in every report, so with the heartbeat and on change):
 
