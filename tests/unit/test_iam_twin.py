@@ -24,6 +24,7 @@ SAMPLE_REQUEST = {
     "executionArn": f"arn:aws:states:us-east-1:{ACCOUNT}:execution:sync:run-1", "StackName": "hpops", "RequestItems": {"hpops-state": []},
     "Key": {"pk": {"S": "cluster#ml-research"}, "sk": {"S": "sync-lease"}}, "Bucket": "sagemaker-lifecycle",
     "TrailName": "management-events", "AlarmNames": ["hpops-SyncExecutionsFailed-1AB2C3"],
+    "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/hpops-NodeAgentPolicy-1AB2C3", "Path": "/hpops/ml-research/instructions/",
 }
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")

@@ -80,7 +80,7 @@ SKIPPED = {
     "make checkov": "installs checkov into its own venv and scans the template; part of make test",
     "make lifecycle STACK=S": AWS,
     "hpops demo [--json FILE]": f"{TOO_LONG}: it is make demo",
-    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3]": f"{TOO_LONG}: it is make chaos",
+    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
     "hpops host-keys rotate --stack-name S": AWS,
