@@ -111,12 +111,12 @@ agent() {
 # a boot unit re-applies the rules before the network comes up, as iptables rules do not survive a
 # reboot. "off" removes rules and unit a previous install left (and touches nothing otherwise).
 unit_dir="$prefix/etc/systemd/system"
-mkdir -p "$unit_dir"
 lockdown="$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("imdsLockdown", "off"))' "$config")"
 if [ "$lockdown" = on ] || [ -f "$unit_dir/hpops-imds-lockdown.service" ]; then
     agent --imds-lockdown || say "warning: IMDS lockdown step failed (exit $?); IMDS left as it was"
 fi
 if [ "$lockdown" = on ]; then
+    mkdir -p "$unit_dir"
     sed "s|@PYTHON@|$python|g" "$here/hpops-imds-lockdown.service" > "$unit_dir/hpops-imds-lockdown.service.tmp"
     chmod 0644 "$unit_dir/hpops-imds-lockdown.service.tmp"
     mv "$unit_dir/hpops-imds-lockdown.service.tmp" "$unit_dir/hpops-imds-lockdown.service"
@@ -161,6 +161,7 @@ if [ "$role" = "login" ]; then
     fi
 fi
 
+mkdir -p "$unit_dir"
 sed "s|@PYTHON@|$python|g" "$here/hpops-node-agent.service" > "$unit_dir/hpops-node-agent.service.tmp"
 chmod 0644 "$unit_dir/hpops-node-agent.service.tmp"
 mv "$unit_dir/hpops-node-agent.service.tmp" "$unit_dir/hpops-node-agent.service"
