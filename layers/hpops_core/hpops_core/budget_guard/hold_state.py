@@ -121,7 +121,7 @@ def store_agent_report(table: str, report: Mapping[str, Any], received_at: str, 
         item["sequence"] = {"N": str(sequence)}
         # Same second, newer sequence: the agent reports a change within a second; still newer.
         condition = "attribute_not_exists(pk) OR (reportedAt <= :at AND (attribute_not_exists(#s) OR #s < :s))"
-        values[":s"], names["#s"] = {"N": str(sequence)}, {"#s": "sequence"}
+        values[":s"], names["#s"] = {"N": str(sequence)}, "sequence"
     try:
         with transient_errors_named("dynamodb:PutItem"):
             client("dynamodb").put_item(TableName=table, Item=item, ConditionExpression=condition,
