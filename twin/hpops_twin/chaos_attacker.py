@@ -87,17 +87,19 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple[str, str, Callab
         return run
 
     def replay() -> str | None:
-        # A genuine signed report the attacker got hold of, delivered once already, sent again.
+        # A genuine signed report the attacker got hold of (with her sessions hidden: an older one),
+        # sent again after the agent's newer reports were kept.
         agent = world.hosts.agents[victim.instance_id]
         stored = json.loads(world.aws.client("dynamodb").get_item(TableName=table, Key={
             "pk": {"S": f"node-report#{world.cluster_name}"}, "sk": {"S": f"node-report#{victim.instance_id}"}})["Item"]["report"]["S"])
-        signed = agent.proof.sign_report(stored | {"reportedAt": stamp})
-        events = world.aws.client("events")
-        entry = {"Source": "hpops.node", "DetailType": REPORT, "Detail": json.dumps(signed),
-                 "EventBusName": world.output("NodeReportBusName")}
-        events.put_events(Entries=[entry])  # what the agent sent
+        stored.pop("receivedAt", None)
+        captured = agent.proof.sign_report(stored | {"reportedAt": stamp, "sessions": {"list": []}})
+        newer = agent.proof.sign_report(stored | {"reportedAt": stamp})
+        world.aws.client("events").put_events(Entries=[{  # what the agent sent afterwards
+            "Source": "hpops.node", "DetailType": REPORT, "Detail": json.dumps(newer),
+            "EventBusName": world.output("NodeReportBusName")}])
         before = len(world.dispatcher.invocations)
-        attacker.put_report(REPORT, signed, sign=False)  # the attacker's copy, byte for byte
+        attacker.put_report(REPORT, captured, sign=False)  # the attacker's copy, byte for byte
         return _last_error(world, before)
 
     def enroll(instance: Any, ip: str | None = None, launched_hours_ago: float | None = None) -> Callable[[], str | None]:
@@ -128,7 +130,7 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple[str, str, Callab
         ("empty final usage window dated 2099 (own key)",
          "NotEnrolledError" if not controller else "NodeProofKeyMismatchError", event(USAGE, future)),
         ("holds report from the controller dated 2099 (unsigned)", "NodeProofMalformedError", event(HOLDS, holds, sign=False)),
-        ("replay of the victim agent's genuine signed report", "ReportReplayError", replay),
+        ("replay of an older genuine signed report of the victim's agent", "ReportReplayError", replay),
         ("second enrollment for an enrolled node, launched hours ago", "EnrollmentConflictError",
          enroll(victim, launched_hours_ago=5)),
         ("enrollment for a node that never enrolled, launched hours ago", "EnrollmentRefusedError",
