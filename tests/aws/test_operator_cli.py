@@ -831,8 +831,10 @@ def test_lifecycle_configures_the_agent_from_the_stack(region, capsys, tmp_path)
     other = "eu-west-1"  # not the default region: --region must pick both the stack and agent.json's region
     with mock_aws():
         bus = boto3.client("events", region_name=other).create_event_bus(Name=f"{STACK_NAME}-node-reports")["EventBusArn"]
-        create_stack(parameters={"ClusterName": CLUSTER, "ReportBus": bus.rsplit("/", 1)[1]},
-                     outputs={"NodeReportBusName": {"Ref": "ReportBus"}}, region=other)
+        create_stack(parameters={"ClusterName": CLUSTER, "ReportBus": bus.rsplit("/", 1)[1],
+                                 "Channel": f"{STACK_NAME}-NodeChannelFunction-1AB"},
+                     outputs={"NodeReportBusName": {"Ref": "ReportBus"}, "NodeChannelFunctionName": {"Ref": "Channel"}},
+                     region=other)
         status, out, _ = run(capsys, "lifecycle", "--stack-name", STACK_NAME, "--region", other,
                              "--out", str(tmp_path / "dist"), "--no-vendor")
 
@@ -840,7 +842,8 @@ def test_lifecycle_configures_the_agent_from_the_stack(region, capsys, tmp_path)
     folder = tmp_path / "dist" / "hpops"
     assert f"wrote {folder}" in out.splitlines()
     assert json.loads((folder / "agent.json").read_text()) == {
-        "cluster": CLUSTER, "region": other, "reportBus": f"{STACK_NAME}-node-reports"}
+        "cluster": CLUSTER, "region": other, "reportBus": f"{STACK_NAME}-node-reports",
+        "nodeChannel": f"{STACK_NAME}-NodeChannelFunction-1AB"}
     assert (folder / "install.sh").is_file() and not (folder / "lib").exists()
 
 

@@ -97,9 +97,11 @@ def test_a_replayed_or_reordered_report_is_refused(synced_world):
 
     put(newer)
     assert node_reports(world)[node.instance_id]["sessions"]["list"][0]["user"] == "dave"
-    put(newer)  # the same event again (a replay)
-    put(older)  # an older one arriving late (reordered)
-    assert refusals(world)[-2:] == ["ReportReplayError", "ReportReplayError"]
+    failures = len(refusals(world))
+    put(newer)  # the same event again: EventBridge delivers at least once; it changes nothing
+    assert len(refusals(world)) == failures
+    put(older)  # an older one arriving late (reordered), or replayed by someone who captured it
+    assert refusals(world)[failures:] == ["ReportReplayError"]
     assert node_reports(world)[node.instance_id]["sessions"]["list"][0]["user"] == "dave"
 
 
@@ -183,7 +185,7 @@ def test_upgrade_running_nodes_keep_their_users_and_enroll_only_by_an_operators_
     agent = world.hosts.agents[nodes[0].instance_id]
     agent._pending_start = True
     world.agents_poll()
-    assert "NodeProofMalformedError" in refusals(world)
+    assert refusals(world) == ["NotEnrolledError"]
     assert node_reports(world) == before
     # A user cannot enroll a key for a running node: its window closed long ago.
     attacker = Attacker(world)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hpops_twin.attacker import Attacker, far_future, iso
-from hpops_twin.faults import is_mutating
+from hpops_twin.faults import ChaosTransport
 from hpops_twin.world import TwinWorld
 
 REPORT = "HyperPod Login Node Report"
@@ -47,8 +48,8 @@ def _last_error(world: TwinWorld, before: int) -> str | None:
     return next((r.error_type for r in reversed(runs) if r.error_type), None)
 
 
-def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple[str, str, Callable[[], str | None]]]:
-    """(what, expected error, run -> observed error name)."""
+def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
+    """(what, expected error, run -> observed error name[, prepare: what happened before, not the attack])."""
     nodes = sorted((n for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running"),
                    key=lambda n: n.ip)
     victim, other = nodes[0], nodes[1]
@@ -65,7 +66,8 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple[str, str, Callab
         return {"list": [{"handle": f"5eed0b07:{pid}:{pid * 10}", "user": user, "path": "ssh", "tty": True,
                           "startedAt": "2026-01-01T08:00:00Z"} for pid in range(100, 100 + count)]}
 
-    controller_id = controller[0].instance_id if controller else victim.instance_id
+    # The controller's id (a world without a controller group: an id nobody enrolled, as a new controller's).
+    controller_id = controller[0].instance_id if controller else "i-0c0ffee0c0ffee0c0"
     window = iso((now - dt.timedelta(hours=2)).replace(minute=0, second=0, microsecond=0))
     window_end = iso((now - dt.timedelta(hours=1)).replace(minute=0, second=0, microsecond=0))
     usage = {"format": "hpops.node.usage.v1", "cluster": world.cluster_name, "instanceId": controller_id,
@@ -86,18 +88,24 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple[str, str, Callab
             return _last_error(world, before)
         return run
 
-    def replay() -> str | None:
-        # A genuine signed report the attacker got hold of, delivered once already, sent again.
+    captured: list[dict] = []
+
+    def genuine_reports() -> None:
+        # A genuine signed report the attacker got hold of (an older one, sessions hidden), then the
+        # agent's newer report, delivered and kept.
         agent = world.hosts.agents[victim.instance_id]
         stored = json.loads(world.aws.client("dynamodb").get_item(TableName=table, Key={
             "pk": {"S": f"node-report#{world.cluster_name}"}, "sk": {"S": f"node-report#{victim.instance_id}"}})["Item"]["report"]["S"])
-        signed = agent.proof.sign_report(stored | {"reportedAt": stamp})
-        events = world.aws.client("events")
-        entry = {"Source": "hpops.node", "DetailType": REPORT, "Detail": json.dumps(signed),
-                 "EventBusName": world.output("NodeReportBusName")}
-        events.put_events(Entries=[entry])  # what the agent sent
+        stored.pop("receivedAt", None)
+        captured.append(agent.proof.sign_report(stored | {"reportedAt": stamp, "sessions": {"list": []}}))
+        newer = agent.proof.sign_report(stored | {"reportedAt": stamp})
+        world.aws.client("events").put_events(Entries=[{
+            "Source": "hpops.node", "DetailType": REPORT, "Detail": json.dumps(newer),
+            "EventBusName": world.output("NodeReportBusName")}])
+
+    def replay() -> str | None:
         before = len(world.dispatcher.invocations)
-        attacker.put_report(REPORT, signed, sign=False)  # the attacker's copy, byte for byte
+        attacker.put_report(REPORT, captured[0], sign=False)  # the attacker's copy, byte for byte
         return _last_error(world, before)
 
     def enroll(instance: Any, ip: str | None = None, launched_hours_ago: float | None = None) -> Callable[[], str | None]:
@@ -127,14 +135,17 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple[str, str, Callab
          "NotEnrolledError" if not controller else "NodeProofKeyMismatchError", event(USAGE, usage)),
         ("empty final usage window dated 2099 (own key)",
          "NotEnrolledError" if not controller else "NodeProofKeyMismatchError", event(USAGE, future)),
-        ("holds report from the controller dated 2099 (unsigned)", "NodeProofMalformedError", event(HOLDS, holds, sign=False)),
-        ("replay of the victim agent's genuine signed report", "ReportReplayError", replay),
+        ("holds report from the controller dated 2099 (unsigned)",
+         "NotEnrolledError" if not controller else "NodeProofMalformedError", event(HOLDS, holds, sign=False)),
+        ("usage report for a login node's id (its own enrolled role is login)", "ReportRoleError",
+         event(USAGE, usage | {"instanceId": other.instance_id})),
+        ("replay of an older genuine signed report of the victim's agent", "ReportReplayError", replay, genuine_reports),
         ("second enrollment for an enrolled node, launched hours ago", "EnrollmentConflictError",
          enroll(victim, launched_hours_ago=5)),
         ("enrollment for a node that never enrolled, launched hours ago", "EnrollmentRefusedError",
          enroll(worker)),
         ("enrollment claiming another node's IP", "EnrollmentRefusedError", enroll(other, ip=victim.ip)),
-        ("enrollment naming the victim agent's public key, signed with the attacker's", "NodeProofBadSignatureError",
+        ("enrollment naming the victim agent's public key, signed with the attacker's", "NodeProofKeyMismatchError",
          borrowed_statement),
         ("unknown NodeChannel action", "MalformedNodeChannelRequest",
          lambda: attacker.invoke({"action": "become-root"}).get("error")),
@@ -145,18 +156,22 @@ def part_attacker(progress: Callable[[str], None] = lambda _: None) -> dict:
     began = time.perf_counter()
     outcomes: list[Attack] = []
     findings: list[str] = []
-    with TwinWorld() as world:
+    with TwinWorld() as world, ChaosTransport(world).installed() as chaos:
         result = world.wait([world.run_schedule()], timeout=120)[0]
         if result.status != "SUCCEEDED":
             findings.append(f"the first sync did not succeed: {result.error}")
         attacker = Attacker(world)
         admitted = world.target_ips()
-        for what, expect, run in attacks(world, attacker):
+        for what, expect, run, *prepare in attacks(world, attacker):
+            for step in prepare:
+                step()
             stored = _stored(world)
-            world.counter.reset()
+            since = chaos.mark()
             observed = run()
-            mutating = {k: v for k, v in world.counter.calls.items() if is_mutating(k.split(".", 1)[1])}
-            changed = _stored(world) != stored and expect != "ReportReplayError"  # the genuine first copy is stored
+            # What the stack's functions changed (a conditional write that was refused changed nothing).
+            mutating = dict(Counter(f"{c.service}.{c.operation}" for c in chaos.mutations(since)
+                                    if c.ok and c.sender.startswith("lambda:")))
+            changed = _stored(world) != stored
             survived = observed == expect and not mutating and not changed
             outcomes.append(Attack(what, expect, observed, mutating, survived))
             progress(f"{'ok  ' if survived else 'MISS'} attacker: {what} -> {observed}")

@@ -119,9 +119,10 @@ def store_agent_report(table: str, report: Mapping[str, Any], received_at: str, 
     condition, values, names = "attribute_not_exists(pk) OR reportedAt < :at", {":at": {"S": report["reportedAt"]}}, {}
     if sequence is not None:
         item["sequence"] = {"N": str(sequence)}
-        # Same second, newer sequence: the agent reports a change within a second; still newer.
-        condition = "attribute_not_exists(pk) OR (reportedAt <= :at AND (attribute_not_exists(#s) OR #s < :s))"
-        values[":s"], names["#s"] = {"N": str(sequence)}, {"#s": "sequence"}
+        # Same second, newer sequence: a change reported within a second is still newer; the same
+        # sequence is the same report delivered again (EventBridge delivers at least once).
+        condition = "attribute_not_exists(pk) OR (reportedAt <= :at AND (attribute_not_exists(#s) OR #s <= :s))"
+        values[":s"], names["#s"] = {"N": str(sequence)}, "sequence"
     try:
         with transient_errors_named("dynamodb:PutItem"):
             client("dynamodb").put_item(TableName=table, Item=item, ConditionExpression=condition,

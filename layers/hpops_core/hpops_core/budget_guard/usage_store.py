@@ -54,11 +54,12 @@ class CollectorStatus:
 
 def _put_if_newer(table: str, item: dict[str, Any], collected_at: str, sequence: int | None = None) -> bool:
     """Store unless the kept item is newer. With a sequence (a signed window part), a kept part that is
-    newer (sequence or collection time) means a replayed or reordered report: ReportReplayError."""
+    newer (sequence or collection time) means a replayed or reordered report: ReportReplayError (the
+    same part again, an EventBridge redelivery, is stored again and changes nothing)."""
     condition, values = "attribute_not_exists(pk) OR collectedAt <= :collected", {":collected": {"S": collected_at}}
     if sequence is not None:
         item = dict(item, sequence={"N": str(sequence)})
-        condition = f"({condition}) AND (attribute_not_exists(#sequence) OR #sequence < :sequence)"
+        condition = f"({condition}) AND (attribute_not_exists(#sequence) OR #sequence <= :sequence)"
         values[":sequence"] = {"N": str(sequence)}
     try:
         with transient_errors_named("dynamodb:PutItem"):

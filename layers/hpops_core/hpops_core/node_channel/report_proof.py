@@ -4,9 +4,10 @@ A report enters through EventBridge, which carries no caller identity; any proce
 node role can put one on the bus. So a report counts only if it is signed by the key enrolled
 for the instance it names (enrollment.py), the enrollment is uncontested and of the role the
 report needs (login reports from the login group, usage and holds from the controller group),
-and nothing in it is dated in the future. "sequence" must exceed the last one accepted for the
-same stored item (checked by the store's conditional write): a replayed or reordered report is
-refused. The instance's group and role are the enrollment's (AWS's record), never the payload's.
+and nothing in it is dated in the future. "sequence" must not be below the last one accepted for
+the same stored item (checked by the store's conditional write): an older report, replayed or
+reordered, is refused; the same report again (EventBridge delivers at least once, and the agent
+never reuses a sequence) is stored again and changes nothing. The instance's group and role are the enrollment's (AWS's record), never the payload's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class ReportFromFutureError(NodeChannelError):
 
 
 class ReportReplayError(NodeChannelError):
-    """The report's sequence is not above the last accepted one: a replay or a reordered old report."""
+    """The report's sequence is below the last accepted one: an old report replayed or reordered."""
 
 
 def unsigned_event(event: Any) -> tuple[Any, int | None]:

@@ -61,10 +61,11 @@ def store_report(table: str, cluster: str, report: NodeReport, received_at: str,
                  event_id: str | None = None, sequence: int | None = None) -> dict | None:
     """Keep the report; returns the one it replaced (as report_from_item, plus its eventId), or None.
     The old item comes back with the same PutItem (ReturnValues), so comparing costs no read.
-    With a sequence, only a report newer than the kept one is stored; else ReportReplayError."""
+    With a sequence, a report older than the kept one is refused (ReportReplayError); the same one again
+    (EventBridge delivers at least once; the agent never reuses a sequence) is stored again, changing nothing."""
     condition = {}
     if sequence is not None:
-        condition = {"ConditionExpression": "attribute_not_exists(#sequence) OR #sequence < :sequence",
+        condition = {"ConditionExpression": "attribute_not_exists(#sequence) OR #sequence <= :sequence",
                      "ExpressionAttributeNames": {"#sequence": "sequence"},
                      "ExpressionAttributeValues": {":sequence": {"N": str(sequence)}}}
     try:
@@ -74,7 +75,7 @@ def store_report(table: str, cluster: str, report: NodeReport, received_at: str,
                 ReturnValues="ALL_OLD", **condition).get("Attributes")
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            raise ReportReplayError(f"{report.instanceId}'s report sequence {sequence} is not above the last "
+            raise ReportReplayError(f"{report.instanceId}'s report sequence {sequence} is below the last "
                                     "accepted one (replayed or reordered)") from None
         raise
     previous = report_from_item(old)
