@@ -30,7 +30,27 @@ USER_NAMES = {
     "a b": False,
     "a:b": False,
     "a/b": False,
-    "a@b": False,
+    "a@b": True,  # SSSD/realmd fully-qualified directory names
+    "alice@example.edu": True,
+    "J.Doe@AD.Example.EDU": True,
+    "alice@" + "x" * 63: True,
+    "alice@" + "x" * 64: False,  # a DNS label has at most 63
+    "a@b.c.d.e.f.g": True,
+    "a@b.c.d.e.f.g.h": False,  # at most 6 labels: over-long
+    "a" * 33 + "@example.edu": False,
+    "@example.edu": False,  # pam_limits reads a leading '@' as a group
+    "alice@": False,
+    "alice@@example.edu": False,
+    "alice@b@c": False,
+    "alice@example..edu": False,
+    "alice@../etc": False,
+    "alice@-x": False,
+    "alice@x.": False,
+    "alice@example.edu\n": False,
+    "alice@example.edu;id": False,
+    "alice@$(reboot)": False,
+    "EXAMPLE\\alice": False,  # the DOMAIN\user format is not taken
+    "alice@ex ample": False,
     "a" * 32: True,
     "a" * 33: False,
     "": False,
@@ -38,7 +58,7 @@ USER_NAMES = {
     "$(reboot)": False,
 }
 
-USER_LIST_PARAMETERS = ("SessionExemptUsers",)
+USER_LIST_PARAMETERS = ("SessionExemptUsers", "UserBudgetExemptUsers")
 
 
 def _java_like_fullmatch(pattern: str, value: str) -> bool:
@@ -151,8 +171,8 @@ def test_a_limit_for_root_is_refused_because_root_is_never_counted():
 
 
 def test_a_bad_exempt_user_is_refused_naming_the_entry():
-    with pytest.raises(ConfigurationError, match="SESSION_EXEMPT_USERS: 'a@b'"):
-        SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_EXEMPT_USERS": "ops,a@b"})
+    with pytest.raises(ConfigurationError, match="SESSION_EXEMPT_USERS: 'a@b..c'"):
+        SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_EXEMPT_USERS": "ops,alice@example.edu,a@b..c"})
 
 
 def test_the_nodes_refuse_the_same_override_naming_the_entry():
