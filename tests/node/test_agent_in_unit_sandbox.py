@@ -1,0 +1,230 @@
+"""The node agent as its systemd unit runs it: inside the file-system sandbox the unit file describes.
+
+The unit (node/hpops_node_agent/lifecycle/hpops-node-agent.service) is read, its ExecStart is run,
+and its sandbox settings (ProtectSystem, ReadWritePaths, StateDirectory, ProtectHome, PrivateTmp...)
+are rebuilt by tests/node/unit_sandbox.py in a private mount namespace, with the node's paths under
+a test root. Every feature is on, on every role that runs the service:
+
+* login: host keys from the cluster secret, maxlogins, per-user slice caps (written to
+  /etc/systemd/system), an end-sessions instruction, the session listing;
+* controller: Slurm usage (sacct) and budget holds (sacctmgr), stand-ins for the Slurm commands.
+
+A write the unit forbids fails with "Read-only file system" as it would on a node, and the test with
+it. Settings another change adds to the unit (a ReadWritePaths entry, a StateDirectory) are covered
+as they land: nothing here lists the unit's paths.
+
+Needs root (mount namespaces), unshare, sshd and ssh-keygen; skips without them, except under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import real_tools
+from real_tools import free_port
+from test_agent_real_process import BUS, CLUSTER, CREDENTIALS, REGION, SSH_KEYGEN, SSHD, LoginNode, Stack, stop_process
+from unit_sandbox import Sandbox, UnsupportedSetting, service_settings
+
+from hpops_core.host_identity import keys
+from hpops_core.node_channel import contract, user_holds
+
+pytestmark = pytest.mark.realssh
+
+UNIT = Path(__file__).resolve().parents[2] / "node/hpops_node_agent/lifecycle/hpops-node-agent.service"
+LOGIN_ID, CONTROLLER_ID = "i-0a1b2c3d4e5f60730", "i-0a1b2c3d4e5f60731"
+# What a node has before the agent is installed, and what install.sh makes on login and controller nodes.
+NODE_DIRECTORIES = ("etc/ssh", "etc/security/limits.d", "etc/systemd/system", "etc/hpops", "var/backups", "var/lib",
+                    "run", "opt/hpops-node-agent", "var/backups/hpops-host-keys", "var/lib/hpops-node-agent")
+READ_ONLY_ERRORS = ("Read-only file system", "Errno 30", "Permission denied")
+
+
+@pytest.fixture(scope="module")
+def required():
+    real_tools.require_root_and_programs(("/usr/bin/unshare", "/usr/bin/mount"), "unit sandbox tests",
+                                         "apt-get install -y util-linux")
+    real_tools.require((SSHD, SSH_KEYGEN), "unit sandbox tests", "apt-get install -y openssh-server")
+
+
+@pytest.fixture(scope="module")
+def stack(required):
+    stack = Stack(free_port())
+    try:
+        yield stack
+    finally:
+        if stack.server._server_ready_event.is_set():
+            stack.stop()
+
+
+@pytest.fixture
+def node_root():
+    # Not under /tmp or /var/tmp: PrivateTmp= gives the agent its own, which would hide the node.
+    root = Path(tempfile.mkdtemp(prefix="hpops-unit-sandbox-", dir="/var/lib"))
+    for directory in NODE_DIRECTORIES:
+        (root / directory).mkdir(parents=True, exist_ok=True)
+    (root / "proc").symlink_to("/proc")  # the session listing reads the node's processes
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def unit_command(root: Path, config: Path) -> tuple[list[str], dict[str, str]]:
+    """The unit's ExecStart and Environment, with the node's config under the test root."""
+    settings = service_settings(UNIT.read_text())
+    [exec_start] = settings["ExecStart"]
+    argv = [sys.executable if word == "@PYTHON@" else str(config) if word == "/etc/hpops/node-agent.json" else word
+            for word in exec_start.split()]
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
+    for assignment in settings.get("Environment", []):
+        name, value = assignment.split("=", 1)
+        if name != "PYTHONPATH":  # the bundle's /opt layout; here the agent is installed in the test's venv
+            env[name] = value
+    return argv, env
+
+
+def run_in_sandbox(root: Path, config: dict, stack: Stack, until, timeout: float = 60) -> tuple[str, int | None]:
+    path = root / "etc/hpops/node-agent.json"
+    path.write_text(json.dumps(config))
+    argv, env = unit_command(root, path)
+    env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1")
+    log = Path(tempfile.mkstemp(prefix="hpops-sandboxed-agent-")[1])
+    with log.open("wb") as out:
+        process = subprocess.Popen(Sandbox.from_unit(UNIT.read_text()).command(root, argv), stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None and not until():
+            time.sleep(0.3)
+        code = process.poll()
+    finally:
+        stop_process(process)
+        output = log.read_text(errors="replace")
+        log.unlink()
+    return output, code
+
+
+def base_config(root: Path, role: str, instance_id: str) -> dict:
+    return {"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "pollSeconds": 1, "root": str(root),
+            "role": role, "ip": "127.0.0.1", "instanceId": instance_id}
+
+
+def test_the_sandbox_is_read_from_the_unit_file():
+    sandbox = Sandbox.from_unit(UNIT.read_text())
+    assert "/" in sandbox.read_only and sandbox.private_tmp  # ProtectSystem=strict, PrivateTmp=yes
+    assert ("/var/lib/hpops-node-agent", False) in sandbox.writable  # StateDirectory=
+    with pytest.raises(UnsupportedSetting, match="BindPaths"):
+        Sandbox.from_unit(UNIT.read_text().replace("[Service]\n", "[Service]\nBindPaths=/srv\n"))
+
+
+def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
+    sandbox = Sandbox.from_unit(UNIT.read_text())
+    probe = ("import sys\nfor path in sys.argv[1:]:\n    try:\n        open(path, 'w').close(); print('wrote', path)\n"
+             "    except OSError as error:\n        print('refused', path, error.strerror)\n")
+    allowed = node_root / "etc/ssh/probe"
+    forbidden = [node_root / "etc/probe", node_root / "usr-probe", Path("/etc/hpops-unit-sandbox-probe")]
+    result = subprocess.run(sandbox.command(node_root, [sys.executable, "-c", probe, str(allowed),
+                                                        *map(str, forbidden)]),
+                            capture_output=True, text=True, timeout=60)
+    assert f"wrote {allowed}" in result.stdout, result.stdout + result.stderr
+    for path in forbidden:
+        assert f"refused {path} Read-only file system" in result.stdout, result.stdout + result.stderr
+        assert not path.exists()
+
+
+def test_login_node_every_feature_on_under_the_unit(node_root, stack):
+    bundle = keys.generate_bundle()
+    node = LoginNode(node_root, free_port())
+    shutil.rmtree(node.ssh_dir)
+    shutil.rmtree(node_root / "run")
+    node.prepare(keys.generate_bundle())
+    node.start()
+    try:
+        stack.publish_keys(bundle, "s1")
+        stack.put(contract.login_limits_parameter(CLUSTER), {
+            "format": contract.LOGIN_LIMITS_FORMAT, "version": "s1",
+            "limits": {"default": 2, "overrides": {"nobody": 4}, "exempt": ["daemon"]}})
+        stack.put(contract.user_caps_parameter(CLUSTER), {
+            "format": contract.USER_CAPS_FORMAT, "caps": {"default": {"cpuQuota": "200%", "memoryMax": "8G",
+                                                                      "tasksMax": 512},
+                                                          "overrides": {"nobody": {"memoryMax": "16G"}},
+                                                          "exempt": ["daemon"]}})
+        # A handle that names no process: the agent reads the node's processes and answers "gone".
+        stale = f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip().replace('-', '')[:8]}:4194000:1"
+        stack.put(contract.end_sessions_parameter(CLUSTER, LOGIN_ID), {
+            "format": contract.END_SESSIONS_FORMAT, "sessions": [{"handle": stale, "user": "nobody"}]})
+        seen = len(stack.drain())
+        config = base_config(node_root, "login", LOGIN_ID) | {
+            "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN}
+
+        def reported():
+            return [e["detail"] for e in stack.drain()[seen:] if e["detail"].get("instanceId") == LOGIN_ID
+                    and "userCaps" in e["detail"] and "sessions" in e["detail"]]
+
+        output, code = run_in_sandbox(node_root, config, stack, reported)
+    finally:
+        stop_process(node.process)
+
+    assert code is None, f"the agent exited {code}:\n{output[-3000:]}"  # a service keeps running
+    [report, *_] = reported() or [None]
+    assert report is not None, output[-3000:]
+    text = json.dumps(report) + output
+    assert not [error for error in READ_ONLY_ERRORS if error in text], output[-3000:]
+    assert report["hostIdentity"]["result"] == "changed", report["hostIdentity"]
+    assert report["loginLimits"]["result"] == "changed", report["loginLimits"]
+    assert report["userCaps"]["result"] == "changed", report["userCaps"]
+    assert [(e["handle"], e["result"]) for e in report["sessions"]["ended"]] == [(stale, "gone")]
+    # What the unit let it write, where a node keeps it.
+    assert (node_root / "etc/systemd/system/user-.slice.d/90-hpops-caps.conf").read_text().count("MemoryMax=8G") == 1
+    assert "nobody  hard  maxlogins  4" in (node_root / "etc/security/limits.d/90-hpops-maxlogins.conf").read_text()
+    assert (node_root / "etc/ssh/ssh_host_ed25519_key").read_text() == bundle.ed25519.private_openssh
+    assert (node_root / "var/lib/hpops-node-agent/state.json").exists()
+
+
+SLURM_STUB = """#!/bin/sh
+# Stand-in for {name}: what a controller with one user association answers.
+case "$*" in
+  *"show config"*) echo "ClusterName = sandbox"; echo "AccountingStorageEnforce = associations,limits,qos,safe";;
+  *"show assoc"*|*"show association"*) echo "7|sandbox|research|hpt-held||||";;
+esac
+exit 0
+"""
+
+
+def test_controller_node_every_feature_on_under_the_unit(node_root, stack):
+    slurm = node_root / "opt/slurm/bin"
+    slurm.mkdir(parents=True)
+    for name in ("sacct", "sacctmgr", "scontrol", "squeue", "scancel", "sinfo"):
+        (slurm / name).write_text(SLURM_STUB.format(name=name))
+        (slurm / name).chmod(0o755)
+    provisioning = node_root / "opt/hpops-node-agent/provisioning_parameters.json"
+    provisioning.write_text(json.dumps({
+        "version": "1.0.0", "workload_manager": "slurm", "controller_group": "controller-machine",
+        "login_group": "login-group", "worker_groups": [{"instance_group_name": "gpu", "partition_name": "p"}]}))
+    month = time.strftime("%Y-%m", time.gmtime())
+    expires = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(time.time() + 86400))
+    stack.put(user_holds.user_holds_parameter(CLUSTER),
+              user_holds.canonical_json(user_holds.desired_document(month, expires, False, ["hpt-held"])))
+    seen = len(stack.drain())
+    config = base_config(node_root, "controller", CONTROLLER_ID) | {
+        "usageSeconds": 60, "sacctCmd": str(slurm / "sacct"), "provisioningParameters": str(provisioning)}
+    state = node_root / "var/lib/hpops-node-agent"
+
+    def reported():
+        types = {e["detail-type"] for e in stack.drain()[seen:]}
+        return {contract.USAGE_DETAIL_TYPE, user_holds.HOLDS_DETAIL_TYPE} <= types
+
+    output, code = run_in_sandbox(node_root, config, stack, reported)
+
+    assert code is None, f"the agent exited {code}:\n{output[-3000:]}"
+    assert reported(), output[-3000:]
+    assert not [error for error in READ_ONLY_ERRORS if error in output], output[-3000:]
+    assert "crashed" not in output and "holds-state-unreadable" not in output, output[-3000:]
+    assert sorted(p.name for p in state.iterdir() if p.suffix == ".json") >= ["slurm-holds.json", "usage-state.json"]
