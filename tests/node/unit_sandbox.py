@@ -9,7 +9,7 @@ EROFS, in the test as on a node.
 Reproduced: ProtectSystem (yes/full/strict), ProtectHome (yes/read-only/tmpfs), PrivateTmp,
 ReadWritePaths, ReadOnlyPaths, InaccessiblePaths (with the '-' prefix: ignore if missing),
 StateDirectory/RuntimeDirectory/CacheDirectory/LogsDirectory (created and writable),
-ConfigurationDirectory (created, read-only), ProtectKernelTunables, ProtectControlGroups.
+ConfigurationDirectory (created, read-only), ProtectKernelTunables, ProtectControlGroups, UMask.
 A setting that changes the file system in a way not rebuilt here (BindPaths=, RootDirectory=,
 TemporaryFileSystem=, User=...) raises UnsupportedSetting: the test fails until this file learns
 it, instead of passing a sandbox weaker than the unit's. Settings without a file-system effect
@@ -68,6 +68,7 @@ class Sandbox:
     hidden: Tuple[Tuple[str, bool], ...]
     private_tmp: bool
     kernel_read_only: Tuple[str, ...]  # real paths (/proc/sys, /sys...)
+    umask: str = "0022"
 
     @classmethod
     def from_unit(cls, unit_text: str) -> "Sandbox":
@@ -117,7 +118,7 @@ class Sandbox:
         if last("ProtectControlGroups") in ("yes", "true"):
             kernel.append("/sys/fs/cgroup")
         return cls(tuple(read_only), tuple(writable), tuple(created), tuple(hidden),
-                   last("PrivateTmp") in ("yes", "true"), tuple(kernel))
+                   last("PrivateTmp") in ("yes", "true"), tuple(kernel), last("UMask", "0022"))
 
     def script(self, root: Path) -> str:
         """bash: set up the namespace for a node rebased at ``root``, then exec "$@"."""
@@ -152,7 +153,7 @@ class Sandbox:
             lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
         for path in self.kernel_read_only:
             lines.append(f"mount --bind {path} {path}; mount -o remount,bind,ro {path}")
-        lines.append('exec "$@"')
+        lines += [f"umask {shlex.quote(self.umask)}", 'exec "$@"']
         return "\n".join(lines)
 
     def command(self, root: Path, argv: List[str]) -> List[str]:
