@@ -157,7 +157,7 @@ BAD_OVERRIDE = json.dumps({"j.doe": 4, "Alice": 3, "bad name": 1})
 
 @pytest.mark.parametrize("config", [SessionLimitsConfig, LoginLimitsConfig])
 def test_a_bad_session_limit_override_is_refused_at_parse_time_naming_the_entry(config):
-    assert SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_LIMIT_OVERRIDES": '{"j.doe": 4, "Alice": 3}'})
+    assert SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_LIMIT_OVERRIDES": '{"j.doe": 4, "Alice": 3, "alice@example.edu": 1}'})
     with pytest.raises(ConfigurationError) as refused:
         config.from_env(SESSION_ENV | {"SESSION_LIMIT_OVERRIDES": BAD_OVERRIDE})
     assert "SESSION_LIMIT_OVERRIDES" in str(refused.value) and "'bad name'" in str(refused.value)
@@ -196,8 +196,8 @@ BUDGET_ENV = {
 
 
 def test_user_budget_overrides_follow_the_same_rule_and_a_bad_one_is_named():
-    config = UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,Alice=20.5,_svc=30"})
-    assert set(config.limits.overrides) == {"j.doe", "Alice", "_svc"}
+    config = UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,Alice=20.5,_svc=30,carol@ad.example.edu=40"})
+    assert set(config.limits.overrides) == {"j.doe", "Alice", "_svc", "carol@ad.example.edu"}
     with pytest.raises(ConfigurationError) as refused:
         UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,bad name=5"})
     assert "USER_BUDGET_OVERRIDES" in str(refused.value) and "'bad name=5'" in str(refused.value)
@@ -211,3 +211,13 @@ def test_node_channel_names_use_the_same_rules():
     assert contract.certificate_parameter("ml", "i-12345678abcdefghi").endswith("/host-certificates/i-12345678abcdefghi")
     with pytest.raises(ValueError):
         contract.certificate_parameter("ml", "i-../../x")
+
+
+def test_the_cli_takes_a_directory_user_name_and_refuses_a_hostile_one_naming_the_argument():
+    from argparse import Namespace
+
+    from hpops.main import CliError, _stack_and_user
+
+    _stack_and_user(Namespace(stack_name="hpops", user="alice@example.edu"))
+    with pytest.raises(CliError, match=r"^USER: 'alice@example.edu;id' is not a valid user name"):
+        _stack_and_user(Namespace(stack_name="hpops", user="alice@example.edu;id"))
