@@ -1,9 +1,12 @@
 """The node agent as its systemd unit runs it: inside the file-system sandbox the unit file describes.
 
-The unit (node/hpops_node_agent/lifecycle/hpops-node-agent.service) is read, its ExecStart is run,
-and its sandbox settings (ProtectSystem, ReadWritePaths, StateDirectory, ProtectHome, PrivateTmp...)
-are rebuilt by tests/node/unit_sandbox.py in a private mount namespace, with the node's paths under
-a test root. Every feature is on, on every role that runs the service:
+The node is laid out as a real one is: the lifecycle bundle is built and its install.sh run into a
+test root (``--root``, ``--no-systemd``), which writes the agent, its config and the unit. Then the
+*installed* unit file is read: its ExecStart and Environment are run (the bundle's code, from the
+node's /opt/hpops-node-agent, not the test's), inside the sandbox its settings describe
+(ProtectSystem, ReadWritePaths, StateDirectory, ProtectHome, PrivateTmp, UMask...), rebuilt by
+tests/node/unit_sandbox.py in a private mount namespace with the node's paths under the test root.
+Every feature is on, on every role that runs the service:
 
 * login: host keys from the cluster secret, maxlogins, per-user slice caps (written to
   /etc/systemd/system), an end-sessions instruction, the session listing;
@@ -11,7 +14,8 @@ a test root. Every feature is on, on every role that runs the service:
 
 A write the unit forbids fails with "Read-only file system" as it would on a node, and the test with
 it. Settings another change adds to the unit (a ReadWritePaths entry, a StateDirectory) are covered
-as they land: nothing here lists the unit's paths.
+as they land: nothing here lists the unit's paths, and a ReadWritePaths entry install.sh does not
+create stops the sandbox as it stops systemd (226/NAMESPACE).
 
 Needs root (mount namespaces), unshare, sshd and ssh-keygen; skips without them, except under CI=true.
 """
@@ -35,14 +39,14 @@ from unit_sandbox import Sandbox, UnsupportedSetting, service_settings
 
 from hpops_core.host_identity import keys
 from hpops_core.node_channel import contract, user_holds
+from hpops_node_agent import bundle as bundle_module
 
 pytestmark = pytest.mark.realssh
 
 UNIT = Path(__file__).resolve().parents[2] / "node/hpops_node_agent/lifecycle/hpops-node-agent.service"
 LOGIN_ID, CONTROLLER_ID = "i-0a1b2c3d4e5f60730", "i-0a1b2c3d4e5f60731"
-# What a node has before the agent is installed, and what install.sh makes on login and controller nodes.
-NODE_DIRECTORIES = ("etc/ssh", "etc/security/limits.d", "etc/systemd/system", "etc/hpops", "var/backups", "var/lib",
-                    "run", "opt/hpops-node-agent", "var/backups/hpops-host-keys", "var/lib/hpops-node-agent")
+# What an Ubuntu node has before the agent is installed; install.sh makes the rest.
+NODE_DIRECTORIES = ("etc/ssh", "etc/security/limits.d", "etc/systemd/system", "var/backups", "var/lib", "run")
 READ_ONLY_ERRORS = ("Read-only file system", "Errno 30", "Permission denied")
 
 
@@ -76,28 +80,50 @@ def node_root():
         shutil.rmtree(root, ignore_errors=True)
 
 
-def unit_command(root: Path, config: Path) -> tuple[list[str], dict[str, str]]:
-    """The unit's ExecStart and Environment, with the node's config under the test root."""
-    settings = service_settings(UNIT.read_text())
+def install(root: Path, stack: Stack, agent: dict, work: Path) -> Path:
+    """Build the lifecycle bundle with this agent.json and run its install.sh into ``root``; the installed unit."""
+    lifecycle = work / "lifecycle"
+    lifecycle.mkdir()
+    (lifecycle / "provisioning_parameters.json").write_text(json.dumps({
+        "version": "1.0.0", "workload_manager": "slurm", "controller_group": "controller-machine",
+        "login_group": "login-group", "worker_groups": [{"instance_group_name": "gpu", "partition_name": "p"}]}))
+    bundle = bundle_module.build_bundle(lifecycle, CLUSTER, REGION, BUS, vendor=False)
+    (bundle / "agent.json").write_text(json.dumps(
+        json.loads((bundle / "agent.json").read_text()) | agent | {"pollSeconds": 1}))
+    result = subprocess.run(["bash", str(bundle / "install.sh"), "--root", str(root), "--no-systemd"],
+                            capture_output=True, text=True, timeout=120, env=agent_env(stack), cwd=lifecycle)
+    unit = root / "etc/systemd/system/hpops-node-agent.service"
+    assert result.returncode == 0 and unit.exists(), result.stdout + result.stderr
+    return unit
+
+
+def agent_env(stack: Stack) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "PYTHON"))}
+    env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, HPOPS_PYTHON=sys.executable)
+    return env
+
+
+def unit_command(root: Path, unit: Path) -> tuple[list[str], dict[str, str]]:
+    """The installed unit's ExecStart and Environment, their node paths under the test root."""
+    def rebased(word: str) -> str:
+        return str(root) + word if word.startswith("/etc/") or word.startswith("/opt/") else word
+
+    settings = service_settings(unit.read_text())
     [exec_start] = settings["ExecStart"]
-    argv = [sys.executable if word == "@PYTHON@" else str(config) if word == "/etc/hpops/node-agent.json" else word
-            for word in exec_start.split()]
-    env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
+    argv = [rebased(word) for word in exec_start.split()]
+    env = {}
     for assignment in settings.get("Environment", []):
         name, value = assignment.split("=", 1)
-        if name != "PYTHONPATH":  # the bundle's /opt layout; here the agent is installed in the test's venv
-            env[name] = value
+        env[name] = ":".join(rebased(part) for part in value.split(":")) if name == "PYTHONPATH" else value
     return argv, env
 
 
-def run_in_sandbox(root: Path, config: dict, stack: Stack, until, timeout: float = 60) -> tuple[str, int | None]:
-    path = root / "etc/hpops/node-agent.json"
-    path.write_text(json.dumps(config))
-    argv, env = unit_command(root, path)
-    env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1")
+def run_in_sandbox(root: Path, unit: Path, stack: Stack, until, timeout: float = 60) -> tuple[str, int | None]:
+    argv, unit_env = unit_command(root, unit)
+    env = agent_env(stack) | unit_env
     log = Path(tempfile.mkstemp(prefix="hpops-sandboxed-agent-")[1])
     with log.open("wb") as out:
-        process = subprocess.Popen(Sandbox.from_unit(UNIT.read_text()).command(root, argv), stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(Sandbox.from_unit(unit.read_text()).command(root, argv), stdin=subprocess.DEVNULL,
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + timeout
@@ -111,9 +137,8 @@ def run_in_sandbox(root: Path, config: dict, stack: Stack, until, timeout: float
     return output, code
 
 
-def base_config(root: Path, role: str, instance_id: str) -> dict:
-    return {"cluster": CLUSTER, "region": REGION, "reportBus": BUS, "pollSeconds": 1, "root": str(root),
-            "role": role, "ip": "127.0.0.1", "instanceId": instance_id}
+def identity(role: str, instance_id: str) -> dict:
+    return {"role": role, "ip": "127.0.0.1", "instanceId": instance_id}
 
 
 def test_the_sandbox_is_read_from_the_unit_file():
@@ -126,6 +151,10 @@ def test_the_sandbox_is_read_from_the_unit_file():
 
 def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
     sandbox = Sandbox.from_unit(UNIT.read_text())
+    missing = subprocess.run(sandbox.command(node_root, ["true"]), capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 226 and "226/NAMESPACE" in missing.stderr  # as systemd: a writable path is missing
+    for path, _ in sandbox.writable:
+        (node_root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)  # what install.sh makes
     probe = ("import sys\nfor path in sys.argv[1:]:\n    try:\n        open(path, 'w').close(); print('wrote', path)\n"
              "    except OSError as error:\n        print('refused', path, error.strerror)\n")
     allowed = node_root / "etc/ssh/probe"
@@ -139,7 +168,7 @@ def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
         assert not path.exists()
 
 
-def test_login_node_every_feature_on_under_the_unit(node_root, stack):
+def test_login_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
     bundle = keys.generate_bundle()
     node = LoginNode(node_root, free_port())
     shutil.rmtree(node.ssh_dir)
@@ -147,6 +176,9 @@ def test_login_node_every_feature_on_under_the_unit(node_root, stack):
     node.prepare(keys.generate_bundle())
     node.start()
     try:
+        unit = install(node_root, stack, identity("login", LOGIN_ID) | {
+            "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN}, tmp_path)
+        # Published after install.sh's first cycle: what follows is the service's work, in its sandbox.
         stack.publish_keys(bundle, "s1")
         stack.put(contract.login_limits_parameter(CLUSTER), {
             "format": contract.LOGIN_LIMITS_FORMAT, "version": "s1",
@@ -161,14 +193,12 @@ def test_login_node_every_feature_on_under_the_unit(node_root, stack):
         stack.put(contract.end_sessions_parameter(CLUSTER, LOGIN_ID), {
             "format": contract.END_SESSIONS_FORMAT, "sessions": [{"handle": stale, "user": "nobody"}]})
         seen = len(stack.drain())
-        config = base_config(node_root, "login", LOGIN_ID) | {
-            "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN}
 
         def reported():
             return [e["detail"] for e in stack.drain()[seen:] if e["detail"].get("instanceId") == LOGIN_ID
                     and "userCaps" in e["detail"] and "sessions" in e["detail"]]
 
-        output, code = run_in_sandbox(node_root, config, stack, reported)
+        output, code = run_in_sandbox(node_root, unit, stack, reported)
     finally:
         stop_process(node.process)
 
@@ -198,30 +228,26 @@ exit 0
 """
 
 
-def test_controller_node_every_feature_on_under_the_unit(node_root, stack):
+def test_controller_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
     slurm = node_root / "opt/slurm/bin"
     slurm.mkdir(parents=True)
     for name in ("sacct", "sacctmgr", "scontrol", "squeue", "scancel", "sinfo"):
         (slurm / name).write_text(SLURM_STUB.format(name=name))
         (slurm / name).chmod(0o755)
-    provisioning = node_root / "opt/hpops-node-agent/provisioning_parameters.json"
-    provisioning.write_text(json.dumps({
-        "version": "1.0.0", "workload_manager": "slurm", "controller_group": "controller-machine",
-        "login_group": "login-group", "worker_groups": [{"instance_group_name": "gpu", "partition_name": "p"}]}))
+    unit = install(node_root, stack, identity("controller", CONTROLLER_ID) | {
+        "usageSeconds": 60, "sacctCmd": str(slurm / "sacct")}, tmp_path)
     month = time.strftime("%Y-%m", time.gmtime())
     expires = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(time.time() + 86400))
     stack.put(user_holds.user_holds_parameter(CLUSTER),
               user_holds.canonical_json(user_holds.desired_document(month, expires, False, ["hpt-held"])))
     seen = len(stack.drain())
-    config = base_config(node_root, "controller", CONTROLLER_ID) | {
-        "usageSeconds": 60, "sacctCmd": str(slurm / "sacct"), "provisioningParameters": str(provisioning)}
     state = node_root / "var/lib/hpops-node-agent"
 
     def reported():
         types = {e["detail-type"] for e in stack.drain()[seen:]}
         return {contract.USAGE_DETAIL_TYPE, user_holds.HOLDS_DETAIL_TYPE} <= types
 
-    output, code = run_in_sandbox(node_root, config, stack, reported)
+    output, code = run_in_sandbox(node_root, unit, stack, reported)
 
     assert code is None, f"the agent exited {code}:\n{output[-3000:]}"
     assert reported(), output[-3000:]
