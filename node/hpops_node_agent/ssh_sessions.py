@@ -31,8 +31,8 @@ SIGKILL: a killed monitor leaves the user's child connected) closes the connecti
 session's leftovers (same audit session id and login uid, owned by the user) get SIGTERM, and
 SIGKILL after a grace period. A monitor handle whose connection now carries two or more channels
 is not signalled (that would end channels nobody asked to end): the next listing names each.
-One channel of a multiplexed connection ends alone: SIGHUP to its process group's session (as a
-hangup of its terminal would; an interactive shell ignores SIGTERM), SIGKILL if the leader
+One channel of a multiplexed connection ends alone: SIGHUP to the channel's process through its
+pidfd (as a hangup of its terminal would; an interactive shell ignores SIGTERM), SIGKILL if it
 outlives the grace period, then its leftovers (same POSIX session, owned by the user); sshd
 closes that channel and the connection's other channels keep working. Anything that does not
 match is refused, never signalled: ending the wrong user's session is worse than not limiting.
