@@ -170,6 +170,9 @@ def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
     for path in forbidden:
         assert f"refused {path} Read-only file system" in result.stdout, result.stdout + result.stderr
         assert not path.exists()
+    # PrivateDevices=yes: the basic pseudo-devices only, no disks.
+    devices = subprocess.run(sandbox.command(node_root, ["ls", "/dev"]), capture_output=True, text=True, timeout=60)
+    assert set(devices.stdout.split()) == {"full", "null", "pts", "random", "shm", "tty", "urandom", "zero"}
 
 
 def test_login_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):

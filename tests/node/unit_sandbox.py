@@ -9,11 +9,14 @@ EROFS, in the test as on a node.
 Reproduced: ProtectSystem (yes/full/strict), ProtectHome (yes/read-only/tmpfs), PrivateTmp,
 ReadWritePaths, ReadOnlyPaths, InaccessiblePaths (with the '-' prefix: ignore if missing),
 StateDirectory/RuntimeDirectory/CacheDirectory/LogsDirectory (created and writable),
-ConfigurationDirectory (created, read-only), ProtectKernelTunables, ProtectControlGroups, UMask.
+ConfigurationDirectory (created, read-only), ProtectKernelTunables, ProtectControlGroups, UMask,
+PrivateDevices (a /dev with null, zero, full, random, urandom, tty, pts and shm only).
 A setting that changes the file system in a way not rebuilt here (BindPaths=, RootDirectory=,
 TemporaryFileSystem=, User=...) raises UnsupportedSetting: the test fails until this file learns
-it, instead of passing a sandbox weaker than the unit's. Settings without a file-system effect
-(NoNewPrivileges=, RestrictAddressFamilies=...) do not change what the agent may write.
+it, instead of passing a sandbox weaker than the unit's. Not rebuilt, as they do not change which
+paths the agent may write: NoNewPrivileges, ProtectKernelModules, ProtectKernelLogs, ProtectClock,
+ProtectHostname, RestrictNamespaces, RestrictAddressFamilies, RestrictSUIDSGID, RestrictRealtime,
+LockPersonality.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Sandbox:
     private_tmp: bool
     kernel_read_only: Tuple[str, ...]  # real paths (/proc/sys, /sys...)
     umask: str = "0022"
+    private_devices: bool = False
 
     @classmethod
     def from_unit(cls, unit_text: str) -> "Sandbox":
@@ -118,7 +122,8 @@ class Sandbox:
         if last("ProtectControlGroups") in ("yes", "true"):
             kernel.append("/sys/fs/cgroup")
         return cls(tuple(read_only), tuple(writable), tuple(created), tuple(hidden),
-                   last("PrivateTmp") in ("yes", "true"), tuple(kernel), last("UMask", "0022"))
+                   last("PrivateTmp") in ("yes", "true"), tuple(kernel), last("UMask", "0022"),
+                   last("PrivateDevices") in ("yes", "true"))
 
     def script(self, root: Path) -> str:
         """bash: set up the namespace for a node rebased at ``root``, then exec "$@"."""
@@ -151,6 +156,14 @@ class Sandbox:
                 lines.append(f"if [ -d {target} ]; then mount -t tmpfs -o ro,mode=000 tmpfs {target}; fi")
         if self.private_tmp:
             lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
+        if self.private_devices:
+            # Built on a tmpfs mounted over /mnt (in this namespace only), then moved over /dev.
+            lines += ["staging=/mnt",
+                      "mount -t tmpfs -o mode=755,nosuid tmpfs \"$staging\"",
+                      "for name in null zero full random urandom tty; do touch \"$staging/$name\"; "
+                      "mount --bind \"/dev/$name\" \"$staging/$name\"; done",
+                      "mkdir \"$staging/pts\" \"$staging/shm\"", "mount --rbind /dev/pts \"$staging/pts\"",
+                      "mount -t tmpfs -o mode=1777 tmpfs \"$staging/shm\"", "mount -n --move \"$staging\" /dev"]
         for path in self.kernel_read_only:
             lines.append(f"mount --bind {path} {path}; mount -o remount,bind,ro {path}")
         lines += [f"umask {shlex.quote(self.umask)}", 'exec "$@"']
