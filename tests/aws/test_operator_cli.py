@@ -843,7 +843,9 @@ def test_lifecycle_configures_the_agent_from_the_stack(region, capsys, tmp_path)
     assert f"wrote {folder}" in out.splitlines()
     assert json.loads((folder / "agent.json").read_text()) == {
         "cluster": CLUSTER, "region": other, "reportBus": f"{STACK_NAME}-node-reports",
-        "nodeChannel": f"{STACK_NAME}-NodeChannelFunction-1AB"}
+        "nodeChannel": f"{STACK_NAME}-NodeChannelFunction-1AB",
+        # the stack's ImdsLockdown (off by default, or a stack from before it), and the probe every node runs
+        "imdsLockdown": "off", "imdsAllowedGroups": "", "imdsProbe": "169.254.169.254"}
     assert (folder / "install.sh").is_file() and not (folder / "lib").exists()
 
 
