@@ -188,8 +188,8 @@ class NodeAgent:
         self._holds: Optional[slurm_holds.SlurmHolds] = None
         self.proof: Optional[AgentIdentity] = None
         # Instructions for this node only, fetched with the enrolled key when their public marker moves.
-        self._end_sessions = fetch_client.Instructions(fetch_client.END_SESSIONS, self._fetch)
-        self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, self._fetch)
+        self._end_sessions = fetch_client.Instructions(fetch_client.END_SESSIONS, lambda item: self._fetch(item))
+        self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, lambda item: self._fetch(item))
         if config.node_channel:
             self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
                                        lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd)

@@ -199,3 +199,26 @@ def test_only_root_and_the_allowed_group_reach_imds_and_off_opens_it_again(names
     assert "HPOPS_IMDS" not in in_ns(namespace, "iptables", "-S").stdout
     probe = in_ns(namespace, SYSTEM_PYTHON, "-c", "from hpops_node_agent import imds_guard; print(imds_guard.probe()[0])")
     assert probe.stdout.strip() == "reachable"
+
+
+def test_the_agent_probes_once_per_heartbeat_and_the_stack_accepts_only_known_answers(tmp_path):
+    from hpops_core.node_channel import reports
+    from hpops_node_agent.agent import NodeAgent
+
+    asked = []
+    config = AgentConfig.from_dict({"cluster": "c1", "region": "us-east-1", "reportBus": "b", "root": str(tmp_path),
+                                    "imdsProbe": "169.254.169.254", "imdsLockdown": "on", "heartbeatSeconds": 600})
+    agent = NodeAgent(config, session=None, imds_probe=lambda address: asked.append(address) or ("blocked", "ok"))
+    first = agent.imds_section(1000.0)
+    assert agent.imds_section(1500.0) == first and asked == ["169.254.169.254"]
+    assert agent.imds_section(1600.0) == first and len(asked) == 2  # a heartbeat later: probed again
+    assert first == {"nonRoot": "blocked", "reason": "ok", "lockdown": "on"}
+    event = {"source": "hpops.node", "detail-type": "HyperPod Login Node Report", "detail": {
+        "format": "hpops.node.report.v1", "cluster": "c1", "instanceId": "i-0123456789abcdef0", "ip": "10.1.0.5",
+        "role": "login", "agentVersion": "1.0.0", "reportedAt": "2026-11-26T12:00:00+00:00", "trigger": "heartbeat",
+        "imds": first}}
+    assert reports.parse_report_event(event).imds.nonRoot == "blocked"
+    with pytest.raises(reports.MalformedNodeReport):
+        reports.parse_report_event(dict(event, detail=dict(event["detail"], imds=dict(first, nonRoot="wide open"))))
+    assert NodeAgent(AgentConfig.from_dict({"cluster": "c1", "region": "us-east-1", "reportBus": "b",
+                                            "root": str(tmp_path)}), session=None).imds_section(0.0) is None
