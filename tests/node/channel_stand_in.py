@@ -1,7 +1,7 @@
 """A NodeChannel stand-in for real-process agent tests: Lambda's Invoke API on loopback
 (AWS_ENDPOINT_URL_LAMBDA), answering "enroll" (any key, first presenter wins, as the function does for
-a node inside its window) and "fetch" for the host keys, with the signature checked by the stack's own
-node_proof against the enrolled key and the secret read from the moto server the test runs. The real
+a node inside its window) and "fetch", with the signature checked by the stack's own node_proof against
+the enrolled key and each item read (by the test's ``read``) from the moto server the test runs. The real
 function: tests/node/test_enrollment_real_process.py and the twin."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ FUNCTION = "hpops-NodeChannelFunction"
 
 
 class ChannelStandIn:
-    def __init__(self, port: int, cluster: str, read_secret) -> None:
-        self.cluster, self.read_secret = cluster, read_secret  # read_secret() -> (SecretString, VersionId)
+    def __init__(self, port: int, cluster: str, read) -> None:
+        self.cluster, self.read = cluster, read  # read(item, instance id) -> {"value", "version"} | None
         self.enrolled: dict[str, str] = {}  # instance id -> public key line
         self.requests: list[str] = []
         self.http = ThreadingHTTPServer(("127.0.0.1", port), self._api())
@@ -33,8 +33,8 @@ class ChannelStandIn:
             return {"ok": True, "status": "enrolled", "fingerprint": node_proof.fingerprint(key), "role": "login"}
         body = dict(request["request"], proof=request["proof"])
         node_proof.verify_body(body, self.enrolled[body["instanceId"]], "fetch", self.cluster)
-        value, version = self.read_secret()
-        return {"ok": True, "instanceId": body["instanceId"], "items": {"hostKeys": {"value": value, "version": version}}}
+        items = {item: self.read(item, body["instanceId"]) for item in body["what"]}
+        return {"ok": True, "instanceId": body["instanceId"], "items": items}
 
     def _api(self):
         stand_in = self

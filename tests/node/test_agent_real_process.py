@@ -249,8 +249,8 @@ def agent(tmp_path_factory, stack, node, bundles):
         "stateDir": str(work / "state"), "nodeChannel": channel_stand_in.FUNCTION,
     }))
     # The node role reads no host keys: the agent enrolls its key and fetches them from NodeChannel.
-    channel = channel_stand_in.ChannelStandIn(free_port(), CLUSTER, lambda: (
-        stack.secrets.get_secret_value(SecretId=stack.secret_arn)["SecretString"], "v"))
+    channel = channel_stand_in.ChannelStandIn(free_port(), CLUSTER, lambda item, instance: {
+        "value": stack.secrets.get_secret_value(SecretId=stack.secret_arn)["SecretString"], "version": "v"})
     env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
     env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1",
                AWS_ENDPOINT_URL_LAMBDA=channel.endpoint)
