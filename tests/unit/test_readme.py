@@ -80,7 +80,12 @@ SKIPPED = {
     "make checkov": "installs checkov into its own venv and scans the template; part of make test",
     "make lifecycle STACK=S": AWS,
     "hpops demo [--json FILE]": f"{TOO_LONG}: it is make demo",
-    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3]": f"{TOO_LONG}: it is make chaos",
+    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4]": f"{TOO_LONG}: it is make chaos",
+    "hpops node enrollments --stack-name S": AWS,
+    "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
+    "hpops node approve-enrollment --node i-... --fingerprint SHA256:...": AWS,
+    "python3 -m hpops_node_agent identity": f"{ON_A_NODE}, as root: prints the agent key's fingerprint",
+    "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
     "hpops host-keys rotate --stack-name S": AWS,
@@ -121,6 +126,7 @@ MENTIONS = {
     "hpops repair": AWS,
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
     "hpops status": AWS,
+    "hpops node approve-enrollment": AWS,
 }
 
 
