@@ -7,7 +7,7 @@ import json
 from hpops_core.node_channel import user_holds
 from hpops_node_agent.agent import NodeAgent
 from hpops_node_agent.config import AgentConfig
-from hpops_twin.holds_twin import FakeSlurmLimits
+from hpops_twin.holds_twin import FREE, HELD, FakeSlurmLimits
 
 CLUSTER, INSTANCE_ID = "ml-research", "i-0123456789abcdef0"
 
@@ -50,7 +50,7 @@ def test_the_agent_reports_a_hold_once_then_on_heartbeat_and_lifts_when_the_para
     agent, aws, slurm, now = agent_with_slurm(tmp_path)
     aws.value = document("alice")
     agent.holds_tick()
-    assert slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == ("", "")
+    assert slurm.limits("alice") == HELD and slurm.limits("bob") == FREE
     [report] = aws.sent
     assert report["instanceId"] == INSTANCE_ID and report["enforced"] is True
     assert report["users"] == [{"user": "alice", "state": "held", "reason": report["users"][0]["reason"]}]
@@ -61,7 +61,7 @@ def test_the_agent_reports_a_hold_once_then_on_heartbeat_and_lifts_when_the_para
     assert len(aws.sent) == 2
     aws.value = None  # the stack (or its parameter) is gone: no one is desired held
     agent.holds_tick()
-    assert slurm.limits("alice") == ("", "") and aws.sent[-1]["users"] == []
+    assert slurm.limits("alice") == FREE and aws.sent[-1]["users"] == []
 
 
 def test_a_document_the_stack_did_not_write_keeps_the_holds_and_says_so(tmp_path):
@@ -70,5 +70,5 @@ def test_a_document_the_stack_did_not_write_keeps_the_holds_and_says_so(tmp_path
     agent.holds_tick()
     aws.value = document("alice").replace('"alice"', '"bob"')
     agent.holds_tick()
-    assert slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == ("", "")
+    assert slurm.limits("alice") == HELD and slurm.limits("bob") == FREE
     assert aws.sent[-1]["version"] is None and aws.sent[-1]["users"][0]["state"] == "failed"

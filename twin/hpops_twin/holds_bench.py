@@ -18,7 +18,7 @@ from typing import Callable
 from hpops.main import release_user
 from hpops_core.node_channel import user_holds
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import OPERATOR, attach, holds_world, run_holds
+from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, run_holds
 
 DEFAULT_SWEEP_MINUTES = 60  # BudgetSweepSchedule's default, rate(1 hour)
 DEFAULT_POLL_MINUTES = 0.5 * 1.2  # pollSeconds 30, jitter up to +20 %
@@ -64,8 +64,8 @@ def holds_section() -> tuple[list[HoldLatency], dict[str, bool]]:
             run_holds(month.controller, clock["poll"])
             clock["poll"] += dt.timedelta(seconds=30)
 
-        for scenario, target, limits in (("usage report over 100 % -> alice held", ["alice"], ("0", "0")),
-                                         ("hpops cost release (starts a sweep) -> limits restored", [], ("", ""))):
+        for scenario, target, limits in (("usage report over 100 % -> alice held", ["alice"], HELD),
+                                         ("hpops cost release (starts a sweep) -> limits restored", [], FREE)):
             began = time.perf_counter()
             if not target:
                 release_user(world.aws.client("dynamodb"), world.resolver.physical_ids["SyncStateTable"],
