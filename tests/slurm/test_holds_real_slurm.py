@@ -116,7 +116,7 @@ def test_a_held_users_new_and_pending_jobs_pend_bobs_run_and_no_qos_escapes(slur
         report = agent.converge(document(ALICE), 0)
         assert report["enforced"] is True, report
         assert by_user(report)[ALICE]["state"] == "held", report
-        assert held(job(slurm, earlier)), job(slurm, earlier)
+        wait_job(slurm, earlier, held)  # the reason shows at the scheduler's next pass
         later = submit(slurm, ALICE, "-n1", "--wrap=sleep 1", partition=partition)
         escape = submit(slurm, ALICE, "-n1", "--qos=normal", "--wrap=sleep 1", partition=partition, check=False)
         assert escape.returncode != 0 and "Invalid qos specification" in escape.stderr, escape
@@ -150,7 +150,8 @@ def test_a_lift_restores_each_qos_list_default_and_pending_jobs_qos_exactly(slur
 
     report = agent.converge(document(ALICE, CAROL), 0)
     assert {user: row["state"] for user, row in by_user(report).items()} == {ALICE: "held", CAROL: "held"}, report
-    assert all(held(job(slurm, job_id)) for job_id in jobs)
+    for job_id in jobs:
+        wait_job(slurm, job_id, held)
     assert qos_of(slurm, ALICE) == qos_of(slurm, CAROL) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
     assert job(slurm, submit(slurm, CAROL, "-n1", "--wrap=sleep 1"))[2] == slurm_holds.HOLD_QOS
 
