@@ -1,10 +1,11 @@
-"""Budget holds in the twin: the controller's real agent against Slurm accounting's association limits.
+"""Budget holds in the twin: the controller's real agent against Slurm accounting's QOS and associations.
 
 ``FakeSlurmLimits`` stands in for subprocess.run in the agent's SlurmHolds: it answers the
 sacctmgr, squeue and scontrol commands the agent runs, over an in-memory association table, the way
 the real ones answer (tests/slurm/test_holds_real_slurm.py shows those against slurmctld + slurmdbd:
-the hold QOS, the pending reason, the read-back, the restore of the QOS list and default). The twin checks the flow (sweep ->
-parameter -> agent -> Slurm limits -> report -> status and alerts), not Slurm's scheduler.
+the hold QOS, the pending reason, the read-back, the restore of the QOS list and default). The twin
+checks the flow (sweep -> parameter -> agent -> Slurm's QOS -> report -> status and alerts), not
+Slurm's scheduler.
 """
 
 from __future__ import annotations
