@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from hpops_core.node_channel import user_holds
 from hpops_node_agent.agent import NodeAgent
@@ -72,3 +73,45 @@ def test_a_document_the_stack_did_not_write_keeps_the_holds_and_says_so(tmp_path
     agent.holds_tick()
     assert slurm.limits("alice") == HELD and slurm.limits("bob") == FREE
     assert aws.sent[-1]["version"] is None and aws.sent[-1]["users"][0]["state"] == "failed"
+
+
+def test_pending_jobs_move_to_the_hold_qos_and_back_to_the_qos_each_had(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    slurm.associations["alice"].update(qos="high,normal", defaultQos="high")
+    own, chosen = slurm.submit("alice"), slurm.submit("alice")
+    slurm.jobs[chosen]["qos"] = "normal"  # submitted with --qos=normal
+    aws.value = document("alice")
+    agent.holds_tick()
+    assert slurm.limits("alice") == HELD and {job["qos"] for job in slurm.jobs.values()} == {HELD[0]}
+    during = slurm.submit("alice")  # sbatch during the hold: the hold QOS is her default
+    aws.value = document()
+    agent.holds_tick()
+    assert slurm.limits("alice") == ("high,normal", "high")
+    assert {j: slurm.jobs[j]["qos"] for j in (own, chosen, during)} == {own: "high", chosen: "normal", during: "high"}
+
+
+def test_inherited_qos_is_inherited_again_and_lost_records_are_reported_not_guessed(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    aws.value = document("alice", "bob")
+    agent.holds_tick()
+    aws.value = document("bob")
+    agent.holds_tick()
+    assert slurm.associations["alice"]["qos"] is None and slurm.limits("alice") == FREE  # inherits again
+    # Both records lost (state file and the hold QOS's Description): bob's previous QOS is unknown.
+    slurm.qos[HELD[0]]["Description"] = "edited by hand"
+    os.remove(agent.slurm_holds().state_path)
+    agent._holds = None  # a reinstalled agent
+    agent.slurm_holds().run = slurm
+    aws.value = document()
+    agent.holds_tick()
+    assert slurm.limits("bob") == HELD
+    [row] = aws.sent[-1]["users"]
+    assert row["user"] == "bob" and row["state"] == "failed" and "unknown" in row["reason"]
+
+
+def test_root_is_never_held_even_when_a_document_names_it(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    slurm.associations["root"] = dict(slurm.associations["alice"], id="9")
+    holds = agent.slurm_holds()
+    state, reason = holds._hold("root", None, True, "", 0)
+    assert state == "failed" and "never held" in reason and slurm.modifications == []
