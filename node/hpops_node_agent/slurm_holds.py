@@ -385,9 +385,14 @@ class SlurmHolds:
         if jobs is None:
             return user_holds.FAILED, problem
         moving = [job for job in jobs if job[1] != HOLD_QOS]
-        if moving:
-            record["jobs"].update({job_id: qos for job_id, qos, _, _ in moving})
+        pending = {job[0] for job in jobs}
+        # Only jobs still pending need their QOS back (a record from an earlier version has none).
+        before = record.get("jobs") or {}
+        record["jobs"] = dict({j: q for j, q in before.items() if j in pending},
+                              **{job_id: qos for job_id, qos, _, _ in moving})
+        if record["jobs"] != before:
             self.save()
+        if moving:
             failed = self._move_jobs([job[0] for job in moving], HOLD_QOS)
             if failed:
                 return user_holds.FAILED, failed
@@ -477,7 +482,7 @@ class SlurmHolds:
         for job_id, _, account, partition in held:
             assoc = by_place.get((account, partition)) or by_place.get((account, ""))
             allowed = qos_set(assoc["qos"]) if assoc else []
-            target = job_target(record.get("jobs", {}).get(job_id), allowed, assoc["defaultQos"] if assoc else "")
+            target = job_target((record.get("jobs") or {}).get(job_id), allowed, assoc["defaultQos"] if assoc else "")
             if target is None or target == HOLD_QOS:
                 return "no QOS to move pending job {} back to (account {})".format(job_id, account)
             targets.setdefault(target, []).append(job_id)

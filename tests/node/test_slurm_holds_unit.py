@@ -115,3 +115,19 @@ def test_root_is_never_held_even_when_a_document_names_it(tmp_path):
     holds = agent.slurm_holds()
     state, reason = holds._hold("root", None, True, "", 0)
     assert state == "failed" and "never held" in reason and slurm.modifications == []
+
+
+def test_a_hold_an_earlier_version_set_is_lifted_by_its_own_rule(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    holds = agent.slurm_holds()
+    holds.state = {"users": {"alice": {"since": 1, "associations": {
+        "2": {"account": "research", "partition": "", "GrpJobs": "", "MaxJobs": "5"}}}}}
+    slurm.associations["alice"].update(GrpJobs="0", MaxJobs="0")
+    aws.value = document("alice")
+    agent.holds_tick()  # still over: held in the hold QOS too, the old record kept
+    assert slurm.limits("alice") == HELD
+    aws.value = document()
+    agent.holds_tick()
+    row = slurm.associations["alice"]
+    assert (row["GrpJobs"], row["MaxJobs"]) == ("", "5") and slurm.limits("alice") == FREE
+    assert holds.state["users"] == {}
