@@ -125,12 +125,3 @@ def test_a_user_over_the_limit_is_held_released_by_the_operator_and_every_step_s
     assert document["holds"]["held"] == [] and document["holds"]["releases"][0]["by"] == OPERATOR
     assert document["holds"]["agent"]["enforced"] is True
 
-
-def test_the_usage_report_that_crosses_the_limit_holds_within_one_report_and_one_poll():
-    """RecordUsageReport starts the check itself (under the twin's IAM): no sweep is waited for."""
-    from hpops_twin.holds_bench import holds_section
-
-    rows, verdicts = holds_section()
-    crossing, release = rows
-    assert (crossing.usage_reports, crossing.sweeps, crossing.polls) == (1, 0, 1), crossing
-    assert (release.sweeps, release.polls) == (1, 1) and all(verdicts.values()), rows
