@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -31,9 +32,9 @@ from hpops_core.node_channel import contract, node_proof, proof_format
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = "install-cluster"
-REGION = "us-west-2"
-BUS = "hpops-node-reports"
-TABLE = "state"
+REGION = "ap-southeast-2"  # moto servers of one test process share their backends: names of its own
+BUS = "hpops-enrollment-reports"
+TABLE = "enrollment-state"
 INSTANCE = "i-0123456789abcdef0"
 IP = "10.1.0.5"
 CHANNEL = "hpops-node-channel"
@@ -131,6 +132,7 @@ class Stack:
 
     def close(self):
         self.http.shutdown()
+        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10)
         self.moto.stop()
         self.moto._server.server_close()
         clients.reset_clients()

@@ -81,6 +81,10 @@ SKIPPED = {
     "make lifecycle STACK=S": AWS,
     "hpops demo [--json FILE]": f"{TOO_LONG}: it is make demo",
     "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
+    "hpops node enrollments --stack-name S": AWS,
+    "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
+    "python3 -m hpops_node_agent identity": f"{ON_A_NODE}, as root: prints the agent key's fingerprint",
+    "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
     "hpops host-keys rotate --stack-name S": AWS,
@@ -121,6 +125,7 @@ MENTIONS = {
     "hpops repair": AWS,
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
     "hpops status": AWS,
+    "hpops node approve-enrollment": AWS,
 }
 
 
@@ -595,3 +600,14 @@ def test_readme_cost_summary(bench):
     alone, with_lb = claim(text, r"about \*\*\$([\d.]+)\*\* a month for the automation alone, \*\*\$([\d.]+)\*\* with the load balancer")
     defaults = bench["cost"]["defaults"]
     assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
+
+
+def test_hold_bound(bench):
+    """The bound from the usage report that crosses a user's limit to the hold, as `make bench` measured it."""
+    bound = bench["hold_bound"]
+    for page in (section("Budget guardrails"), section("Performance (`make bench`)")):
+        reports, polls, minutes = claim(page, r"\*\*(\d+) usage report and (\d+) agent polls?\*\*.*?\*\*([\d.]+) minutes\*\*")
+        assert (int(reports), int(polls), float(minutes)) == (bound["usage_reports"], bound["polls"], bound["worst_minutes"])
+        (before,) = claim(page, r"hourly sweep: (?:up to )?([\d.]+) minutes")
+        assert float(before) == bound["before_minutes"]
+    assert bound["sweeps"] == 0
