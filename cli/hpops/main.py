@@ -162,7 +162,9 @@ def _login_sessions(parameters: Mapping[str, str], reports: Mapping[str, Mapping
 
     overrides = json.loads(parameters.get("SessionLimitOverrides") or "{}")
     exempt = [u.strip() for u in (parameters.get("SessionExemptUsers") or "").split(",") if u.strip()]
-    return sessions_by_user(reports, int(parameters.get("MaxSessionsPerUser") or 2), overrides, exempt)
+    view = sessions_by_user(reports, int(parameters.get("MaxSessionsPerUser") or 2), overrides, exempt)
+    # A stack from before the parameter existed enforced: only "true" means a dry run.
+    return view | {"dryRun": parameters.get("SessionLimitsDryRun") == "true"}
 
 
 def _target_health(elbv2: Any, target_group_arn: str) -> list[dict]:
@@ -545,11 +547,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         stack = StackView(args.stack_name, outputs, parameters, physical_ids(session, args.stack_name))
         target = target_of_stack(stack, session.region_name)
-    elif args.cluster and args.region:
-        session = _session(args.region)
-        target = Target(args.cluster, args.region, args.login_group, args.controller_group, ssh_port=22)
+    elif args.cluster and (session := _session(args.region)).region_name:
+        target = Target(args.cluster, session.region_name, args.login_group, args.controller_group, ssh_port=22)
     else:
-        raise CliError("give --stack-name S, or --cluster NAME and --region R (before a deploy), or --twin")
+        raise CliError("give --stack-name S, or --cluster NAME and --region R (or AWS_REGION) before a deploy, or --twin")
     return print_doctor(target, run_doctor(session, target, _utc_now()), args.json)
 
 
@@ -745,9 +746,17 @@ def _region(args: argparse.Namespace) -> str | None:
         return None
 
 
+def region_of(given: str | None, env: Mapping[str, str]) -> str | None:
+    """The region as the AWS CLI picks it: --region, then AWS_REGION, then (None here) what boto3 reads
+    itself: AWS_DEFAULT_REGION, then the profile's. boto3 does not read AWS_REGION, the AWS CLI v2 does."""
+    return given or env.get("AWS_REGION") or None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status: the command's, or 2 with one line (stdout) when it could not get past a problem."""
     args = build_parser().parse_args(argv)
+    if hasattr(args, "region"):
+        args.region = region_of(args.region, os.environ)
     try:
         return args.func(args)
     except BrokenPipeError:  # `hpops status | head`: the reader left; nothing left to say

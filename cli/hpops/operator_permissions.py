@@ -125,6 +125,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
         Call("cost-explorer", "ListCostAllocationTags", "ce:ListCostAllocationTags", "*"),
+        Call("sns", "ListSubscriptionsByTopic", "sns:ListSubscriptionsByTopic", "{output:AlertTopicArn}"),
+        Call("kms", "GetKeyPolicy", "kms:GetKeyPolicy", HOST_KEY),
     ),
 }
 

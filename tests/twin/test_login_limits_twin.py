@@ -13,7 +13,7 @@ import json
 import pytest
 
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def make_world():
 
     def make(**parameters: str) -> TwinWorld:
         template = TemplateModel()
-        for name, value in parameters.items():
+        for name, value in (ENFORCING | parameters).items():
             template.raw["Parameters"][name]["Default"] = value
         world = TwinWorld(template=template)
         world.__enter__()

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpops_twin.node_hosts import rotation_bundle
-from hpops_twin.world import ExecutionResult, TwinWorld
+from hpops_twin.world import ENFORCING, ExecutionResult, TwinWorld
 
 # A pipe or CI log block-buffers print(): the timeline would arrive in lumps, or at the end.
 say_now = functools.partial(print, flush=True)
@@ -259,7 +259,7 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     denials_before = len(SUITE_DENIALS)
     out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
         "a node agent per login node")
-    with TwinWorld() as world:
+    with TwinWorld(parameters=ENFORCING) as world:  # the demo shows limits enforced
         demo = Demo(world, out, started)
         steps = demo.run()
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time

@@ -79,6 +79,9 @@ NOT_PROVISIONED = {
 
 # moto 5.2.1 checks deregistration_delay with range(0, 3600) and so rejects 3600, which AWS accepts.
 MOTO_PARAMETER_WORKAROUNDS = {"DeregistrationDelaySeconds": "3599"}
+# A new stack's session limits start in dry run (template.yaml); a twin that shows or tests enforcement
+# passes this, the one step docs/session-limits.md tells an operator to take.
+ENFORCING = {"SessionLimitsDryRun": "false"}
 
 
 def _clone_state_machine_without_history(machine: Any, memo: dict) -> Any:
