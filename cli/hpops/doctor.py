@@ -299,7 +299,8 @@ def _endpoint_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[str],
     found = [e for page in ec2.get_paginator("describe_vpc_endpoints").paginate(
         Filters=[{"Name": "vpc-id", "Values": vpcs}, {"Name": "service-name", "Values": list(names)}])
         for e in page["VpcEndpoints"] if e["ServiceName"] in names
-        and e.get("VpcEndpointType", "Interface") == "Interface"]
+        and e.get("VpcEndpointType", "Interface") == "Interface"
+        and e.get("State", "available").lower() in ("available", "pending", "pendingacceptance")]
     group_ids = sorted({g["GroupId"] for e in found for g in e.get("Groups", [])})
     described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"]} \
         if group_ids else {}

@@ -512,7 +512,8 @@ class TwinWorld:
         self._record(logical_id, name, Arn=table["TableArn"])
 
     def _provision_Key(self, logical_id: str, props: dict) -> None:
-        key = self.aws.client("kms").create_key(Description=props.get("Description", ""))["KeyMetadata"]
+        policy = {"Policy": json.dumps(props["KeyPolicy"])} if props.get("KeyPolicy") else {}
+        key = self.aws.client("kms").create_key(Description=props.get("Description", ""), **policy)["KeyMetadata"]
         self._record(logical_id, key["KeyId"], Arn=key["Arn"])
 
     def _provision_Secret(self, logical_id: str, props: dict) -> None:
