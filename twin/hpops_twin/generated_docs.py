@@ -1,0 +1,73 @@
+"""Pages of docs/ generated from template.yaml, so they cannot drift from it (tests/unit/test_generated_docs.py
+regenerates each and fails when docs/ differs):
+
+    python -m hpops_twin.generated_docs parameters > docs/parameters.md
+    python -m hpops_twin.generated_docs deployer-policy > docs/deployer-policy.json
+
+(`make docs` writes both.)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from hpops_twin.template_model import TemplateModel
+
+PARAMETERS_INTRO = """# Stack parameters
+
+Every parameter of `template.yaml`, in the groups the CloudFormation console shows
+(`AWS::CloudFormation::Interface`), with its default and when to change it (its `Description`).
+Generated: `make docs` (tests/unit/test_generated_docs.py fails when this page and template.yaml differ).
+Set them in `samconfig.toml`'s `parameter_overrides`, then `sam deploy`.
+"""
+
+
+def _cell(text: Any) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _default(parameter: Mapping[str, Any]) -> str:
+    if "Default" not in parameter:
+        return "required"
+    value = str(parameter["Default"])
+    return f"`{_cell(value)}`" if value else "(empty)"
+
+
+def parameters_markdown(raw: Mapping[str, Any]) -> str:
+    """The parameter table page: one section per parameter group, one row per parameter."""
+    parameters = raw["Parameters"]
+    groups = raw.get("Metadata", {}).get("AWS::CloudFormation::Interface", {}).get("ParameterGroups", [])
+    grouped = [name for group in groups for name in group["Parameters"]]
+    missing = [name for name in parameters if name not in grouped]
+    unknown = [name for name in grouped if name not in parameters]
+    if missing or unknown or len(grouped) != len(set(grouped)):
+        raise ValueError(f"template.yaml's ParameterGroups must name each parameter once: missing {missing}, "
+                         f"unknown {unknown}")
+    lines = [PARAMETERS_INTRO]
+    for group in groups:
+        lines += [f"## {group['Label']['default']}", "", "| Parameter | Default | When to change it |", "|---|---|---|"]
+        for name in group["Parameters"]:
+            parameter = parameters[name]
+            allowed = parameter.get("AllowedValues")
+            text = _cell(parameter.get("Description", ""))
+            if allowed and len(allowed) <= 6:
+                text += f" (one of {', '.join(f'`{a}`' for a in allowed)})"
+            lines.append(f"| `{name}` | {_default(parameter)} | {text} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    pages = {"parameters": lambda: parameters_markdown(TemplateModel().raw)}
+    if len(argv) != 1 or argv[0] not in pages:
+        print(f"usage: python -m hpops_twin.generated_docs {{{'|'.join(pages)}}}", file=sys.stderr)
+        return 2
+    sys.stdout.write(pages[argv[0]]())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
