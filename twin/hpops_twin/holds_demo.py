@@ -51,7 +51,8 @@ def run_holds_chapter(main: Demo) -> None:
 
         demo.step(f"budget holds: budget sweep at {first:%b %d %H:%M}", lambda: sweep(first),
                   "alice (over her limit) is held: the holds parameter names her, she gets one 'held' alert",
-                  lambda: held_users() == ["alice"] and len(hold_subjects("alice")) == 1 and not hold_subjects("bob"))
+                  lambda: held_users() == ["alice"] and len(hold_subjects("alice")) == 1 and not hold_subjects("bob"),
+                  targets=False)
         for row in decided[-1]["decisions"]:
             demo.say(f"          {row['user']}: {'HOLD' if row['hold'] else 'no hold'}: {row['reason']}")
         def poll() -> list[str]:
@@ -60,7 +61,10 @@ def run_holds_chapter(main: Demo) -> None:
 
         demo.step("budget holds: the controller's agent polls", poll,
                   "alice's associations GrpJobs=0 MaxJobs=0 (her jobs pend AssocGrpJobsLimit); bob's, carol's untouched",
-                  lambda: slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == slurm.limits("carol") == ("", ""))
+                  lambda: slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == slurm.limits("carol") == ("", "")
+                  and slurm.squeue("alice").startswith("PENDING"), targets=False)
+        for user in ("alice", "bob"):
+            demo.say(f"          {user}: sbatch train.sh; squeue -o %T|%r -> {slurm.squeue(user)}")
 
         def release() -> list[str]:
             release_user(world.aws.client("dynamodb"), world.resolver.physical_ids["SyncStateTable"], world.cluster_name,
@@ -71,6 +75,8 @@ def run_holds_chapter(main: Demo) -> None:
 
         demo.step("budget holds: `hpops cost release` alice, then the next sweep and poll", release,
                   "alice released (one 'released' alert naming who and why), her limits restored",
-                  lambda: held_users() == [] and slurm.limits("alice") == ("", "") and len(hold_subjects("alice")) == 2)
+                  lambda: held_users() == [] and slurm.limits("alice") == ("", "") and len(hold_subjects("alice")) == 2
+                  and slurm.squeue("alice").startswith("RUNNING"), targets=False)
+        demo.say(f"          alice: her pending job -> {slurm.squeue('alice')}")
         for subject in hold_subjects("alice"):
             demo.say(f"          alice's inbox: {subject}")

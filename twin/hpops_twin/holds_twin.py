@@ -74,6 +74,15 @@ class FakeSlurmLimits:
         row = self.associations[user]
         return row["GrpJobs"], row["MaxJobs"]
 
+    def squeue(self, user: str) -> str:
+        """What `squeue -o %T|%r` shows for a one-node job of ``user``'s: Slurm pends a job whose
+        association allows no running job (GrpJobs=0 first), and starts it once the limit is gone;
+        tests/slurm/test_holds_real_slurm.py shows both against the real slurmctld."""
+        grp_jobs, max_jobs = self.limits(user)
+        if grp_jobs == "0":
+            return "PENDING|AssocGrpJobsLimit"
+        return "PENDING|AssocMaxJobsLimit" if max_jobs == "0" else "RUNNING|None"
+
 
 def attach(controller: Any, users: Iterable[str], enforce: str = "associations,limits") -> FakeSlurmLimits:
     """The controller node's agent holds users in ``FakeSlurmLimits`` (returned)."""
