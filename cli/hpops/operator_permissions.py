@@ -102,6 +102,17 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
+    # Session Manager into each running node of the cluster (HyperPod's targets are authorized on the
+    # cluster's ARN), with the one document adopt uses; then a repair.
+    "adopt": READ_STACK + (
+        Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
+        Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("ssm", "StartSession", "ssm:StartSession", CLUSTER),
+        Call("ssm", "StartSession", "ssm:StartSession", "arn:aws:ssm:{region}::document/AWS-StartNonInteractiveCommand"),
+        Call("sfn", "StartExecution", "states:StartExecution", SYNC),
+        Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
+    ),
     # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
     "doctor": READ_STACK + (
         Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),

@@ -299,6 +299,8 @@ class TwinWorld:
         region: str = REGION,
         # Change a principal's policies before enforcement uses them: (principal, {name: document}).
         iam_policy_edit: Any = None,
+        # False: the cluster's nodes were created before on_create.sh had the install line (no agents).
+        agents_installed: bool = True,
     ):
         if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
@@ -316,6 +318,7 @@ class TwinWorld:
         self.template = template or TemplateModel()
         self.dispatcher = LambdaDispatcher()
         self.iam_policy_edit = iam_policy_edit
+        self.agents_installed = agents_installed
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
@@ -409,6 +412,7 @@ class TwinWorld:
             self.install_host_certificate_authority(generate_ca())
         # The cluster existed before the stack: its lifecycle scripts already installed the agents,
         # which have reported once. Measurements start after that.
+        self.hosts.lifecycle_installs_agent = self.agents_installed
         self.hosts.ensure_agents()
         self.counter.reset()
         return self
