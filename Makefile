@@ -99,6 +99,7 @@ lifecycle: $(STAMP)
 # The docs/ pages generated from template.yaml (tests/unit/test_generated_docs.py holds them to it).
 docs: $(STAMP)
 	$(BIN)/python -m hpops_twin.generated_docs parameters > docs/parameters.md
+	$(BIN)/python -m hpops_twin.generated_docs deployer-policy > docs/deployer-policy.json
 
 clean:
 	rm -rf .aws-sam .pytest_cache bench-results dist .venv-checkov
