@@ -30,6 +30,8 @@ SCREEN_WIDTH = 100
 # (--json keeps them whole): enough to tell two apart on screen.
 _FINGERPRINT = re.compile(r"\b(SHA256:[A-Za-z0-9+/]{8})[A-Za-z0-9+/]{12,}=*")
 _UUID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# What a wrapped line's continuations sit under: a table row's step name, or the clock and the line's indent.
+_TABLE_ROW = re.compile(r"( ?\d+ +\d+ +\d+ +\d+ +\d+ +\d+ +[\d.]+ +(?:ok \(drift\)|\S+) +)")
 _INDENT = re.compile(r"(\[[ 0-9.]+s\] +| *)")
 
 
@@ -39,7 +41,8 @@ def on_screen(text: str, width: int = SCREEN_WIDTH) -> list[str]:
     text = _UUID.sub(r"\1…", _FINGERPRINT.sub(r"\1…", text))
     if len(text) <= width:
         return [text]
-    indent = " " * (len(_INDENT.match(text).group(0)) + 2)
+    row = _TABLE_ROW.match(text)
+    indent = " " * len(row.group(0)) if row else " " * (len(_INDENT.match(text).group(0)) + 2)
     return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
 
 
