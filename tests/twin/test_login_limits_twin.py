@@ -34,6 +34,12 @@ def make_world():
         world.__exit__(None, None, None)
 
 
+@pytest.fixture
+def world(make_world):
+    """The stack with limits enforced (a new stack's are in dry run: test_dry_run_deployment_publishes_nothing)."""
+    return make_world()
+
+
 def sweep(world: TwinWorld) -> dict:
     result = world.wait([world.sessions.sweep()], timeout=120)[0]
     assert result.status == "SUCCEEDED", (result.error, result.cause)
