@@ -102,14 +102,12 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
-    # Session Manager into each running node of the cluster (HyperPod's targets are authorized on the
-    # cluster's ARN), with the one document adopt uses; then a repair.
+    # Session Manager into each running node of the cluster, then a repair.
     "adopt": READ_STACK + (
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
-        Call("ssm", "StartSession", "ssm:StartSession", CLUSTER),
-        Call("ssm", "StartSession", "ssm:StartSession", "arn:aws:ssm:{region}::document/AWS-StartNonInteractiveCommand"),
+        Call("ssm", "StartSession", "ssm:StartSession", "*"),
         Call("sfn", "StartExecution", "states:StartExecution", SYNC),
         Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
     ),
@@ -150,6 +148,9 @@ WILDCARD_REASONS = {
     "elasticloadbalancing:DescribeTargetHealth": "ElbDescribeActionsHaveNoResourceType",
     "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
     "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
+    # A sagemaker-cluster: target is none of the reference's StartSession resource types (UNCONFIRMED how
+    # AWS authorizes it).
+    "ssm:StartSession": "HyperPodSessionTargetsHaveNoResourceType",
     "ec2:DescribeSubnets": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",

@@ -116,17 +116,6 @@ def _key(params: dict, lookup: Lookup) -> list[str]:
     return [key if key.startswith("arn:") else f"arn:aws:kms:{lookup.region}:{lookup.account}:key/{key}"]
 
 
-def _session_target(params: dict, lookup: Lookup) -> list[str]:
-    """StartSession on a HyperPod node (sagemaker-cluster:<cluster-id>_<group>-<instance>) is authorized on
-    the cluster's ARN, and on the session document when one is named."""
-    target = str(params.get("Target", ""))
-    cluster_id = target.removeprefix("sagemaker-cluster:").split("_", 1)[0]
-    found = [f"arn:aws:sagemaker:{lookup.region}:{lookup.account}:cluster/{cluster_id}"]
-    if params.get("DocumentName"):
-        found.append(f"arn:aws:ssm:{lookup.region}::document/{params['DocumentName']}")
-    return found
-
-
 TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
 TARGET_GROUP = "{TargetGroupArn}"
 BUDGET = "arn:aws:budgets::{account}:budget/"
@@ -170,7 +159,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ssm", "PutParameter"): ("ssm:PutParameter", _parameters("Name")),
     ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
     ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
-    ("ssm", "StartSession"): ("ssm:StartSession", _session_target),
+    # `hpops adopt`: a sagemaker-cluster: target is none of StartSession's resource types in the reference
+    # (document, instance, managed-instance, task); how AWS authorizes it is UNCONFIRMED, so "*".
+    ("ssm", "StartSession"): ("ssm:StartSession", "*"),
     ("ssm", "TerminateSession"): ("ssm:TerminateSession", "arn:aws:ssm:{region}:{account}:session/{SessionId}"),
     ("ssm", "GetDocument"): ("ssm:GetDocument", "arn:aws:ssm:{region}:{account}:document/{Name}"),
     # Secrets Manager (the KMS permission each needs is added in `checks`)
