@@ -277,7 +277,9 @@ def test_session_limits_event_shows_the_session_it_ended(tmp_path, capsys, saved
 
     monkeypatch.setattr(commands, "TwinWorld", WorldWithSessions)
 
-    code, lines = send(tmp_path, capsys, [saved_event("ssm-start-session.json")], "--cluster-id", "abc123def456")
+    # A stack whose operator turned limits on (a new stack's are in dry run).
+    code, lines = send(tmp_path, capsys, [saved_event("ssm-start-session.json")], "--cluster-id", "abc123def456",
+                       "--parameter", "SessionLimitsDryRun=false")
 
     assert code == 0, "\n".join(lines)
     explained = sections(lines)["event-0.json"]
