@@ -229,7 +229,7 @@ SLURM_STUB = """#!/bin/sh
 # Stand-in for {name}: what a controller with one user association answers.
 case "$*" in
   *"show config"*) echo "ClusterName = sandbox"; echo "AccountingStorageEnforce = associations,limits,qos,safe";;
-  *"show assoc"*|*"show association"*) echo "7|sandbox|research|hpt-held||||";;
+  *"show assoc"*|*"show association"*) echo "7|1|sandbox|research|hpt-held||normal|normal||";;
 esac
 exit 0
 """

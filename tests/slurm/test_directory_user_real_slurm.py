@@ -29,7 +29,7 @@ def slurm(tmp_path_factory):
     try:
         with running_slurm(tmp_path_factory.mktemp("slurm-directory"), (DIRECTORY, BOB),
                            "real Slurm directory-user tests", TOOLS + (SQUEUE,),
-                           enforce="associations,limits") as cluster:
+                           enforce="associations,limits,qos") as cluster:
             yield cluster
     finally:
         if created:
@@ -72,5 +72,6 @@ def test_a_directory_user_is_counted_held_and_released(slurm, tmp_path, monkeypa
     assert report["users"] == []
     slurm.wait_for("the released job to run", lambda: job_state(slurm, pending)[0] in ("RUNNING", "COMPLETING", "GONE"),
                    timeout=40, interval=0.25)
-    limits = slurm.run(SACCTMGR, "-nP", "show", "assoc", "where", "user=" + DIRECTORY, "format=GrpJobs,MaxJobs")
-    assert limits.stdout.strip() == "|"
+    limits = slurm.run(SACCTMGR, "-nP", "show", "assoc", "where", "user=" + DIRECTORY,
+                       "format=GrpJobs,MaxJobs,QOS,DefaultQOS")
+    assert limits.stdout.strip() == "||normal|"  # the QOS it inherited before the hold

@@ -451,10 +451,11 @@ def limits_not_enforced(account: DoctorAccount) -> Iterator[None]:
     parameters = account.world.resolver.parameters
     saved = parameters["UserBudgetAction"]
     parameters["UserBudgetAction"] = "hold"  # the stack as doctor reads it
-    slurm = attach(account.controller, [], enforce="associations")
+    slurm = attach(account.controller, [])
+    enforced, slurm.enforce = slurm.enforce, "associations"
     run_holds(account.controller, dt.datetime.now(dt.timezone.utc))
     yield
-    slurm.enforce = "associations,limits"
+    slurm.enforce = enforced
     run_holds(account.controller, dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1))
     parameters["UserBudgetAction"] = saved
 
