@@ -297,7 +297,13 @@ def main(argv: list[str]) -> int:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["cost"] = cost_section(data)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    print(render(data["cost"]["defaults"]))
+    cost = data["cost"]
+    print(render(cost["defaults"]))
+    print(f"\nwith {', '.join(f'{k}={v}' for k, v in LEAN.items())} (goal: at most ${GOAL_LEAN_USD:.2f})")
+    print(render(cost["lean"]))
+    every = cost["every_feature"]
+    print(f"\nevery feature on ({', '.join(f'{k}={v}' for k, v in EVERY_FEATURE.items())}): ${every['automation_usd']:.2f} "
+          f"alone, ${every['with_load_balancer_usd']:.2f} with the load balancer (goal: at most ${GOAL_EVERY_FEATURE_USD:.2f})")
     return 0
 
 
