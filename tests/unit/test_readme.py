@@ -605,3 +605,14 @@ def test_readme_cost_summary(bench):
     alone, with_lb = claim(text, r"about \*\*\$([\d.]+)\*\* a month for the automation alone, \*\*\$([\d.]+)\*\* with the load balancer")
     defaults = bench["cost"]["defaults"]
     assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
+
+
+def test_hold_bound(bench):
+    """The bound from the usage report that crosses a user's limit to the hold, as `make bench` measured it."""
+    bound = bench["hold_bound"]
+    for page in (section("Budget guardrails"), section("Performance (`make bench`)")):
+        reports, polls, minutes = claim(page, r"\*\*(\d+) usage report and (\d+) agent polls?\*\*.*?\*\*([\d.]+) minutes\*\*")
+        assert (int(reports), int(polls), float(minutes)) == (bound["usage_reports"], bound["polls"], bound["worst_minutes"])
+        (before,) = claim(page, r"hourly sweep: (?:up to )?([\d.]+) minutes")
+        assert float(before) == bound["before_minutes"]
+    assert bound["sweeps"] == 0
