@@ -11,17 +11,16 @@ flushed at once, so a pipe or a CI log shows each step as it starts.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import re
 import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpops_twin.node_hosts import rotation_bundle
-from hpops_twin.world import ENFORCING, ExecutionResult, TwinWorld
+from hpops_twin.world import ExecutionResult, TwinWorld
 
 # A pipe or CI log block-buffers print(): the timeline would arrive in lumps, or at the end.
 say_now = functools.partial(print, flush=True)
@@ -234,12 +233,6 @@ class Demo:
         self.step("manual repair, dry run (trusts no cached IP, changes nothing)", lambda: [world.start_repair(dry_run=True)])
         if world.resolver.parameters["HostIdentityMode"] == "keys":
             self.host_identity_steps()
-        from hpops_twin.session_demo import session_limit_steps
-
-        session_limit_steps(self)
-        from hpops_twin.budget_demo import budget_steps
-
-        budget_steps(self)
         return self.steps
 
     def host_identity_steps(self) -> None:
@@ -280,36 +273,3 @@ class Demo:
                 f"{s.seconds:5.2f}  {result:<10}  {s.title}"
             )
         return "\n".join(lines)
-
-
-def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
-    from hpops_twin.certificate_demo import run_certificate_chapter
-    from hpops_twin.holds_demo import run_holds_chapter
-    from hpops_twin.user_spend_demo import run_user_spend_chapter
-
-    from hpops_twin.iam.enforce import SUITE_DENIALS
-
-    random.seed(7)
-    out = fitted(out)
-    started = time.perf_counter()
-    denials_before = len(SUITE_DENIALS)
-    out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
-        "a node agent per login node")
-    with TwinWorld(parameters=ENFORCING) as world:  # the demo shows limits enforced
-        demo = Demo(world, out, started)
-        steps = demo.run()
-    run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
-    run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
-    run_holds_chapter(demo)  # its own twin: holds are a stack parameter
-    out("")
-    out(demo.table())
-    denials = SUITE_DENIALS[denials_before:]  # every chapter's twin enforces IAM (hpops_twin/iam)
-    for denial in denials:
-        out(str(denial))
-    all_ok = all(s.ok for s in steps) and not denials
-    out("")
-    out("all steps converged" if all_ok else "SOME STEPS FAILED")
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
-    return 0 if all_ok else 1
