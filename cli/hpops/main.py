@@ -287,7 +287,7 @@ def adopt_stack(session: Any, stack_name: str, outputs: Mapping[str, str], param
     cluster = sagemaker.describe_cluster(ClusterName=cluster_name)
     nodes = [s for page in sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster_name)
              for s in page["ClusterNodeSummaries"]]
-    reports = _node_reports(session.client("dynamodb"), outputs["SyncStateTableName"], cluster_name)
+    reports = read_node_reports(session.client("dynamodb"), outputs["SyncStateTableName"], cluster_name)
     plan = adoption.plan(cluster, nodes, groups, reports, agent_version, now)
     if dry_run:
         return [adoption.Outcome(a, "skipped" if a.skip else "planned", a.skip or a.target) for a in plan]
