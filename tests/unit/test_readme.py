@@ -117,6 +117,18 @@ SKIPPED = {
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
+    "aws iam attach-role-policy --role-name <controller-role> --policy-arn <NodeAgentPolicyArn>": AWS,
+    "aws ce update-cost-allocation-tags-status --cost-allocation-tags-status TagKey=ClusterName,Status=Active": AWS,
+    "aws s3 cp s3://<your-lifecycle-bucket>/<prefix>/on_create.sh .": AWS,
+    "aws s3 cp on_create.sh s3://<your-lifecycle-bucket>/<prefix>/on_create.sh": AWS,
+    "hpops adopt --stack-name S": f"{AWS}; tests/twin/test_adopt_twin.py runs its path against the twin's nodes",
+    "hpops adopt --stack-name S --print": AWS,
+    "hpops status --stack-name S": AWS,
+    "sam build && sam deploy": AWS,
+    "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
+    "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
+    "make docs": "rewrites docs/parameters.md and docs/deployer-policy.json; tests/unit/test_generated_docs.py "
+                 "runs the same generators and compares",
 }
 # Commands the prose names without their arguments: skipped as well (they need AWS), and only
 # checked to be commands hpops has.
@@ -126,6 +138,12 @@ MENTIONS = {
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
     "hpops status": AWS,
     "hpops node approve-enrollment": AWS,
+    "hpops adopt": AWS,
+    "hpops iam-policy": AWS,
+    "hpops host-keys ca-generate": AWS,
+    "hpops host-keys generate": AWS,
+    "hpops cost release": AWS,
+    "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
 }
 
 
@@ -549,10 +567,20 @@ def test_cost_table(bench):
     assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
     rows = table(docs_text(), "item | per month")
     assert [r[0] for r in rows] == [line["item"] for line in defaults["lines"]]
-    for (item, quantity, usd), line in zip(rows, defaults["lines"]):
+    for (item, quantity, before, usd), line in zip(rows, defaults["lines"]):
         amount, unit = quantity.rsplit(" ", 1) if quantity.count(" ") == 1 else quantity.split(" ", 1)
         assert unit == line["unit"] and near(number(amount), line["quantity"], share=0.005), item
-        assert float(usd) == line["usd"], item
+        assert float(usd) == line["usd"] and float(before) == line["before_usd"], item
+    before_alone, before_lb = claim(text, r"the `before` column: \$([\d.]+) and \$([\d.]+)\)")
+    assert (float(before_alone), float(before_lb)) == (defaults["before_automation_usd"], defaults["before_with_load_balancer_usd"])
+    # The goals, at the defaults: every feature on, and the optional parts off.
+    every = cost["every_feature"]
+    every_alone, every_lb = claim(text, r"`HostIdentityMode=certificate` adds.*?: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+    assert (float(every_alone), float(every_lb)) == (every["automation_usd"], every["with_load_balancer_usd"])
+    goal_every, goal_lean = claim(text, r"at most \$(\d+) a month with every feature on and at most \$(\d+) with the optional parts off")
+    assert (float(goal_every), float(goal_lean)) == (cost["goals"]["every_feature_usd"], cost["goals"]["lean_usd"])
+    assert every["automation_usd"] <= cost["goals"]["every_feature_usd"] and defaults["automation_usd"] <= cost["goals"]["every_feature_usd"]
+    assert lean["automation_usd"] <= cost["goals"]["lean_usd"]
 
 
 # ---------------------------------------------------------------- the front door and the guide
