@@ -8,7 +8,8 @@ One tick:
      installs it through host_keys' transaction (self-test, backup, atomic write, sshd -t, reload,
      rollback). Certificate mode reports the node's own public keys (for the signer) and installs
      its certificate bundle when the parameter's version is new.
-  3. Login limits: pam_limits maxlogins file from the login-limits parameter.
+  3. Login limits: pam_limits maxlogins file from the login-limits parameter; sshd keepalives
+     under the load balancer's idle timeout from the ssh-keepalive parameter (sshd_keepalive.py).
   4. events:PutEvents, one entry, when something changed, the outcome differs from the last report
      sent, on start, or when the heartbeat is due. A failed send is retried on the next tick.
   5. State (installed certificate version, last report digest, failure backoff) persisted as
@@ -45,9 +46,9 @@ from typing import Any, Callable, Dict, Optional
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops_core.node_channel import contract, user_holds
+from hpops_core.node_channel import contract, ssh_keepalive, user_holds
 
-from . import __version__, host_keys, login_limits, slurm_holds, ssh_sessions, usage, user_caps
+from . import __version__, host_keys, login_limits, slurm_holds, ssh_sessions, sshd_keepalive, usage, user_caps
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 
@@ -296,6 +297,7 @@ class NodeAgent:
             "certificate": contract.certificate_parameter(cluster, node.instance_id),
             "endSessions": contract.end_sessions_parameter(cluster, node.instance_id),
             "userCaps": contract.user_caps_parameter(cluster),
+            "keepalive": contract.ssh_keepalive_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -320,6 +322,10 @@ class NodeAgent:
         if caps is not None:
             report["userCaps"] = caps
             self._log_once("caps", "user-caps", caps)
+        keepalive = self._ssh_keepalive(found.get(names["keepalive"]))
+        if keepalive is not None:
+            report["sshKeepalive"] = keepalive
+            self._log_once("keepalive", "ssh-keepalive", keepalive)
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -551,6 +557,17 @@ class NodeAgent:
             section["atCap"], self.state["capCounters"] = user_caps.users_at_cap(
                 Path(self.config.under_root("/sys/fs/cgroup")), self.state.get("capCounters") or {})
         return section
+
+    def _ssh_keepalive(self, parameter: Optional[dict]) -> Optional[Dict[str, Any]]:
+        """sshd keepalives under the listener's idle timeout; None before a stack publishes one."""
+        if parameter is None:
+            return None
+        try:
+            timeout = ssh_keepalive.parse_document(parameter["Value"])
+        except ssh_keepalive.BadKeepalive as error:
+            return {"result": "failed", "reason": short("keepalive refused: {}".format(error))}
+        outcome = sshd_keepalive.apply(self.config.root, timeout, self.config.sshd_cmd, self.config.reload_cmd)
+        return dict(outcome, reason=short(outcome["reason"]))
 
     # ------------------------------------------------------------------ report
 
