@@ -129,6 +129,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise CliError("--json needs --stack-name (the twin's status is text only)")
         return _twin("status", args)
     from hpops_core.host_identity.identity_record import read_expected
+    from hpops_core.session_limits.cluster_sessions import session_spread
 
     now = _utc_now()
     outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -152,6 +153,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     running_reports = {n["instanceId"]: reports[n["instanceId"]] for n in login_nodes if reports.get(n["instanceId"])}
     document["loginSessions"] = _login_sessions(parameters, running_reports)
+    document["spread"] = session_spread(running_reports, [n["instanceId"] for n in login_nodes])
     print_status(document, as_json=args.json)
     return document["exitStatus"]
 
