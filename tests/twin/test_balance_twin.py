@@ -74,3 +74,12 @@ def test_the_created_nlb_has_a_security_group_admitting_ssh_from_the_clients_ran
     (group,) = world.aws.client("ec2").describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
     assert [(p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
             for p in group["IpPermissions"]] == [("tcp", 22, 22, ["10.0.0.0/8"])]
+
+
+def test_the_demo_shows_the_spread_before_and_after(world):
+    from hpops_twin.demo import spread_line
+
+    line = spread_line(world)
+    before, now = line.split("before (source_ip stickiness) ")[1].split("; now (no stickiness) ")
+    assert before == "200/0/0/0"
+    assert len(now.split("/")) == 4 and all(int(n) >= 30 for n in now.split("/")), line

@@ -247,6 +247,21 @@ class Demo:
         return "\n".join(lines)
 
 
+def spread_line(world: TwinWorld, users: int = 200) -> str:
+    """200 users behind one campus NAT, placed by the NLB model over the target group the sync keeps:
+    with the former source_ip stickiness, and with the stack's setting."""
+    from hpops_twin import nlb_model
+    from hpops_twin.balance_bench import target_group_of
+
+    targets, sticky = target_group_of(world)
+
+    def spread(on: bool) -> str:
+        return "/".join(str(n) for n in sorted(nlb_model.place_users("nat", users, targets, on, seed=7).values(), reverse=True))
+
+    return (f"spread: {users} users behind one campus NAT over the {len(targets)} registered login nodes: "
+            f"before (source_ip stickiness) {spread(True)}; now ({'source_ip' if sticky else 'no stickiness'}) {spread(sticky)}")
+
+
 def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
     from hpops_twin.certificate_demo import run_certificate_chapter
     from hpops_twin.holds_demo import run_holds_chapter
@@ -262,6 +277,7 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     with TwinWorld() as world:
         demo = Demo(world, out, started)
         steps = demo.run()
+        demo.say(spread_line(world))
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
     run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
     run_holds_chapter(demo)  # its own twin: holds are a stack parameter
