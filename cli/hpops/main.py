@@ -45,6 +45,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hpops.errors import EXIT_USAGE, CliError, explain
 from hpops.event_files import load_event_files
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
+from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
 
 
@@ -302,7 +303,8 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
     )
     print("canonical host keys installed; users should trust:")
-    for line in bundle.known_hosts_lines(outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")):
+    host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
+    for line in bundle.known_hosts_lines(host_patterns(host, int(parameters.get("LoginNodeSlots") or 0))):
         print("  " + line)
     for key_type, value in fingerprints.items():
         print(f"{key_type:<22} {value}")
@@ -355,7 +357,9 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
         public_line, fingerprint = record["caPublic"], record["caFingerprint"]
     host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
     print(f"CA fingerprint {fingerprint}\nusers add this one line to ~/.ssh/known_hosts:")
-    print(f"  @cert-authority {host},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} {public_line}")
+    slots = int(parameters.get("LoginNodeSlots") or 0)
+    print(f"  @cert-authority {host_patterns(host, slots)},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} "
+          f"{public_line}")
     return 0
 
 

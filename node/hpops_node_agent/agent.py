@@ -34,6 +34,7 @@ import json
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -46,12 +47,13 @@ from typing import Any, Callable, Dict, Optional
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops_core.node_channel import contract, ssh_keepalive, user_holds
+from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_holds
 
 from . import __version__, host_keys, login_limits, slurm_holds, ssh_sessions, sshd_keepalive, usage, user_caps
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 
+LOGIN_SLOT_SCRIPT = "etc/profile.d/hpops-login-slot.sh"
 FAILURE_RETRY_SECONDS = 600  # a failed install of one desired version is retried at most this often
 JITTER = 0.2
 STATE_FILE = "state.json"
@@ -298,6 +300,7 @@ class NodeAgent:
             "endSessions": contract.end_sessions_parameter(cluster, node.instance_id),
             "userCaps": contract.user_caps_parameter(cluster),
             "keepalive": contract.ssh_keepalive_parameter(cluster),
+            "slots": contract.login_slots_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -326,6 +329,7 @@ class NodeAgent:
         if keepalive is not None:
             report["sshKeepalive"] = keepalive
             self._log_once("keepalive", "ssh-keepalive", keepalive)
+        self._log_once("slot", "login-slot", self._login_slot(found.get(names["slots"]), node.ip))
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -568,6 +572,30 @@ class NodeAgent:
             return {"result": "failed", "reason": short("keepalive refused: {}".format(error))}
         outcome = sshd_keepalive.apply(self.config.root, timeout, self.config.sshd_cmd, self.config.reload_cmd)
         return dict(outcome, reason=short(outcome["reason"]))
+
+    def _login_slot(self, parameter: Optional[dict], ip: str) -> Dict[str, Any]:
+        """The login message naming this node's slot (LoginNodeSlots); removed when it has none."""
+        try:
+            found = login_slots.slot_of(parameter["Value"], ip) if parameter else None
+        except login_slots.BadSlots as error:
+            return {"result": "failed", "reason": short("slots refused: {}".format(error))}
+        path = Path(self.config.under_root("/" + LOGIN_SLOT_SCRIPT))
+        if found is None:
+            if path.exists():
+                path.unlink()
+                return {"result": "changed", "reason": "no slot: login message removed"}
+            return {"result": "unchanged", "reason": "no slot"}
+        line = login_slots.login_line(*found)
+        wanted = ("# Managed by hpops-node-agent: this login node's slot (LoginNodeSlots).\n"
+                  "case $- in *i*) echo {} ;; esac\n".format(shlex.quote(line))).encode()
+        try:
+            if path.exists() and path.read_bytes() == wanted:
+                return {"result": "unchanged", "reason": line}
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            host_keys.atomic_write(str(path), wanted, 0o644)
+        except OSError as error:
+            return {"result": "failed", "reason": short("cannot write {}: {}".format(path, error.strerror))}
+        return {"result": "changed", "reason": line}
 
     # ------------------------------------------------------------------ report
 
