@@ -72,8 +72,8 @@ def test_the_created_nlb_has_a_security_group_admitting_ssh_from_the_clients_ran
         LoadBalancerArns=[world.resolver.physical_ids["LoginLoadBalancer"]])["LoadBalancers"]
     (group_id,) = balancer["SecurityGroups"]
     (group,) = world.aws.client("ec2").describe_security_groups(GroupIds=[group_id])["SecurityGroups"]
-    assert [(p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
-            for p in group["IpPermissions"]] == [("tcp", 22, 22, ["10.0.0.0/8"])]
+    assert sorted((p["IpProtocol"], p["FromPort"], p["ToPort"], [r["CidrIp"] for r in p["IpRanges"]])
+                  for p in group["IpPermissions"]) == [("tcp", 22, 22, ["10.0.0.0/8"]), ("tcp", 2201, 2208, ["10.0.0.0/8"])]
 
 
 def test_the_demo_shows_the_spread_before_and_after(world):
