@@ -71,7 +71,7 @@ def test_healthy_targets_are_searched_by_the_target_groups_own_dimension():
 
 
 def test_the_per_user_table_reads_the_lines_check_user_spend_logs():
-    [table] = [w for w in substituted()["widgets"] if w["type"] == "log"]
+    [table] = [w for w in substituted()["widgets"] if w["type"] == "log" and "user spend" in w["properties"]["query"]]
     query = table["properties"]["query"]
     assert query.startswith("SOURCE '<FunctionsLogGroup>'") and 'message = "user spend"' in query
     handler = (REPO_ROOT / "functions" / "budget_guard" / "user_spend.py").read_text()
@@ -85,6 +85,19 @@ def test_without_per_user_spend_the_per_user_widgets_are_gone_and_the_budget_sta
     def graphed(widgets):
         return {m[1] for w in widgets for m in w["properties"].get("metrics", []) if m[0] == "HyperPodLoginAutopilot"}
     on, off = substituted(True)["widgets"], substituted(False)["widgets"]
-    assert [w["type"] for w in on if w["type"] == "log"] == ["log"] and not [w for w in off if w["type"] == "log"]
+    def spend_tables(widgets):
+        return [w for w in widgets if w["type"] == "log" and "user spend" in w["properties"]["query"]]
+
+    assert len(spend_tables(on)) == 1 and not spend_tables(off)
     assert graphed(on) - graphed(off) == {"ClusterCostUsd", "UsersUsd", "IdleUsd", "UsersHeld", "UserSpendAlerts"}
     assert {"ClusterBudgetUsd", "BudgetProjectionAlerts"} <= graphed(off)
+
+
+def test_the_spread_graph_reads_the_line_check_reported_sessions_logs():
+    [graph] = [w for w in substituted()["widgets"] if w["type"] == "log" and "login spread" in w["properties"]["query"]]
+    query = graph["properties"]["query"]
+    handler = (REPO_ROOT / "functions" / "session_limits" / "check_reported_sessions.py").read_text()
+    assert 'logger.info("login spread", extra=report_check.login_spread(state.nodes))' in handler
+    core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "session_limits" / "cluster_sessions.py").read_text()
+    for field in ("maxOverMean", "meanPerNode"):
+        assert f"max({field})" in query and f'"{field}"' in core

@@ -172,8 +172,12 @@ def session_spread(reports: Mapping[str, Mapping[str, Any]], running: Iterable[s
         entries = [e for e in (listed or {}).get("list", []) if e.get("path") in ("ssh", "ssm")]
         nodes.append({"instanceId": instance, "sessions": None if listed is None else len(entries),
                       "users": None if listed is None else len({e["user"] for e in entries})})
-    counted = [n["sessions"] for n in nodes if n["sessions"] is not None]
+    return {"nodes": nodes} | spread_figures([n["sessions"] for n in nodes if n["sessions"] is not None])
+
+
+def spread_figures(counted: list[int]) -> dict[str, Any]:
+    """Sessions in all, nodes counted, mean per node and the busiest node over the mean (None without sessions)."""
     total = sum(counted)
     mean = total / len(counted) if counted else 0.0
-    return {"nodes": nodes, "sessions": total, "reporting": len(counted), "meanPerNode": round(mean, 2),
+    return {"sessions": total, "reporting": len(counted), "meanPerNode": round(mean, 2),
             "maxOverMean": round(max(counted) / mean, 2) if total else None}
