@@ -1,7 +1,8 @@
 """RecordUsageReport: where the controller's Slurm usage and holds reports enter (a rule on the node-report bus).
 
 Validate (a named error for anything malformed: EventBridge's retries, then the DLQ and its alarm),
-check that DescribeClusterNode places the sender in the controller group, keep the window.
+check that DescribeClusterNode places the sender in the controller group, keep the window; with holds
+on, a kept report with usage starts the BudgetGuard check at once (usage_check).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
-from hpops_core.budget_guard import usage_store
+from hpops_core.budget_guard import usage_check, usage_store
 from hpops_core.budget_guard.config import UsageReportConfig
 from hpops_core.budget_guard.usage_reports import UsageReportRejected, check_usage_origin, parse_usage_event
 from hpops_core.budget_guard.hold_reports import origin_view, parse_holds_event
@@ -42,7 +43,10 @@ def record_usage_report(event: dict, context: LambdaContext) -> dict:
     metrics.add_metric(name="UsageRecords", unit=MetricUnit.Count, value=len(report.records) if stored["window"] else 0)
     logger.info("usage report recorded", extra={"window": report.window_start, "part": report.part,
                                                 "status": report.status, "records": len(report.records), **stored})
-    return {"stored": stored, "window": report.window_start, "status": report.status}
+    check = usage_check.decide_usage_check(report, bool(stored["window"]), config.hold_action, event.get("time"))
+    started = usage_check.start_check(config.budget_state_machine_arn, check) if check.start else False
+    logger.info(check.reason, extra={"usageCheck": check.name, "started": started})
+    return {"stored": stored, "window": report.window_start, "status": report.status, "checkStarted": started}
 
 
 def _record_holds_report(config: UsageReportConfig, event: dict) -> dict:

@@ -1,17 +1,30 @@
-"""Hold users over their monthly dollar limit with Slurm's own association limits (controller node).
+"""Hold users over their monthly dollar limit with a hold QOS in Slurm (controller node).
 
-A held user's associations get ``GrpJobs=0 MaxJobs=0`` (sacctmgr): their pending and new jobs
-stay PENDING with reason AssocGrpJobsLimit (AssocMaxJobsLimit when a QOS's GrpJobs overrides the
-association's), sbatch still accepts jobs, and running jobs are never touched. MaxSubmitJobs=0
-would reject sbatch outright and leave jobs already pending free to start; a hold QOS would not
-reach jobs already pending either (see README, "Budgets that hold").
+A held user's associations get ``QOS=hpopshold DefaultQOS=hpopshold`` and each of their pending
+jobs is moved to it (``scontrol update JobId=.. QOS=hpopshold``). The hold QOS, created and kept so
+by the agent, has ``MaxJobsPerUser=0 GrpJobs=0`` and ``Flags=OverPartQOS``: the job's QOS limit
+then wins over any partition QOS, and no site QOS applies to the job at all, so no QOS setting of
+the site can let a held job start (association limits do not: a QOS setting both MaxJobsPerUser and
+GrpJobs overrides them). sbatch still accepts jobs (they pend ``QOSGrpJobsLimit``); running
+jobs are never touched; ``sbatch --qos=<other>`` is refused ("Invalid qos specification") because
+the hold QOS is the only one the user's associations allow.
 
-Only what hpops set is hpops's to lift. Before the first change to a user, the values each of
-their associations had are written to a state file (0600), and on lift a field is restored only
-while it still reads 0, the value hpops set: a limit an administrator set is never changed or
-removed by the agent (an administrator's own 0 is recorded as the previous value, so it stays 0).
-Level-triggered: every poll compares Slurm with the desired users, so a hold removed by hand
-while the user is still over is set again at the next poll.
+slurmctld enforces this only with ``AccountingStorageEnforce`` including ``limits`` (else the hold
+QOS's limits are ignored: the jobs run) and ``qos`` (else ``--qos=<other>`` escapes). Both are read
+every pass (``scontrol show config``), and a user is reported held only when both are there, every
+association reads the hold QOS back and every pending job of theirs is in it.
+
+Lifting restores exactly what was there: each association's QOS list and DefaultQOS (or their
+inheritance from the parent association, when they were inherited) and each pending job's previous
+QOS. The association values are kept twice, before any change: in the agent's state file (0600) and
+in Slurm itself, in the hold QOS's Description (associations have no comment field); a lost state
+file therefore loses at most which QOS each pending job had (they then go to the association's
+default). Only what hpops set is hpops's to lift: an association whose QOS an administrator changed
+during a hold keeps the administrator's value. Holds set by earlier versions (``GrpJobs=0
+MaxJobs=0``) are still lifted by their old rule.
+
+Level-triggered: every poll compares Slurm with the desired users, so a hold removed by hand, or an
+association added while a user is held, is held at the next poll.
 
 Standard library only, Python 3.8. Commands run with ``-i`` (sacctmgr otherwise waits for a
 "commit?" answer it never gets from a service) and a timeout.
@@ -19,6 +32,8 @@ Standard library only, Python 3.8. Commands run with ``-i`` (sacctmgr otherwise 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime
 import json
 import os
@@ -29,12 +44,23 @@ from hpops_core.common import validation
 from hpops_core.node_channel import user_holds
 
 STATE_FILE = "slurm-holds.json"
-LIMITS = ("GrpJobs", "MaxJobs")
-HOLD_VALUE = "0"
-ASSOC_FORMAT = "ID,Cluster,Account,User,Partition,GrpJobs,MaxJobs"
+HOLD_QOS = "hpopshold"
+# sacctmgr name -> the column `show qos` reads it back in.
+HOLD_QOS_LIMITS = (("MaxJobsPerUser", "MaxJobsPU", "0"), ("GrpJobs", "GrpJobs", "0"))
+HOLD_QOS_FLAG = "OverPartQOS"
+# The Description keeps the previous QOS of every held association; sacctmgr lowercases it, so
+# base32 (case-insensitive), after a fixed lowercase prefix.
+RECORD_PREFIX = "hpops budget hold, lifts restore from here, do not edit:"
+ASSOC_FIELDS = ("id", "parent", "cluster", "account", "user", "partition", "qos", "defaultQos", "GrpJobs", "MaxJobs")
+ASSOC_FORMAT = "ID,ParentID,Cluster,Account,User,Partition,QOS,DefaultQOS,GrpJobs,MaxJobs"
+LEGACY_LIMITS = ("GrpJobs", "MaxJobs")
+LEGACY_HOLD_VALUE = "0"
+NEEDED_ENFORCE = ("limits", "qos")
+NEVER_HELD = frozenset({"root"})
+JOBS_PER_UPDATE = 100
 TIMEOUT_SECONDS = 60
 REASON_MAX = 300
-ENFORCE_FIX = ("set AccountingStorageEnforce=associations,limits in slurm.conf and restart slurmctld "
+ENFORCE_FIX = ("set AccountingStorageEnforce=associations,limits,qos in slurm.conf and restart slurmctld "
                "(scontrol reconfigure is not enough)")
 
 
@@ -51,41 +77,86 @@ def config_value(scontrol_config: str, name: str) -> Optional[str]:
 
 
 def enforcement(scontrol_config: Optional[str]) -> Tuple[Optional[bool], str]:
-    """(does slurmctld enforce association limits, why): ``AccountingStorageEnforce`` must include
-    limits (``safe`` implies it, and show config then lists limits too)."""
+    """(does slurmctld enforce what a hold needs, why). ``limits`` makes it apply the hold QOS's
+    limits (``safe`` implies it, and show config then lists limits too); ``qos`` makes it refuse a
+    QOS the association does not allow, so ``sbatch --qos=<other>`` cannot escape."""
     if scontrol_config is None:
-        return None, "scontrol show config failed: cannot tell whether Slurm enforces limits"
+        return None, "scontrol show config failed: cannot tell whether Slurm enforces holds"
     value = config_value(scontrol_config, "AccountingStorageEnforce")
     if value is None:
         return None, "scontrol show config has no AccountingStorageEnforce line"
-    if "limits" in [part.strip() for part in value.split(",")]:
+    flags = [part.strip() for part in value.split(",")]
+    missing = [flag for flag in NEEDED_ENFORCE if flag not in flags]
+    if not missing:
         return True, "AccountingStorageEnforce = {}".format(value)
-    return False, short("AccountingStorageEnforce = {}: Slurm ignores association limits, so a hold cannot "
-                        "apply; {}".format(value, ENFORCE_FIX))
+    effect = ("Slurm ignores QOS limits, so held users' jobs still run" if "limits" in missing else
+              "a held user's sbatch --qos=<another QOS> still runs")
+    return False, short("AccountingStorageEnforce = {} lacks {}: {}, so a hold cannot apply; {}".format(
+        value, " and ".join(missing), effect, ENFORCE_FIX))
 
 
-def parse_associations(text: str, user: str) -> List[Dict[str, str]]:
-    """``sacctmgr -nP show assoc ... format=ASSOC_FORMAT`` -> one dict per association of ``user``."""
+def parse_associations(text: str, user: Optional[str] = None) -> List[Dict[str, str]]:
+    """``sacctmgr -nP show assoc ... format=ASSOC_FORMAT`` -> one dict per association (of ``user``)."""
     rows = []
     for line in text.splitlines():
         fields = line.split("|")
-        if len(fields) != 7 or fields[3] != user or not fields[0].isdigit():
+        if len(fields) != len(ASSOC_FIELDS) or not fields[0].isdigit() or (user is not None and fields[4] != user):
             continue
-        rows.append(dict(zip(("id", "cluster", "account", "user", "partition") + LIMITS, fields)))
+        rows.append(dict(zip(ASSOC_FIELDS, fields)))
     return rows
 
 
+def qos_set(text: str) -> List[str]:
+    return sorted(part for part in text.split(",") if part)
+
+
+def in_hold(assoc: Dict[str, str]) -> bool:
+    return qos_set(assoc["qos"]) == [HOLD_QOS] and assoc["defaultQos"] == HOLD_QOS
+
+
+def encode_record(record: Dict[str, Any]) -> str:
+    text = json.dumps(record, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return RECORD_PREFIX + base64.b32encode(text).decode("ascii").rstrip("=").lower()
+
+
+def decode_record(description: str) -> Optional[Dict[str, Any]]:
+    """The Description back to {user: {assoc id: {qos, defaultQos}}}; None when it is not ours."""
+    if not description.startswith(RECORD_PREFIX):
+        return None
+    body = description[len(RECORD_PREFIX):].strip().upper()
+    try:
+        record = json.loads(base64.b32decode(body + "=" * (-len(body) % 8)).decode("utf-8"))
+    except (binascii.Error, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def job_target(previous: Optional[str], allowed: List[str], default: str) -> Optional[str]:
+    """The QOS a pending job goes back to: its own before the hold while the association still allows
+    it; else the association's default, as Slurm picks one for a job submitted without --qos."""
+    if previous and previous in allowed:
+        return previous
+    if default:
+        return default
+    if len(allowed) == 1:
+        return allowed[0]
+    return "normal" if "normal" in allowed else (allowed[0] if allowed else None)
+
+
 class SlurmHolds:
-    """Converges Slurm to a holds document; keeps what it set, and the values before, in a state file."""
+    """Converges Slurm to a holds document; keeps what it changed, and the values before, in a state file
+    and in the hold QOS's Description."""
 
     def __init__(self, state_path: str, slurm_bin: str, run: Callable[..., Any] = subprocess.run,
                  log: Callable[..., None] = lambda event, **fields: None) -> None:
         self.state_path = state_path
         self.sacctmgr = os.path.join(slurm_bin, "sacctmgr")
         self.scontrol = os.path.join(slurm_bin, "scontrol")
+        self.squeue = os.path.join(slurm_bin, "squeue")
         self.run = run
         self.log = log
         self.state = self._load()
+        self._slurm_record: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ commands and state
 
@@ -101,6 +172,9 @@ class SlurmHolds:
         decode = (lambda b: b.decode("utf-8", "replace")) if isinstance(result.stdout, bytes) else (lambda s: s)
         return result.returncode, decode(result.stdout), decode(result.stderr)
 
+    def _failed(self, what: str, code: int, out: str, err: str) -> str:
+        return short("{} failed: {}".format(what, (err or out).strip() or "exit {}".format(code)))
+
     def _load(self) -> Dict[str, Any]:
         try:
             with open(self.state_path, "r", encoding="utf-8") as handle:
@@ -108,7 +182,7 @@ class SlurmHolds:
         except FileNotFoundError:
             return {"users": {}}
         except (OSError, ValueError) as error:
-            # Never guess: without the record nothing is lifted (it is logged, and says so in reports).
+            # Never guess: the copy in the hold QOS's Description is what lifts then.
             self.log("holds-state-unreadable", path=self.state_path, reason=type(error).__name__)
             return {"users": {}, "unreadable": True}
         return state if isinstance(state, dict) and isinstance(state.get("users"), dict) else {"users": {}}
@@ -128,13 +202,16 @@ class SlurmHolds:
         name = config_value(scontrol_config or "", "ClusterName")
         return name if name and validation.is_cluster_name(name.replace("_", "-")) else None
 
-    def associations(self, user: str, cluster: Optional[str]) -> Tuple[Optional[List[Dict[str, str]]], str]:
-        where = ["user=" + user] + (["cluster=" + cluster] if cluster else [])
+    def _show_assoc(self, where: List[str]) -> Tuple[Optional[List[Dict[str, str]]], str]:
         code, out, err = self._command(self.sacctmgr, "-nP", "show", "assoc", "where", *where,
                                        "format=" + ASSOC_FORMAT)
         if code != 0:
-            return None, short("sacctmgr show assoc failed: {}".format(err.strip() or "exit {}".format(code)))
-        return parse_associations(out, user), ""
+            return None, self._failed("sacctmgr show assoc", code, out, err)
+        return parse_associations(out), ""
+
+    def associations(self, user: str, cluster: Optional[str]) -> Tuple[Optional[List[Dict[str, str]]], str]:
+        rows, problem = self._show_assoc(["user=" + user] + (["cluster=" + cluster] if cluster else []))
+        return (None if rows is None else [row for row in rows if row["user"] == user]), problem
 
     def _modify(self, user: str, cluster: Optional[str], values: Dict[str, str],
                 account: Optional[str] = None, partition: Optional[str] = None) -> str:
@@ -142,15 +219,86 @@ class SlurmHolds:
         where += (["account=" + account] if account else []) + (["partition=" + partition] if partition else [])
         sets = ["{}={}".format(name, value) for name, value in sorted(values.items())]
         code, out, err = self._command(self.sacctmgr, "-i", "modify", "user", "where", *where, "set", *sets)
-        return "" if code == 0 else short("sacctmgr modify failed: {}".format((err or out).strip() or code))
+        return "" if code == 0 else self._failed("sacctmgr modify", code, out, err)
+
+    def pending_jobs(self, user: str) -> Tuple[Optional[List[Tuple[str, str, str, str]]], str]:
+        """(job id, QOS, account, partition) of each of ``user``'s pending jobs, array tasks one by one."""
+        code, out, err = self._command(self.squeue, "-h", "-r", "-t", "PD", "-u", user, "-o", "%i|%q|%a|%P")
+        if code != 0:
+            return None, self._failed("squeue", code, out, err)
+        jobs = []
+        for line in out.splitlines():
+            fields = line.strip().split("|")
+            if len(fields) == 4 and fields[0]:
+                jobs.append((fields[0], fields[1], fields[2], fields[3]))
+        return jobs, ""
+
+    def _move_jobs(self, job_ids: List[str], qos: str) -> str:
+        for start in range(0, len(job_ids), JOBS_PER_UPDATE):
+            chunk = ",".join(job_ids[start:start + JOBS_PER_UPDATE])
+            code, out, err = self._command(self.scontrol, "update", "JobId=" + chunk, "QOS=" + qos)
+            if code != 0:
+                return self._failed("scontrol update QOS={}".format(qos), code, out, err)
+        return ""
+
+    # ------------------------------------------------------------------ the hold QOS and its record
+
+    def _ensure_hold_qos(self) -> str:
+        """Create the hold QOS, or put its limits and flag back; "" or why not."""
+        code, out, err = self._command(self.sacctmgr, "-nP", "show", "qos", "where", "name=" + HOLD_QOS,
+                                       "format=Name,MaxJobsPU,GrpJobs,Flags,Description")
+        if code != 0:
+            return self._failed("sacctmgr show qos", code, out, err)
+        rows = [line.split("|", 4) for line in out.splitlines() if line.split("|", 1)[0] == HOLD_QOS]
+        wanted = ["{}={}".format(name, value) for name, _, value in HOLD_QOS_LIMITS] + ["Flags=" + HOLD_QOS_FLAG]
+        if not rows:
+            code, out, err = self._command(self.sacctmgr, "-i", "add", "qos", HOLD_QOS, *wanted,
+                                           "Description=" + encode_record({}))
+            self._slurm_record = {}
+            return "" if code == 0 else self._failed("sacctmgr add qos " + HOLD_QOS, code, out, err)
+        row = rows[0] + [""] * (5 - len(rows[0]))
+        self._slurm_record = decode_record(row[4])
+        if self._slurm_record is None:
+            self.log("holds-record-unreadable", qos=HOLD_QOS)
+        flags = [flag.strip() for flag in row[3].split(",")]
+        if row[1] != "0" or row[2] != "0" or HOLD_QOS_FLAG not in flags:
+            code, out, err = self._command(self.sacctmgr, "-i", "modify", "qos", "where", "name=" + HOLD_QOS,
+                                           "set", *wanted)
+            if code != 0:
+                return self._failed("sacctmgr modify qos " + HOLD_QOS, code, out, err)
+            self.log("hold-qos-reset", qos=HOLD_QOS)
+        return ""
+
+    def _slurm_copy(self) -> Dict[str, Any]:
+        return {user: {assoc_id: {k: v for k, v in previous.items() if k in ("qos", "defaultQos")}
+                       for assoc_id, previous in record.get("associations", {}).items() if "qos" in previous}
+                for user, record in sorted(self.state["users"].items())}
+
+    def _keep(self) -> str:
+        """The state file, then the same association values in Slurm; before any change they describe."""
+        self.save()
+        copy = self._slurm_copy()
+        if copy == self._slurm_record:
+            return ""
+        code, out, err = self._command(self.sacctmgr, "-i", "modify", "qos", "where", "name=" + HOLD_QOS, "set",
+                                       "Description=" + encode_record(copy))
+        if code != 0:
+            return self._failed("sacctmgr modify qos Description", code, out, err)
+        self._slurm_record = copy
+        return ""
+
+    def _previous(self, user: str, assoc_id: str) -> Optional[Dict[str, Any]]:
+        kept = ((self._slurm_record or {}).get(user) or {}).get(assoc_id)
+        return dict(kept) if isinstance(kept, dict) and "qos" in kept else None
 
     # ------------------------------------------------------------------ converge
 
     def converge(self, document_text: Optional[str], now: float) -> Dict[str, Any]:
         """One pass: hold the desired users, lift what hpops set for anyone else; the report's body."""
-        config_text = self._show_config()
-        enforced, enforce_reason = enforcement(config_text)
-        cluster = self.cluster_name(config_text)
+        config_text = self._command(self.scontrol, "show", "config")
+        config = config_text[1] if config_text[0] == 0 else None
+        enforced, enforce_reason = enforcement(config)
+        cluster = self.cluster_name(config)
         report: Dict[str, Any] = {"version": None, "enforced": enforced, "enforceReason": enforce_reason, "users": []}
         if document_text is None:
             desired: Optional[List[str]] = []  # no parameter: nothing is desired held
@@ -170,10 +318,15 @@ class SlurmHolds:
                 desired = [] if now >= expires else list(document["users"])
         if desired is None:
             return report
+        problem = self._ensure_hold_qos()
+        if problem:
+            report["users"] = [{"user": u, "state": user_holds.FAILED, "reason": problem}
+                               for u in sorted(set(desired) | set(self.state["users"]))]
+            return report
         for user in sorted(desired):
             state, reason = self._hold(user, cluster, enforced, enforce_reason, now)
             report["users"].append({"user": user, "state": state, "reason": reason})
-        for user in sorted(set(self.state["users"]) - set(desired)):
+        for user in sorted(self._held_in_slurm(cluster) - set(desired)):
             problem = self._lift(user, cluster)
             if problem:
                 report["users"].append({"user": user, "state": user_holds.FAILED,
@@ -181,64 +334,160 @@ class SlurmHolds:
         report["users"] = report["users"][:user_holds.MAX_REPORTED_USERS]
         return report
 
-    def _show_config(self) -> Optional[str]:
-        code, out, _ = self._command(self.scontrol, "show", "config")
-        return out if code == 0 else None
+    def _held_in_slurm(self, cluster: Optional[str]) -> set:
+        """Everyone hpops may have held: its records, the copy in Slurm, and users in the hold QOS."""
+        users = set(self.state["users"]) | set(self._slurm_record or {})
+        rows, problem = self._show_assoc(["qos=" + HOLD_QOS] + (["cluster=" + cluster] if cluster else []))
+        if rows is None:
+            self.log("holds-list-failed", reason=problem)
+        users |= {row["user"] for row in rows or [] if row["user"] and in_hold(row)}
+        return {user for user in users if validation.is_posix_user(user) and user != "root"}
 
     def _hold(self, user: str, cluster: Optional[str], enforced: Optional[bool], enforce_reason: str,
               now: float) -> Tuple[str, str]:
+        if user in NEVER_HELD or not validation.is_posix_user(user):
+            return user_holds.FAILED, "{} is never held".format(short(user))
         associations, problem = self.associations(user, cluster)
         if associations is None:
             return user_holds.FAILED, problem
         if not associations:
             return user_holds.FAILED, ("{} has no Slurm association on this cluster: nothing to hold (with "
                                        "AccountingStorageEnforce=associations they cannot submit)".format(user))
-        record = self.state["users"].setdefault(user, {"since": int(now), "associations": {}})
+        parents, problem = self._parents(associations)
+        if parents is None:
+            return user_holds.FAILED, problem
+        record = self.state["users"].setdefault(user, {"since": int(now), "associations": {}, "jobs": {}})
+        unknown = []
         for assoc in associations:
             previous = record["associations"].setdefault(assoc["id"], {
                 "account": assoc["account"], "partition": assoc["partition"]})
-            for name in LIMITS:
-                # A value other than ours is the administrator's latest: that is what a lift restores.
-                if assoc[name] != HOLD_VALUE or name not in previous:
-                    previous[name] = assoc[name]
-        self.save()  # before the change: a crash after it must still know what to restore
-        if any(assoc[name] != HOLD_VALUE for assoc in associations for name in LIMITS):
-            failed = self._modify(user, cluster, {name: HOLD_VALUE for name in LIMITS})
+            if not in_hold(assoc):
+                # Not (or no longer) ours: the administrator's latest values are what a lift restores.
+                parent = parents.get(assoc["parent"])
+                previous["qos"] = None if parent and qos_set(parent["qos"]) == qos_set(assoc["qos"]) else assoc["qos"]
+                previous["defaultQos"] = (None if parent and parent["defaultQos"] == assoc["defaultQos"]
+                                          else assoc["defaultQos"])
+            elif "qos" not in previous:
+                kept = self._previous(user, assoc["id"])
+                if kept is None:
+                    unknown.append(assoc["id"])
+                else:
+                    previous.update(kept)
+        problem = self._keep()  # before the change: a crash after it must still know what to restore
+        if problem:
+            return user_holds.FAILED, problem
+        if not all(in_hold(assoc) for assoc in associations):
+            failed = self._modify(user, cluster, {"QOS": HOLD_QOS, "DefaultQOS": HOLD_QOS})
             if failed:
                 return user_holds.FAILED, failed
             self.log("hold-set", user=user, associations=len(associations))
-            associations, problem = self.associations(user, cluster)
-            if associations is None:
-                return user_holds.FAILED, problem
-        unheld = [a["id"] for a in associations if any(a[name] != HOLD_VALUE for name in LIMITS)]
+        jobs, problem = self.pending_jobs(user)
+        if jobs is None:
+            return user_holds.FAILED, problem
+        moving = [job for job in jobs if job[1] != HOLD_QOS]
+        pending = {job[0] for job in jobs}
+        # Only jobs still pending need their QOS back (a record from an earlier version has none).
+        before = record.get("jobs") or {}
+        record["jobs"] = dict({j: q for j, q in before.items() if j in pending},
+                              **{job_id: qos for job_id, qos, _, _ in moving})
+        if record["jobs"] != before:
+            self.save()
+        if moving:
+            failed = self._move_jobs([job[0] for job in moving], HOLD_QOS)
+            if failed:
+                return user_holds.FAILED, failed
+        return self._verify(user, cluster, enforced, enforce_reason, unknown)
+
+    def _parents(self, associations: List[Dict[str, str]]) -> Tuple[Optional[Dict[str, Dict[str, str]]], str]:
+        ids = sorted({assoc["parent"] for assoc in associations if assoc["parent"].isdigit()})
+        if not ids:
+            return {}, ""
+        rows, problem = self._show_assoc(["id=" + ",".join(ids)])
+        return (None if rows is None else {row["id"]: row for row in rows}), problem
+
+    def _verify(self, user: str, cluster: Optional[str], enforced: Optional[bool], enforce_reason: str,
+                unknown: List[str]) -> Tuple[str, str]:
+        """Read back what slurmctld will apply: every association in the hold QOS, every pending job too."""
+        associations, problem = self.associations(user, cluster)
+        if associations is None:
+            return user_holds.FAILED, problem
+        unheld = [a["id"] for a in associations if not in_hold(a)]
         if unheld:
-            return user_holds.FAILED, "read back: association(s) {} are not GrpJobs=0 MaxJobs=0".format(
-                ",".join(unheld[:5]))
-        if enforced is False:
-            return user_holds.FAILED, "GrpJobs=0 MaxJobs=0 set but not enforced: " + enforce_reason
-        where = "{} association(s)".format(len(associations))
-        return user_holds.HELD, "GrpJobs=0 MaxJobs=0 on {}: new and pending jobs wait (AssocGrpJobsLimit)".format(where)
+            return user_holds.FAILED, "read back: association(s) {} are not QOS={} DefaultQOS={}".format(
+                ",".join(unheld[:5]), HOLD_QOS, HOLD_QOS)
+        jobs, problem = self.pending_jobs(user)
+        if jobs is None:
+            return user_holds.FAILED, problem
+        escaped = [job[0] for job in jobs if job[1] != HOLD_QOS]
+        if escaped:
+            return user_holds.FAILED, "read back: pending job(s) {} are not in QOS {}".format(
+                ",".join(escaped[:5]), HOLD_QOS)
+        if enforced is not True:
+            return user_holds.FAILED, short("QOS {} set but not enforced: {}".format(HOLD_QOS, enforce_reason))
+        reason = "QOS {} on {} association(s), {} pending job(s): new and pending jobs wait ({})".format(
+            HOLD_QOS, len(associations), len(jobs), "QOSGrpJobsLimit")
+        if unknown:
+            reason += "; previous QOS of association(s) {} unknown (records lost): a lift leaves them".format(
+                ",".join(unknown[:5]))
+        return user_holds.HELD, short(reason)
 
     def _lift(self, user: str, cluster: Optional[str]) -> str:
-        record = self.state["users"][user]
+        record = self.state["users"].setdefault(user, {"since": 0, "associations": {}, "jobs": {}})
         associations, problem = self.associations(user, cluster)
         if associations is None:
             return problem
         current = {a["id"]: a for a in associations}
+        problems = []
         # Account-wide associations first: "where account=A" also reaches that account's partition ones.
-        for assoc_id, previous in sorted(record["associations"].items(),
-                                         key=lambda item: (bool(item[1].get("partition")), item[0])):
-            now_values = current.get(assoc_id)
-            if now_values is None:
-                continue  # the administrator removed the association: nothing of ours is left
-            restore = {name: previous.get(name) or "-1" for name in LIMITS
-                       if now_values[name] == HOLD_VALUE and previous.get(name, "") != HOLD_VALUE}
+        for assoc in sorted(associations, key=lambda a: (bool(a["partition"]), a["id"])):
+            previous = record["associations"].get(assoc["id"]) or self._previous(user, assoc["id"]) or {}
+            if in_hold(assoc) and "qos" not in previous:
+                problems.append("previous QOS of association {} unknown (state file and the copy in QOS {} "
+                                "lost): set its QOS by hand".format(assoc["id"], HOLD_QOS))
+                continue
+            restore = {}
+            if in_hold(assoc):
+                restore.update(QOS=previous["qos"] or "", DefaultQOS=previous["defaultQos"] or "-1")
+            # A hold of an earlier version: restore a limit while it still reads the 0 it set.
+            restore.update({name: previous.get(name) or "-1" for name in LEGACY_LIMITS
+                            if name in previous and assoc[name] == LEGACY_HOLD_VALUE
+                            and previous.get(name, "") != LEGACY_HOLD_VALUE})
             if restore:
-                failed = self._modify(user, cluster, restore, previous.get("account") or now_values["account"],
-                                      previous.get("partition") or None)
+                failed = self._modify(user, cluster, restore, assoc["account"], assoc["partition"] or None)
                 if failed:
                     return failed
+        if problems:
+            return problems[0]
+        problem = self._jobs_back(user, cluster, record)
+        if problem:
+            return problem
         del self.state["users"][user]
-        self.save()
-        self.log("hold-lifted", user=user)
+        problem = self._keep()
+        self.log("hold-lifted", user=user, associations=len(current))
+        return problem
+
+    def _jobs_back(self, user: str, cluster: Optional[str], record: Dict[str, Any]) -> str:
+        """Each pending job in the hold QOS back to the QOS it had, or its association's default."""
+        jobs, problem = self.pending_jobs(user)
+        if jobs is None:
+            return problem
+        held = [job for job in jobs if job[1] == HOLD_QOS]
+        if not held:
+            return ""
+        associations, problem = self.associations(user, cluster)
+        if associations is None:
+            return problem
+        by_place = {(a["account"], a["partition"]): a for a in associations}
+        targets: Dict[str, List[str]] = {}
+        for job_id, _, account, partition in held:
+            assoc = by_place.get((account, partition)) or by_place.get((account, ""))
+            allowed = qos_set(assoc["qos"]) if assoc else []
+            target = job_target((record.get("jobs") or {}).get(job_id), allowed, assoc["defaultQos"] if assoc else "")
+            if target is None or target == HOLD_QOS:
+                return "no QOS to move pending job {} back to (account {})".format(job_id, account)
+            targets.setdefault(target, []).append(job_id)
+        for target, job_ids in sorted(targets.items()):
+            failed = self._move_jobs(job_ids, target)
+            if failed:
+                return failed
         return ""

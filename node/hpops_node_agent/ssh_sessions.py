@@ -9,10 +9,17 @@ loopback; Ubuntu 22.04's 8.9 uses the same process titles):
   no channel at all). utmp, and so pam_limits ``maxlogins``, sees only the first kind; this
   listing sees all three. A monitor whose only child is ``[net]`` is still authenticating: not a
   session.
+* **Channels:** one connection can carry many shells, commands and subsystems (OpenSSH
+  ControlMaster: one monitor, one user child titled ``sshd: USER@pts/0,pts/1,...``). Each such
+  channel is a child of the user child that sshd made a session leader (``setsid``). A connection
+  with two or more channels is listed as one session per channel, so multiplexing counts what
+  the user opened; with none or one, as one session (the connection). Channels without a process
+  of their own (``internal-sftp``) count only as part of their connection.
 * **Session Manager:** ``/usr/bin/ssm-session-worker <session-id>`` (root) runs the shell as the
   run-as user; the shell's owner is the session's user (root when Run As is off: never limited).
 
-A session's **handle** is ``<boot id, 8 hex>:<monitor pid>:<start time in clock ticks>``. PID
+A session's **handle** is ``<boot id, 8 hex>:<pid>:<start time in clock ticks>``, the pid being
+the connection's monitor, or for one channel of a multiplexed connection that channel's process. PID
 plus start time survives PID reuse (PIDs wrap; several sessions start in one tick), and the boot
 id makes a handle from before a reboot name nothing. A handle names a process on this node and
 nothing more: it is no credential, so a report carrying it lets nobody take a session over.
@@ -22,8 +29,13 @@ claim (same boot, same start time, root-owned monitor titled with *that user's* 
 SIGTERM through a pidfd so the check and the signal concern the same process. SIGTERM (never
 SIGKILL: a killed monitor leaves the user's child connected) closes the connection; then the
 session's leftovers (same audit session id and login uid, owned by the user) get SIGTERM, and
-SIGKILL after a grace period. Anything that does not match is refused, never signalled: ending the
-wrong user's session is worse than not limiting.
+SIGKILL after a grace period. A monitor handle whose connection now carries two or more channels
+is not signalled (that would end channels nobody asked to end): the next listing names each.
+One channel of a multiplexed connection ends alone: SIGHUP to the channel's process through its
+pidfd (as a hangup of its terminal would; an interactive shell ignores SIGTERM), SIGKILL if it
+outlives the grace period, then its leftovers (same POSIX session, owned by the user); sshd
+closes that channel and the connection's other channels keep working. Anything that does not
+match is refused, never signalled: ending the wrong user's session is worse than not limiting.
 """
 
 from __future__ import annotations
@@ -36,13 +48,14 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from hpops_core.common import validation
 
 SSM_WORKER = "/usr/bin/ssm-session-worker"
 _MONITOR = re.compile(r"\A(sshd|sshd-session): (?P<user>\S+) \[priv\]\Z")
-_USER_CHILD = re.compile(r"\A(sshd|sshd-session): (?P<user>[^\s@]+)(@(?P<ttys>\S+))?\Z")
+# What follows ``sshd: USER`` in the user child's title: nothing (no channel) or "@" and its ttys.
+_CHILD_TTYS = re.compile(r"\A(?:@(?P<ttys>notty|[a-z]+/?[0-9]+(?:,[a-z]+/?[0-9]+)*))?\Z")
 HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
 SSM_SESSION_ID = re.compile(r"\A[A-Za-z0-9._@+=-]{1,96}\Z")
 UNSET_AUDIT_ID = 4294967295  # (u32)-1: no audit session / login uid
@@ -75,6 +88,8 @@ class _Proc:
     state: str
     title: str
     exe: str
+    sid: int = 0  # POSIX session id (setsid)
+    tty_nr: int = 0  # controlling terminal, 0 for none
 
 
 def _read(path: Path) -> Optional[bytes]:
@@ -108,7 +123,8 @@ def read_proc(proc: Path, pid: int) -> Optional[_Proc]:
         exe = ""
     if len(fields) < 20:
         return None
-    return _Proc(pid, int(fields[1]), uid, int(fields[19]), fields[0], _title(cmdline), exe)
+    return _Proc(pid, int(fields[1]), uid, int(fields[19]), fields[0], _title(cmdline), exe, int(fields[3]),
+                 int(fields[4]))
 
 
 def boot_id(proc: Path = Path("/proc")) -> str:
@@ -154,30 +170,57 @@ def list_sessions(proc: Path = Path("/proc"), listener_pids: Optional[Iterable[i
             continue
         monitor = _MONITOR.match(p.title)
         if monitor and (listeners is None or p.ppid in listeners):
-            session = _ssh_session(p, monitor.group("user"), children.get(p.pid, []), boot, btime, ticks)
+            sessions.extend(_ssh_sessions(p, monitor.group("user"), children, boot, btime, ticks))
         elif p.exe == SSM_WORKER:
             session = _ssm_session(p, children.get(p.pid, []), boot, btime, ticks)
-        else:
-            session = None
-        if session is not None:
-            sessions.append(session)
+            if session is not None:
+                sessions.append(session)
     sessions.sort(key=lambda s: (s.started_at, s.handle))
     return sessions
 
 
-def _ssh_session(monitor: _Proc, user: str, kids: List[_Proc], boot: str, btime: float, ticks: int
-                 ) -> Optional[NodeSession]:
-    if not validation.is_posix_user(user):
-        return None
-    for child in kids:
-        match = _USER_CHILD.match(child.title)
+def _child_ttys(title: str, user: str) -> Optional[str]:
+    """The ttys in a user child's title (``sshd: USER@pts/0,pts/1``; "" for none), None if it is
+    not ``user``'s user child. The name is matched whole, so ``alice`` never reads
+    ``alice@example.edu``'s title, and the ``[net]`` child of a login in progress never matches."""
+    for program in ("sshd: ", "sshd-session: "):
+        if title.startswith(program + user):
+            rest = _CHILD_TTYS.match(title[len(program) + len(user):])
+            return None if rest is None else (rest.group("ttys") or "")
+    return None
+
+
+def _user_child(monitor: _Proc, user: str, children: Dict[int, List[_Proc]]) -> Optional[Tuple[_Proc, str]]:
+    for child in children.get(monitor.pid, []):
+        ttys = _child_ttys(child.title, user)
         # The user's own child (not the pre-auth [net] one) proves the login completed, and its
         # uid proves the name in the root-owned monitor's title is that account's.
-        if match and match.group("user") == user and _user_of(child.uid) == user and child.uid != 0:
-            ttys = match.group("ttys") or ""
-            return NodeSession(f"{boot}:{monitor.pid}:{monitor.start_ticks}", user, "ssh",
-                               ttys.startswith("pts/") or ",pts/" in ttys, btime + monitor.start_ticks / ticks)
+        if ttys is not None and child.uid != 0 and child.state != "Z" and _user_of(child.uid) == user:
+            return child, ttys
     return None
+
+
+def _channels(user_child: _Proc, children: Dict[int, List[_Proc]]) -> List[_Proc]:
+    """The connection's channels that have a process: the user child's children that sshd made
+    session leaders (a shell, a command, an sftp-server), owned by the user."""
+    return [p for p in children.get(user_child.pid, [])
+            if p.uid == user_child.uid and p.sid == p.pid and p.state != "Z"]
+
+
+def _ssh_sessions(monitor: _Proc, user: str, children: Dict[int, List[_Proc]], boot: str, btime: float,
+                  ticks: int) -> List[NodeSession]:
+    if not validation.is_posix_user(user):
+        return []
+    found = _user_child(monitor, user, children)
+    if found is None:
+        return []
+    child, ttys = found
+    channels = _channels(child, children)
+    if len(channels) >= 2:  # multiplexed: each channel is a session the user opened
+        return [NodeSession(f"{boot}:{c.pid}:{c.start_ticks}", user, "ssh", c.tty_nr != 0,
+                            btime + c.start_ticks / ticks) for c in channels]
+    return [NodeSession(f"{boot}:{monitor.pid}:{monitor.start_ticks}", user, "ssh",
+                        ttys.startswith("pts/") or ",pts/" in ttys, btime + monitor.start_ticks / ticks)]
 
 
 def _ssm_session(worker: _Proc, kids: List[_Proc], boot: str, btime: float, ticks: int) -> Optional[NodeSession]:
@@ -234,23 +277,30 @@ def end_session(handle: str, user: str, proc: Path = Path("/proc"), grace_second
             return done("gone", f"pid {pid} no longer exists")
         if info.start_ticks != start:
             return done("gone", f"pid {pid} is another process now (started at tick {info.start_ticks}, not {start})")
+        try:
+            uid = pwd.getpwnam(user).pw_uid
+        except KeyError:
+            return done("refused", f"no account {user} on this node")
+        if info.uid == uid and info.uid != 0:
+            return done(*_end_channel(info, user, uid, pidfd, proc, grace_seconds))
         monitor = _MONITOR.match(info.title)
         if info.uid != 0 or monitor is None:
             return done("refused", f"pid {pid} is not an sshd session monitor")
         if monitor.group("user") != user:
             return done("refused", f"pid {pid} is another user's session, not {user}'s")
-        try:
-            uid = pwd.getpwnam(user).pw_uid
-        except KeyError:
-            return done("refused", f"no account {user} on this node")
-        kids = [p for p in _processes(proc) if p.ppid == pid and p.uid == uid]
+        processes = _processes(proc)
+        children: Dict[int, List[_Proc]] = {}
+        for p in processes:
+            children.setdefault(p.ppid, []).append(p)
+        found = _user_child(info, user, children)
+        channels = _channels(found[0], children) if found else []
+        if len(channels) >= 2:
+            # Listed as one session, it now carries several channels: ending the connection would end
+            # channels nobody chose. The next listing names each one.
+            return done("gone", f"pid {pid}'s connection now carries {len(channels)} channels, each a session")
+        kids = [p for p in processes if p.ppid == pid and p.uid == uid]
         audit = _audit_ids(proc, kids[0].pid) if kids else (-1, -1)
-        try:
-            if pidfd is not None:
-                signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-            else:
-                os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+        if not _send(pidfd, pid, signal.SIGTERM):
             return done("gone", f"pid {pid} ended before the signal")
         ended = _wait_exit(pidfd, proc, pid, grace_seconds)
         leftovers = _end_leftovers(proc, uid, audit, grace_seconds)
@@ -260,6 +310,48 @@ def end_session(handle: str, user: str, proc: Path = Path("/proc"), grace_second
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def _end_channel(info: _Proc, user: str, uid: int, pidfd: Optional[int], proc: Path, grace: float
+                 ) -> Tuple[str, str]:
+    """End one channel of a multiplexed connection: ``info`` must be a session leader owned by
+    ``user`` whose parent is that user's sshd child under a root monitor titled with ``user``."""
+    pid = info.pid
+    parent = read_proc(proc, info.ppid)
+    grandparent = read_proc(proc, parent.ppid) if parent is not None else None
+    monitor = _MONITOR.match(grandparent.title) if grandparent is not None else None
+    if (info.sid != pid or parent is None or parent.uid != uid or _child_ttys(parent.title, user) is None
+            or grandparent is None or grandparent.uid != 0 or monitor is None or monitor.group("user") != user):
+        return "refused", f"pid {pid} is not a channel of {user}'s sshd connection"
+    # SIGHUP, as a hangup of the channel's terminal: an interactive shell ignores SIGTERM.
+    if not _send(pidfd, pid, signal.SIGHUP):
+        return "gone", f"pid {pid} ended before the signal"
+    ended = _wait_exit(pidfd, proc, pid, grace)
+    if not ended:
+        _send(pidfd, pid, signal.SIGKILL)  # a channel's process, never the monitor: sshd closes the channel
+        ended = _wait_exit(pidfd, proc, pid, grace)
+    leftovers = _end_group(proc, uid, pid, grace)
+    if not ended:
+        return "failed", f"channel pid {pid} did not exit after SIGHUP and SIGKILL"
+    return "ended", (f"SIGHUP to one channel of a multiplexed connection (its other channels keep working); "
+                     f"{leftovers} leftover process(es) of that channel ended")
+
+
+def _send(pidfd: Optional[int], pid: int, signum: int) -> bool:
+    """Signal through the pidfd (the process checked, never a reused pid); False if it is gone."""
+    try:
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _end_group(proc: Path, uid: int, sid: int, grace: float) -> int:
+    """What an ended channel left behind (``nohup``, background jobs): its POSIX session, owned by the user."""
+    return _end_members(proc, lambda p: p.uid == uid and p.sid == sid, grace)
 
 
 def _wait_exit(pidfd: Optional[int], proc: Path, pid: int, timeout: float) -> bool:
@@ -280,10 +372,13 @@ def _end_leftovers(proc: Path, uid: int, audit: Tuple[int, int], grace: float) -
     session_id, login_uid = audit
     if session_id in (-1, UNSET_AUDIT_ID) or login_uid != uid:
         return 0
+    return _end_members(proc, lambda p: p.uid == uid and _audit_ids(proc, p.pid) == audit, grace)
 
+
+def _end_members(proc: Path, member: Callable[[_Proc], bool], grace: float) -> int:
+    """SIGTERM every live process ``member`` picks, then SIGKILL those still there after ``grace``."""
     def members() -> List[int]:
-        return [p.pid for p in _processes(proc)
-                if p.uid == uid and p.state != "Z" and _audit_ids(proc, p.pid) == audit]
+        return [p.pid for p in _processes(proc) if p.state != "Z" and member(p)]
 
     found = members()
     for pid in found:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 from hpops_core.node_channel import user_holds
 from hpops_node_agent.agent import NodeAgent
 from hpops_node_agent.config import AgentConfig
-from hpops_twin.holds_twin import FakeSlurmLimits
+from hpops_twin.holds_twin import FREE, HELD, FakeSlurmLimits
 
 CLUSTER, INSTANCE_ID = "ml-research", "i-0123456789abcdef0"
 
@@ -50,7 +51,7 @@ def test_the_agent_reports_a_hold_once_then_on_heartbeat_and_lifts_when_the_para
     agent, aws, slurm, now = agent_with_slurm(tmp_path)
     aws.value = document("alice")
     agent.holds_tick()
-    assert slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == ("", "")
+    assert slurm.limits("alice") == HELD and slurm.limits("bob") == FREE
     [report] = aws.sent
     assert report["instanceId"] == INSTANCE_ID and report["enforced"] is True
     assert report["users"] == [{"user": "alice", "state": "held", "reason": report["users"][0]["reason"]}]
@@ -61,7 +62,7 @@ def test_the_agent_reports_a_hold_once_then_on_heartbeat_and_lifts_when_the_para
     assert len(aws.sent) == 2
     aws.value = None  # the stack (or its parameter) is gone: no one is desired held
     agent.holds_tick()
-    assert slurm.limits("alice") == ("", "") and aws.sent[-1]["users"] == []
+    assert slurm.limits("alice") == FREE and aws.sent[-1]["users"] == []
 
 
 def test_a_document_the_stack_did_not_write_keeps_the_holds_and_says_so(tmp_path):
@@ -70,5 +71,63 @@ def test_a_document_the_stack_did_not_write_keeps_the_holds_and_says_so(tmp_path
     agent.holds_tick()
     aws.value = document("alice").replace('"alice"', '"bob"')
     agent.holds_tick()
-    assert slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == ("", "")
+    assert slurm.limits("alice") == HELD and slurm.limits("bob") == FREE
     assert aws.sent[-1]["version"] is None and aws.sent[-1]["users"][0]["state"] == "failed"
+
+
+def test_pending_jobs_move_to_the_hold_qos_and_back_to_the_qos_each_had(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    slurm.associations["alice"].update(qos="high,normal", defaultQos="high")
+    own, chosen = slurm.submit("alice"), slurm.submit("alice")
+    slurm.jobs[chosen]["qos"] = "normal"  # submitted with --qos=normal
+    aws.value = document("alice")
+    agent.holds_tick()
+    assert slurm.limits("alice") == HELD and {job["qos"] for job in slurm.jobs.values()} == {HELD[0]}
+    during = slurm.submit("alice")  # sbatch during the hold: the hold QOS is her default
+    aws.value = document()
+    agent.holds_tick()
+    assert slurm.limits("alice") == ("high,normal", "high")
+    assert {j: slurm.jobs[j]["qos"] for j in (own, chosen, during)} == {own: "high", chosen: "normal", during: "high"}
+
+
+def test_inherited_qos_is_inherited_again_and_lost_records_are_reported_not_guessed(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    aws.value = document("alice", "bob")
+    agent.holds_tick()
+    aws.value = document("bob")
+    agent.holds_tick()
+    assert slurm.associations["alice"]["qos"] is None and slurm.limits("alice") == FREE  # inherits again
+    # Both records lost (state file and the hold QOS's Description): bob's previous QOS is unknown.
+    slurm.qos[HELD[0]]["Description"] = "edited by hand"
+    os.remove(agent.slurm_holds().state_path)
+    agent._holds = None  # a reinstalled agent
+    agent.slurm_holds().run = slurm
+    aws.value = document()
+    agent.holds_tick()
+    assert slurm.limits("bob") == HELD
+    [row] = aws.sent[-1]["users"]
+    assert row["user"] == "bob" and row["state"] == "failed" and "unknown" in row["reason"]
+
+
+def test_root_is_never_held_even_when_a_document_names_it(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    slurm.associations["root"] = dict(slurm.associations["alice"], id="9")
+    holds = agent.slurm_holds()
+    state, reason = holds._hold("root", None, True, "", 0)
+    assert state == "failed" and "never held" in reason and slurm.modifications == []
+
+
+def test_a_hold_an_earlier_version_set_is_lifted_by_its_own_rule(tmp_path):
+    agent, aws, slurm, _ = agent_with_slurm(tmp_path)
+    holds = agent.slurm_holds()
+    holds.state = {"users": {"alice": {"since": 1, "associations": {
+        "2": {"account": "research", "partition": "", "GrpJobs": "", "MaxJobs": "5"}}}}}
+    slurm.associations["alice"].update(GrpJobs="0", MaxJobs="0")
+    aws.value = document("alice")
+    agent.holds_tick()  # still over: held in the hold QOS too, the old record kept
+    assert slurm.limits("alice") == HELD
+    aws.value = document()
+    agent.holds_tick()
+    row = slurm.associations["alice"]
+    assert (row["GrpJobs"], row["MaxJobs"]) == ("", "5") and slurm.limits("alice") == FREE
+    assert holds.state["users"] == {}

@@ -1,15 +1,16 @@
-"""Budget holds against a real slurmctld + slurmdbd with association limits enforced.
+"""Budget holds against a real slurmctld + slurmdbd, whatever QOS the site runs.
 
 The controller agent's SlurmHolds converges Slurm to a holds document as the stack publishes it;
-these tests read what users see: squeue's state and reason for their jobs, and sacctmgr's limits.
+these tests read what users see: squeue's state, reason and QOS for their jobs, sbatch's answer,
+and sacctmgr's QOS list and default of their associations.
 """
 
 from __future__ import annotations
 
-import time
+import os
 
 import pytest
-from conftest import SACCTMGR, TOOLS, running_slurm
+from conftest import PARTITION, SACCTMGR, SBATCH, TOOLS, running_slurm
 
 from hpops_core.node_channel import user_holds
 from hpops_node_agent import slurm_holds
@@ -19,13 +20,21 @@ pytestmark = pytest.mark.realslurm
 ALICE, BOB, CAROL = "hpholds-alice", "hpholds-bob", "hpholds-carol"
 SQUEUE = "/usr/bin/squeue"
 SCANCEL = "/usr/bin/scancel"
+SCONTROL = "/usr/bin/scontrol"
 FUTURE = "2099-01-01T00:00:00Z"
+ENFORCE = "associations,limits,qos"
+SITE_QOS_LIMITS = ("MaxJobsPerUser=10", "GrpJobs=50")  # common at universities; overrides association limits
+QOS_PARTITION = "qospart"
 
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     with running_slurm(tmp_path_factory.mktemp("slurm-holds"), (ALICE, BOB, CAROL), "real Slurm hold tests",
-                       TOOLS + (SQUEUE, SCANCEL), enforce="associations,limits") as cluster:
+                       TOOLS + (SQUEUE, SCANCEL, SCONTROL), enforce=ENFORCE) as cluster:
+        cluster.run(SACCTMGR, "-i", "add", "qos", "partq", *SITE_QOS_LIMITS)
+        cluster.run(SACCTMGR, "-i", "add", "qos", "highq")
+        cluster.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=normal,highq")
+        cluster.run(SCONTROL, "create", "PartitionName=" + QOS_PARTITION, "Nodes=" + cluster.host, "QOS=partq")
         yield cluster
 
 
@@ -39,124 +48,193 @@ def document(*users: str, expires: str = FUTURE, dry_run: bool = False) -> str:
     return user_holds.canonical_json(user_holds.desired_document("2026-11", expires, dry_run, list(users)))
 
 
-def limits(slurm, user: str) -> dict[str, str]:
-    out = slurm.run(SACCTMGR, "-nP", "show", "assoc", "where", "user=" + user,
-                    "format=GrpJobs,MaxJobs,MaxSubmitJobs").stdout.strip()
-    return dict(zip(("GrpJobs", "MaxJobs", "MaxSubmitJobs"), out.split("|")))
+def submit(slurm, user: str, *options: str, partition: str = PARTITION, check: bool = True):
+    result = slurm.run(SBATCH, "--parsable", "--uid=" + user, "--chdir=/tmp", "--output=/dev/null",
+                       "--partition=" + partition, *options, check=check)
+    return result.stdout.strip().split(";")[0] if check else result
 
 
-def job(slurm, job_id: str) -> tuple[str, str]:
-    out = slurm.run(SQUEUE, "-h", "-j", job_id, "-o", "%T|%r", check=False).stdout.strip()
-    state, _, reason = out.partition("|")
-    return state or "GONE", reason
+def qos_of(slurm, user: str) -> tuple[str, str]:
+    out = slurm.run(SACCTMGR, "-nP", "show", "assoc", "where", "user=" + user, "format=QOS,DefaultQOS").stdout
+    qos, _, default = out.strip().partition("|")
+    return ",".join(sorted(qos.split(","))), default
 
 
-def wait_job(slurm, job_id: str, want, timeout: float = 40) -> tuple[str, str]:
-    return slurm.wait_for("job {} to be {}".format(job_id, want), lambda: (lambda s: s if want(s) else None)(
+def job(slurm, job_id: str) -> tuple[str, str, str]:
+    out = slurm.run(SQUEUE, "-h", "-j", job_id, "-o", "%T|%r|%q", check=False).stdout.strip()
+    state, reason, qos = (out.split("|") + ["", "", ""])[:3]
+    return state or "GONE", reason, qos
+
+
+def wait_job(slurm, job_id: str, want, timeout: float = 40):
+    return slurm.wait_for("job {} to be {}".format(job_id, want.__name__), lambda: (lambda s: s if want(s) else None)(
         job(slurm, job_id)), timeout=timeout, interval=0.25)
 
 
-def started(status: tuple[str, str]) -> bool:
+def started(status) -> bool:
     return status[0] in ("RUNNING", "COMPLETING", "COMPLETED", "GONE")
 
 
-def held(status: tuple[str, str]) -> bool:
-    return status[0] == "PENDING" and status[1] in user_holds.HOLD_REASONS
+def pending(status) -> bool:
+    return status[0] == "PENDING"
+
+
+def held(status) -> bool:
+    return status[0] == "PENDING" and status[1] in user_holds.HOLD_REASONS and status[2] == slurm_holds.HOLD_QOS
 
 
 def by_user(report: dict) -> dict[str, dict]:
     return {row["user"]: row for row in report["users"]}
 
 
-def test_held_users_jobs_pend_with_the_holds_reason_others_run_and_release_starts_them(slurm, agent):
-    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + CAROL, "set", "GrpJobs=3", "MaxSubmitJobs=7")
-    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "MaxJobs=5")  # an admin's own
-    carol_before = limits(slurm, CAROL)
-
-    began = time.monotonic()
-    report = agent.converge(document(ALICE), time.time())
-    assert report["enforced"] is True and report["enforceReason"].startswith("AccountingStorageEnforce = ")
-    assert by_user(report)[ALICE]["state"] == "held", report
-    alice_job = slurm.submit(ALICE, "-n1", "--wrap=sleep 1")
-    status = wait_job(slurm, alice_job, held)
-    hold_seconds = time.monotonic() - began
-    bob_job = slurm.submit(BOB, "-n1", "--wrap=sleep 20")
-    wait_job(slurm, bob_job, started)
-    # Still pending with the hold's reason after bob started: nothing but the hold keeps it waiting.
-    time.sleep(3)
-    assert held(job(slurm, alice_job)), job(slurm, alice_job)
-    print("\nsqueue shows alice's job: {}|{} ({:.1f} s from converge)".format(*status, hold_seconds))
-
-    began = time.monotonic()
-    report = agent.converge(document(), time.time())
-    assert report["users"] == []
-    wait_job(slurm, alice_job, started)
-    print("release -> alice's job started in {:.1f} s".format(time.monotonic() - began))
-    assert limits(slurm, ALICE)["MaxJobs"] == "5" and limits(slurm, ALICE)["GrpJobs"] == ""
-    assert limits(slurm, CAROL) == carol_before == {"GrpJobs": "3", "MaxJobs": "", "MaxSubmitJobs": "7"}
-    slurm.run(SCANCEL, bob_job, check=False)
+def fill_node(slurm, partition: str = PARTITION) -> str:
+    """bob takes every CPU, so jobs submitted now pend (Resources) until it is cancelled."""
+    blocker = submit(slurm, BOB, "-n", str(slurm.cpus), "--wrap=sleep 300", partition=partition)
+    wait_job(slurm, blocker, started)
+    return blocker
 
 
-def test_a_hold_removed_by_hand_is_put_back_on_the_next_poll(slurm, agent):
-    agent.converge(document(ALICE), time.time())
-    assert limits(slurm, ALICE)["GrpJobs"] == "0"
-    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "GrpJobs=-1", "MaxJobs=-1")
-    assert limits(slurm, ALICE)["GrpJobs"] == ""
-    report = agent.converge(document(ALICE), time.time())
+SITES = {
+    "no QOS limits": (lambda slurm: None, PARTITION),
+    "a default QOS with MaxJobsPerUser and GrpJobs": (
+        lambda slurm: slurm.run(SACCTMGR, "-i", "modify", "qos", "where", "name=normal", "set", *SITE_QOS_LIMITS),
+        PARTITION),
+    "a partition QOS with both": (lambda slurm: None, QOS_PARTITION),
+}
+
+
+@pytest.mark.parametrize("site", list(SITES))
+def test_a_held_users_new_and_pending_jobs_pend_bobs_run_and_no_qos_escapes(slurm, agent, site):
+    configure, partition = SITES[site]
+    configure(slurm)
+    before = qos_of(slurm, ALICE)
+    try:
+        blocker = fill_node(slurm, partition)
+        earlier = submit(slurm, ALICE, "-n1", "--wrap=sleep 1", partition=partition)
+        wait_job(slurm, earlier, pending)
+
+        report = agent.converge(document(ALICE), 0)
+        assert report["enforced"] is True, report
+        assert by_user(report)[ALICE]["state"] == "held", report
+        wait_job(slurm, earlier, held)  # the reason shows at the scheduler's next pass
+        later = submit(slurm, ALICE, "-n1", "--wrap=sleep 1", partition=partition)
+        escape = submit(slurm, ALICE, "-n1", "--qos=normal", "--wrap=sleep 1", partition=partition, check=False)
+        assert escape.returncode != 0 and "Invalid qos specification" in escape.stderr, escape
+
+        slurm.run(SCANCEL, blocker)
+        bob_job = submit(slurm, BOB, "-n1", "--wrap=sleep 30", partition=partition)
+        wait_job(slurm, bob_job, started)
+        # bob's later job ran on the freed node; alice's, older, still wait for the hold alone.
+        assert held(job(slurm, earlier)) and held(job(slurm, later)), (job(slurm, earlier), job(slurm, later))
+        assert qos_of(slurm, BOB) == before  # bob's associations untouched
+
+        report = agent.converge(document(), 0)
+        assert report["users"] == [], report
+        assert qos_of(slurm, ALICE) == before
+        wait_job(slurm, earlier, started)
+        wait_job(slurm, later, started)
+        slurm.run(SCANCEL, bob_job, check=False)
+    finally:
+        slurm.run(SACCTMGR, "-i", "modify", "qos", "where", "name=normal", "set", "MaxJobsPerUser=-1", "GrpJobs=-1")
+
+
+def test_a_lift_restores_each_qos_list_default_and_pending_jobs_qos_exactly(slurm, agent):
+    # alice's QOS list and default are her own; carol inherits the account's (normal,highq, no default).
+    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=highq", "DefaultQOS=highq")
+    alice_before, carol_before = qos_of(slurm, ALICE), qos_of(slurm, CAROL)
+    blocker = fill_node(slurm)
+    jobs = {submit(slurm, ALICE, "-n1", "--wrap=sleep 1"): "highq",
+            submit(slurm, CAROL, "-n1", "--qos=highq", "--wrap=sleep 1"): "highq",
+            submit(slurm, CAROL, "-n1", "--qos=normal", "--wrap=sleep 1"): "normal"}
+    assert {job_id: job(slurm, job_id)[2] for job_id in jobs} == jobs
+
+    report = agent.converge(document(ALICE, CAROL), 0)
+    assert {user: row["state"] for user, row in by_user(report).items()} == {ALICE: "held", CAROL: "held"}, report
+    for job_id in jobs:
+        wait_job(slurm, job_id, held)
+    assert qos_of(slurm, ALICE) == qos_of(slurm, CAROL) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
+    assert job(slurm, submit(slurm, CAROL, "-n1", "--wrap=sleep 1"))[2] == slurm_holds.HOLD_QOS
+
+    report = agent.converge(document(), 0)
+    assert report["users"] == [], report
+    assert qos_of(slurm, ALICE) == alice_before and qos_of(slurm, CAROL) == carol_before
+    # Still pending behind bob: each is back in the QOS it had (carol's new one in her default).
+    assert {job_id: job(slurm, job_id)[2] for job_id in jobs} == jobs
+    # carol inherits again: the account's next change reaches her, alice keeps her own.
+    slurm.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=normal")
+    try:
+        assert qos_of(slurm, CAROL) == ("normal", "") and qos_of(slurm, ALICE) == alice_before
+    finally:
+        slurm.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=normal,highq")
+        slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=", "DefaultQOS=-1")
+    slurm.run(SCANCEL, blocker)
+    for job_id in jobs:
+        wait_job(slurm, job_id, started)
+
+
+def test_with_the_state_file_lost_the_lift_restores_from_slurm_itself(slurm, agent, tmp_path, monkeypatch):
+    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=highq", "DefaultQOS=highq")
+    before = qos_of(slurm, ALICE)
+    agent.converge(document(ALICE), 0)
+    assert qos_of(slurm, ALICE) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
+    os.remove(agent.state_path)
+    fresh = slurm_holds.SlurmHolds(agent.state_path, "/usr/bin")  # a reinstalled agent, no state
+    report = fresh.converge(document(ALICE), 0)
+    assert by_user(report)[ALICE]["state"] == "held" and "unknown" not in by_user(report)[ALICE]["reason"]
+    report = fresh.converge(document(), 0)
+    assert report["users"] == [] and qos_of(slurm, ALICE) == before
+    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=", "DefaultQOS=-1")
+
+
+def test_a_hold_removed_by_hand_is_put_back_and_an_administrators_change_is_what_a_lift_restores(slurm, agent):
+    agent.converge(document(ALICE), 0)
+    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=normal", "DefaultQOS=normal")
+    report = agent.converge(document(ALICE), 0)
     assert by_user(report)[ALICE]["state"] == "held"
-    assert limits(slurm, ALICE)["GrpJobs"] == "0" and limits(slurm, ALICE)["MaxJobs"] == "0"
-    alice_job = slurm.submit(ALICE, "-n1", "--wrap=sleep 1")
+    assert qos_of(slurm, ALICE) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
+    alice_job = submit(slurm, ALICE, "-n1", "--wrap=sleep 1")
     wait_job(slurm, alice_job, held)
-    # The administrator's removal said "no limit": that, not the earlier MaxJobs=5, is what a lift restores.
-    agent.converge(document(), time.time())
+    agent.converge(document(), 0)
     wait_job(slurm, alice_job, started)
-    assert limits(slurm, ALICE)["GrpJobs"] == "" and limits(slurm, ALICE)["MaxJobs"] == ""
+    assert qos_of(slurm, ALICE) == ("normal", "normal")
+    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=", "DefaultQOS=-1")
 
 
-def test_the_months_turn_lifts_the_hold_even_with_no_new_document(slurm, agent):
-    now = time.time()
-    turn = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now + 60))
-    agent.converge(document(ALICE, expires=turn), now)
-    alice_job = slurm.submit(ALICE, "-n1", "--wrap=sleep 1")
-    wait_job(slurm, alice_job, held)
-    agent.converge(document(ALICE, expires=turn), now + 61)  # the same document, read after the turn
-    wait_job(slurm, alice_job, started)
-    assert limits(slurm, ALICE)["GrpJobs"] == ""
-
-
-def test_an_administrators_zero_is_not_hpops_to_lift(slurm, agent):
-    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + CAROL, "set", "GrpJobs=0")
-    agent.converge(document(CAROL), time.time())
-    agent.converge(document(), time.time())
-    assert limits(slurm, CAROL)["GrpJobs"] == "0"  # carol's administrator said 0; it stays
-    assert limits(slurm, CAROL)["MaxJobs"] == ""  # what hpops set on her, it lifted
-    slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + CAROL, "set", "GrpJobs=3")
-
-
-def test_dry_run_and_refused_documents_change_nothing(slurm, agent):
-    report = agent.converge(document(ALICE, dry_run=True), time.time())
-    assert report["users"] == [] and limits(slurm, ALICE)["GrpJobs"] == ""
-    agent.converge(document(ALICE), time.time())
-    forged = document(ALICE).replace(ALICE, BOB)  # version no longer matches: refused
-    report = agent.converge(forged, time.time())
+def test_the_months_turn_dry_runs_and_refused_documents(slurm, agent):
+    before = qos_of(slurm, ALICE)
+    report = agent.converge(document(ALICE, dry_run=True), 0)
+    assert report["users"] == [] and qos_of(slurm, ALICE) == before
+    agent.converge(document(ALICE, expires="2026-12-01T00:00:00Z"), 0)
+    forged = document(ALICE).replace(ALICE, BOB)  # version no longer matches: refused, nothing changes
+    report = agent.converge(forged, 0)
     assert report["version"] is None and by_user(report)[ALICE]["state"] == "failed"
-    assert limits(slurm, ALICE)["GrpJobs"] == "0" and limits(slurm, BOB)["GrpJobs"] == ""
-    agent.converge(document(), time.time())
-    assert limits(slurm, ALICE)["GrpJobs"] == ""
+    assert qos_of(slurm, ALICE)[0] == slurm_holds.HOLD_QOS and qos_of(slurm, BOB) == before
+    turn = 1_796_083_200  # 2026-12-01T00:00:00Z: the same document, read after the month turned
+    agent.converge(document(ALICE, expires="2026-12-01T00:00:00Z"), turn)
+    assert qos_of(slurm, ALICE) == before
 
 
-def test_without_limits_in_accounting_storage_enforce_the_report_says_the_hold_cannot_apply(slurm, agent):
-    slurm.conf.write_text(slurm.conf.read_text().replace("AccountingStorageEnforce=associations,limits",
-                                                         "AccountingStorageEnforce=associations"))
-    slurm.stop("slurmctld")
-    slurm.run("/usr/sbin/slurmctld")
-    slurm.wait_for("slurmctld", lambda: slurm.run("/usr/bin/scontrol", "ping", check=False).returncode == 0)
-    report = agent.converge(document(ALICE), time.time())
-    assert report["enforced"] is False
-    assert "AccountingStorageEnforce = associations" in report["enforceReason"]
-    row = by_user(report)[ALICE]
-    assert row["state"] == "failed" and "cannot apply" in row["reason"], row
-    alice_job = slurm.submit(ALICE, "-n1", "--wrap=sleep 1")
-    wait_job(slurm, alice_job, started)  # what the report warns of: Slurm ignores the limit
-    agent.converge(document(), time.time())
-    assert limits(slurm, ALICE)["GrpJobs"] == ""
+def test_without_qos_in_accounting_storage_enforce_the_report_says_the_hold_cannot_apply(slurm, agent):
+    def restart(enforce: str) -> None:
+        text = slurm.conf.read_text()
+        slurm.conf.write_text(text.replace("AccountingStorageEnforce=" + slurm.enforce,
+                                           "AccountingStorageEnforce=" + enforce))
+        slurm.enforce = enforce
+        slurm.stop("slurmctld")
+        slurm.run("/usr/sbin/slurmctld")
+        slurm.wait_for("slurmctld", lambda: slurm.run(SCONTROL, "ping", check=False).returncode == 0)
+        slurm.run(SCONTROL, "create", "PartitionName=" + QOS_PARTITION, "Nodes=" + slurm.host, "QOS=partq",
+                  check=False)
+
+    restart("associations,limits")
+    try:
+        report = agent.converge(document(ALICE), 0)
+        assert report["enforced"] is False and "lacks qos" in report["enforceReason"], report
+        row = by_user(report)[ALICE]
+        assert row["state"] == "failed" and "cannot apply" in row["reason"] and "qos" in row["reason"], row
+        escaped = submit(slurm, ALICE, "-n1", "--qos=normal", "--wrap=sleep 1")
+        wait_job(slurm, escaped, started)  # what the report warns of
+        agent.converge(document(), 0)
+        assert qos_of(slurm, ALICE)[0] != slurm_holds.HOLD_QOS
+    finally:
+        restart(ENFORCE)

@@ -21,7 +21,7 @@ from hpops.main import release_user
 from hpops_core.budget_guard import hold_state
 from hpops_core.node_channel import user_holds
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import OPERATOR, attach, holds_world, run_holds
+from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, run_holds
 from hpops_twin.user_spend_twin import execution_clock
 
 
@@ -71,16 +71,16 @@ def test_a_user_over_the_limit_is_held_released_by_the_operator_and_every_step_s
 
     # The controller's agent polls: alice's associations are held, nobody else's; the report is kept.
     report = run_holds(twin.month.controller, first + dt.timedelta(minutes=1))
-    assert twin.slurm.limits("alice") == ("0", "0")
-    assert twin.slurm.limits("bob") == twin.slurm.limits("carol") == ("", "")
+    assert twin.slurm.limits("alice") == HELD
+    assert twin.slurm.limits("bob") == twin.slurm.limits("carol") == FREE
     assert report["enforced"] is True and report["users"][0]["state"] == "held"
     stored = hold_state.read_agent_report(twin.table, twin.world.cluster_name, twin.world.aws.client("dynamodb"))
     assert stored["version"] == published(twin)["version"] and stored["users"][0]["user"] == "alice"
 
     # Removed by hand while she is still over: set again at the next poll.
-    twin.slurm.associations["alice"].update(GrpJobs="", MaxJobs="")
+    twin.slurm.associations["alice"].update(qos=None, defaultQos=None)
     run_holds(twin.month.controller, first + dt.timedelta(minutes=2))
-    assert twin.slurm.limits("alice") == ("0", "0")
+    assert twin.slurm.limits("alice") == HELD
 
     # A login node's forged report is refused and a replayed older one is not kept: nothing changes.
     login = twin.world.sim.nodes(twin.world.cluster_name, twin.world.login_group)[0]
@@ -103,7 +103,7 @@ def test_a_user_over_the_limit_is_held_released_by_the_operator_and_every_step_s
     holds = sweep(twin, second)
     assert holds["failed"] == ["alice"] and holds["held"] == []
     sweep(twin, second + dt.timedelta(minutes=10))
-    twin.slurm.enforce = "associations,limits"
+    twin.slurm.enforce = "associations,limits,qos"
     run_holds(twin.month.controller, second + dt.timedelta(minutes=11))
 
     # The operator releases her; the next sweep lifts the hold, the agent restores her limits.
@@ -117,10 +117,11 @@ def test_a_user_over_the_limit_is_held_released_by_the_operator_and_every_step_s
     assert [s for _, s in hold_messages(twin.spend.user_inbox("alice"))] == subjects
     assert [s for _, s in hold_messages(platform(twin))] == subjects
     run_holds(twin.month.controller, second + dt.timedelta(minutes=1))
-    assert twin.slurm.limits("alice") == ("", "")
+    assert twin.slurm.limits("alice") == FREE
     assert not twin.month.controller.agent.slurm_holds().state["users"]
 
     with execution_clock(second):
         document = twin.spend.cost_document(second + dt.timedelta(minutes=5))
     assert document["holds"]["held"] == [] and document["holds"]["releases"][0]["by"] == OPERATOR
     assert document["holds"]["agent"]["enforced"] is True
+

@@ -597,6 +597,17 @@ def test_readme_cost_summary(bench):
     assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
 
 
+def test_hold_bound(bench):
+    """The bound from the usage report that crosses a user's limit to the hold, as `make bench` measured it."""
+    bound = bench["hold_bound"]
+    for page in (section("Budget guardrails"), section("Performance (`make bench`)")):
+        reports, polls, minutes = claim(page, r"\*\*(\d+) usage report and (\d+) agent polls?\*\*.*?\*\*([\d.]+) minutes\*\*")
+        assert (int(reports), int(polls), float(minutes)) == (bound["usage_reports"], bound["polls"], bound["worst_minutes"])
+        (before,) = claim(page, r"hourly sweep: (?:up to )?([\d.]+) minutes")
+        assert float(before) == bound["before_minutes"]
+    assert bound["sweeps"] == 0
+
+
 # docs row label -> (stickiness, access path) of the bench's balance rows
 BALANCE_ROWS = {
     "campus NAT, no stickiness": ("none", "nat"),

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 from botocore.exceptions import ClientError
 
+from hpops_core.common import clients
 from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 from hpops_core.node_channel import contract
 from hpops_core.node_channel.reports import parse_report_event
@@ -157,7 +158,7 @@ def test_a_name_step_functions_already_ran_is_success_and_other_errors_are_not(m
     check = report_check.decide_report_check(CLUSTER, state({NODE_A: [entry(1), entry(2), entry(3)]}), POLICY)
     arn = "arn:aws:states:us-east-1:123456789012:stateMachine:SessionLimits"
     fake = _StepFunctions(None)
-    monkeypatch.setattr(report_check, "client", lambda service: fake)
+    monkeypatch.setattr(clients, "client", lambda service: fake)
     assert report_check.start_check(arn, check) is True and fake.started[0]["name"] == check.name
     fake.code = "ExecutionAlreadyExists"
     assert report_check.start_check(arn, check) is False

@@ -84,7 +84,7 @@ def alerts_of(previous, users, agent=None, policy=HOLD, now=NOW):
 def test_each_transition_alerts_once():
     state, alerts = alerts_of({}, [spender("alice", "900", "100")])
     assert [(a["user"], a["transition"]) for a in alerts] == [("alice", "held")]
-    assert "AssocGrpJobsLimit" in alerts[0]["text"] and "month turns (2026-12-01 00:00 UTC)" in alerts[0]["text"]
+    assert "QOSGrpJobsLimit" in alerts[0]["text"] and "month turns (2026-12-01 00:00 UTC)" in alerts[0]["text"]
     assert "hpops cost release --stack-name stack" in alerts[0]["text"]
     again, none = alerts_of(state, [spender("alice", "950", "100")])
     assert none == [] and again["alice"]["since"] == state["alice"]["since"]

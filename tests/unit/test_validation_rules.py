@@ -30,7 +30,27 @@ USER_NAMES = {
     "a b": False,
     "a:b": False,
     "a/b": False,
-    "a@b": False,
+    "a@b": True,  # SSSD/realmd fully-qualified directory names
+    "alice@example.edu": True,
+    "J.Doe@AD.Example.EDU": True,
+    "alice@" + "x" * 63: True,
+    "alice@" + "x" * 64: False,  # a DNS label has at most 63
+    "a@b.c.d.e.f.g": True,
+    "a@b.c.d.e.f.g.h": False,  # at most 6 labels: over-long
+    "a" * 33 + "@example.edu": False,
+    "@example.edu": False,  # pam_limits reads a leading '@' as a group
+    "alice@": False,
+    "alice@@example.edu": False,
+    "alice@b@c": False,
+    "alice@example..edu": False,
+    "alice@../etc": False,
+    "alice@-x": False,
+    "alice@x.": False,
+    "alice@example.edu\n": False,
+    "alice@example.edu;id": False,
+    "alice@$(reboot)": False,
+    "EXAMPLE\\alice": False,  # the DOMAIN\user format is not taken
+    "alice@ex ample": False,
     "a" * 32: True,
     "a" * 33: False,
     "": False,
@@ -38,7 +58,7 @@ USER_NAMES = {
     "$(reboot)": False,
 }
 
-USER_LIST_PARAMETERS = ("SessionExemptUsers",)
+USER_LIST_PARAMETERS = ("SessionExemptUsers", "UserBudgetExemptUsers")
 
 
 def _java_like_fullmatch(pattern: str, value: str) -> bool:
@@ -137,7 +157,7 @@ BAD_OVERRIDE = json.dumps({"j.doe": 4, "Alice": 3, "bad name": 1})
 
 @pytest.mark.parametrize("config", [SessionLimitsConfig, LoginLimitsConfig])
 def test_a_bad_session_limit_override_is_refused_at_parse_time_naming_the_entry(config):
-    assert SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_LIMIT_OVERRIDES": '{"j.doe": 4, "Alice": 3}'})
+    assert SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_LIMIT_OVERRIDES": '{"j.doe": 4, "Alice": 3, "alice@example.edu": 1}'})
     with pytest.raises(ConfigurationError) as refused:
         config.from_env(SESSION_ENV | {"SESSION_LIMIT_OVERRIDES": BAD_OVERRIDE})
     assert "SESSION_LIMIT_OVERRIDES" in str(refused.value) and "'bad name'" in str(refused.value)
@@ -151,8 +171,8 @@ def test_a_limit_for_root_is_refused_because_root_is_never_counted():
 
 
 def test_a_bad_exempt_user_is_refused_naming_the_entry():
-    with pytest.raises(ConfigurationError, match="SESSION_EXEMPT_USERS: 'a@b'"):
-        SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_EXEMPT_USERS": "ops,a@b"})
+    with pytest.raises(ConfigurationError, match="SESSION_EXEMPT_USERS: 'a@b..c'"):
+        SessionLimitsConfig.from_env(SESSION_ENV | {"SESSION_EXEMPT_USERS": "ops,alice@example.edu,a@b..c"})
 
 
 def test_the_nodes_refuse_the_same_override_naming_the_entry():
@@ -176,8 +196,8 @@ BUDGET_ENV = {
 
 
 def test_user_budget_overrides_follow_the_same_rule_and_a_bad_one_is_named():
-    config = UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,Alice=20.5,_svc=30"})
-    assert set(config.limits.overrides) == {"j.doe", "Alice", "_svc"}
+    config = UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,Alice=20.5,_svc=30,carol@ad.example.edu=40"})
+    assert set(config.limits.overrides) == {"j.doe", "Alice", "_svc", "carol@ad.example.edu"}
     with pytest.raises(ConfigurationError) as refused:
         UserSpendConfig.from_env(BUDGET_ENV | {"USER_BUDGET_OVERRIDES": "j.doe=10,bad name=5"})
     assert "USER_BUDGET_OVERRIDES" in str(refused.value) and "'bad name=5'" in str(refused.value)
@@ -191,3 +211,13 @@ def test_node_channel_names_use_the_same_rules():
     assert contract.certificate_parameter("ml", "i-12345678abcdefghi").endswith("/host-certificates/i-12345678abcdefghi")
     with pytest.raises(ValueError):
         contract.certificate_parameter("ml", "i-../../x")
+
+
+def test_the_cli_takes_a_directory_user_name_and_refuses_a_hostile_one_naming_the_argument():
+    from argparse import Namespace
+
+    from hpops.main import CliError, _stack_and_user
+
+    _stack_and_user(Namespace(stack_name="hpops", user="alice@example.edu"))
+    with pytest.raises(CliError, match=r"^USER: 'alice@example.edu;id' is not a valid user name"):
+        _stack_and_user(Namespace(stack_name="hpops", user="alice@example.edu;id"))

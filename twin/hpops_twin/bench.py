@@ -11,7 +11,7 @@ key rotation take, from the agents' own call counts and the state machines'.
 Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports against `import boto3`
 in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
 Slurm usage (hpops_twin/usage_bench.py): one collection sweep over a synthetic month of 10,000 jobs.
-Budget holds (hpops_twin/holds_bench.py): sweeps and agent polls from the crossing usage report to the hold.
+Budget holds (hpops_twin/holds_bench.py): usage reports and agent polls from the crossing usage report to the hold.
 Balance (hpops_twin/balance_bench.py): 200 users' sessions over the login nodes through NAT, Client
 VPN and routed paths, the NLB's target choice modelled on the target group the twin's sync produced.
 Session-limit bound (hpops_twin/session_bound_bench.py): agent polls from an SSH login over the
@@ -291,9 +291,9 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section(f"Slurm usage: collection sweeps over a synthetic month of {JOBS:,} jobs"):
         usage_result, usage_verdicts = usage_section()
     verdicts |= usage_verdicts
-    from hpops_twin.holds_bench import holds_section
+    from hpops_twin.holds_bench import BOUND_KEY as HOLD_BOUND_KEY, bound_record as hold_bound_record, holds_section
 
-    with progress.section("budget holds: sweeps and agent polls from the crossing usage report to the hold, and a release"):
+    with progress.section("budget holds: usage reports, sweeps and agent polls from the crossing to the hold, and a release"):
         hold_rows, hold_verdicts = holds_section()
     verdicts |= hold_verdicts
     from hpops_twin.balance_bench import KEY as BALANCE_KEY, USERS as BALANCE_USERS, balance_section
@@ -313,7 +313,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        BOUND_KEY: bound_record(bound_rows),
                        "budget_guard": [asdict(r) for r in budget_rows],
                        "footprint": asdict(footprint), "usage": asdict(usage_result),
-                       "budget_holds": [asdict(r) for r in hold_rows],
+                       "budget_holds": [asdict(r) for r in hold_rows], HOLD_BOUND_KEY: hold_bound_record(hold_rows),
                        BALANCE_KEY: [asdict(r) for r in balance_rows],
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},

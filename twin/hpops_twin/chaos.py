@@ -458,7 +458,7 @@ def _usage_and_hold_reports(cluster: str, login_instance: str, add: Callable[...
         "format": "hpops.node.user-holds-report.v1", "cluster": cluster, "instanceId": login_instance,
         "agentVersion": "1.0.0", "reportedAt": "2026-11-23T08:00:01Z", "version": "0123456789abcdef",
         "enforced": True, "enforceReason": "AccountingStorageEnforce = associations,limits",
-        "users": [{"user": "alice", "state": "held", "reason": "GrpJobs=0 MaxJobs=0"}]}}
+        "users": [{"user": "alice", "state": "held", "reason": "QOS hpopshold"}]}}
     row = ["detail", "users", 0]
     add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "MalformedUsageReport", [
         ("holds report user with a subshell", _set(holds, row + ["user"], SUBSHELL)),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpops.main import release_user
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import HOLD_PARAMETERS, OPERATOR, attach, holds_world, run_holds
+from hpops_twin.holds_twin import FREE, HELD, HOLD_PARAMETERS, OPERATOR, attach, holds_world, run_holds
 from hpops_core.node_channel import user_holds
 
 if TYPE_CHECKING:
@@ -59,8 +59,8 @@ def run_holds_chapter(main: Demo) -> None:
             return []
 
         demo.step("budget holds: the controller's agent polls", poll,
-                  "alice's associations GrpJobs=0 MaxJobs=0 (her jobs pend AssocGrpJobsLimit); bob's, carol's untouched",
-                  lambda: slurm.limits("alice") == ("0", "0") and slurm.limits("bob") == slurm.limits("carol") == ("", ""))
+                  "alice's associations in QOS hpopshold, her pending jobs too (they pend QOSMaxJobsPerUserLimit); bob's, carol's untouched",
+                  lambda: slurm.limits("alice") == HELD and slurm.limits("bob") == slurm.limits("carol") == FREE)
 
         def release() -> list[str]:
             release_user(world.aws.client("dynamodb"), world.resolver.physical_ids["SyncStateTable"], world.cluster_name,
@@ -70,7 +70,7 @@ def run_holds_chapter(main: Demo) -> None:
             return []
 
         demo.step("budget holds: `hpops cost release` alice, then the next sweep and poll", release,
-                  "alice released (one 'released' alert naming who and why), her limits restored",
-                  lambda: held_users() == [] and slurm.limits("alice") == ("", "") and len(hold_subjects("alice")) == 2)
+                  "alice released (one 'released' alert naming who and why), her QOS restored",
+                  lambda: held_users() == [] and slurm.limits("alice") == FREE and len(hold_subjects("alice")) == 2)
         for subject in hold_subjects("alice"):
             demo.say(f"          alice's inbox: {subject}")

@@ -27,7 +27,7 @@ import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 from unittest import mock
 
 import boto3
@@ -301,6 +301,8 @@ class TwinWorld:
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
         self.account_id = account_id
         self.region = region
+        # EventBridge stamps each event with when it was put; a test on a simulated clock sets this.
+        self.event_clock: Callable[[], datetime] | None = None
         self.parameter_overrides = dict(parameters or {})
         self.session_preferences = session_preferences
         self.cluster_name = cluster_name
@@ -741,7 +743,7 @@ class TwinWorld:
     def deliver_to_functions(self, bus: str, entry: dict) -> None:
         """EventBridge delivering one PutEvents entry to the function targets whose rule matches."""
         event = {"version": "0", "id": str(uuid.uuid4()), "detail-type": entry.get("DetailType"),
-                 "source": entry.get("Source"), "account": self.account_id, "time": datetime.now(timezone.utc).isoformat(),
+                 "source": entry.get("Source"), "account": self.account_id, "time": (self.event_clock or (lambda: datetime.now(timezone.utc)))().isoformat(),
                  "region": self.region, "resources": entry.get("Resources", []), "detail": json.loads(entry.get("Detail") or "{}")}
         for rule in self.function_rules.values():
             if rule["bus"] == bus and EventPattern.load(json.dumps(rule["pattern"])).matches_event(event):

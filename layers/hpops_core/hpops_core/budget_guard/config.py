@@ -158,19 +158,26 @@ def _user_overrides(env: Mapping[str, str], name: str) -> dict[str, Decimal]:
 
 @dataclass(frozen=True)
 class UsageReportConfig:
-    """RecordUsageReport: whose reports count (the controller group's node), and where they are kept."""
+    """RecordUsageReport: whose reports count (the controller group's node), where they are kept, and
+    (holds on) which machine a kept report starts (BUDGET_GUARD_STATE_MACHINE_ARN)."""
 
     cluster_name: str
     controller_group: str
     state_table: str
+    hold_action: str = "alert"
+    budget_state_machine_arn: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> UsageReportConfig:
         env = environment(env)
+        action = _hold_policy(env).action
         return cls(
             cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
             controller_group=env_str(env, "CONTROLLER_GROUP_NAME", validation.INSTANCE_GROUP_RE),
             state_table=env_str(env, "STATE_TABLE_NAME"),
+            hold_action=action,
+            budget_state_machine_arn=env_str(env, "BUDGET_GUARD_STATE_MACHINE_ARN", validation.STATE_MACHINE_ARN_RE)
+            if action == "hold" else None,
         )
 
 

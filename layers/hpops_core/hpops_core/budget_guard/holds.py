@@ -151,8 +151,8 @@ def transitions(previous: Mapping[str, Mapping[str, str]], decisions: Sequence[H
         state[user] = {"state": "held", "since": (before or {}).get("since", now_text), "reason": reason}
         if before is None or before.get("state") == "failed":
             alert(user, HELD, (
-                f"{user} {reason}.\nTheir new and pending jobs wait in Slurm (squeue reason AssocGrpJobsLimit); "
-                f"running jobs keep running.\nThe hold ends: {ends_text(now, stack)}."))
+                f"{user} {reason}.\nTheir new and pending jobs wait in Slurm (QOS hpopshold, squeue reason "
+                f"QOSGrpJobsLimit); running jobs keep running.\nThe hold ends: {ends_text(now, stack)}."))
     for user in sorted(set(previous) - desired):
         decision = decided.get(user)
         if previous[user].get("month", f"{now:%Y-%m}") != f"{now:%Y-%m}" or decision is None:

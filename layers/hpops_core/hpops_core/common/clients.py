@@ -8,6 +8,7 @@ fails after that becomes TransientAwsError, which the state machine retries with
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -53,3 +54,18 @@ def transient_errors_named(operation: str) -> Iterator[None]:
         raise
     except BotocoreConnectionError as error:
         raise TransientAwsError(f"{operation}: {type(error).__name__}") from error
+
+
+def start_named_execution(state_machine_arn: str, name: str, payload: dict) -> bool:
+    """Start an execution under a deterministic name: True when Step Functions took it (a new one, or
+    the same one still running: StartExecution with a running standard execution's name and input
+    returns it); False when one of that name has ended (ExecutionAlreadyExists: already checked)."""
+    try:
+        with transient_errors_named("states:StartExecution"):
+            client("stepfunctions").start_execution(stateMachineArn=state_machine_arn, name=name,
+                                                    input=json.dumps(payload, sort_keys=True))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ExecutionAlreadyExists":
+            return False
+        raise
+    return True

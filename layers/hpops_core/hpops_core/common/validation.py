@@ -3,8 +3,10 @@
 Lambda code, the node agent (the lifecycle bundle ships this file) and the template's
 AllowedPatterns (tests/unit/test_validation_rules.py checks they agree) all use these rules:
 
-  POSIX user       letters, digits, '_', '.', '-'; at most 32; not starting with '-' or '.'
-                   (accepts `j.doe`, `Alice`; a name that is counted or limited is never `root`)
+  POSIX user       letters, digits, '_', '.', '-'; at most 32; not starting with '-' or '.';
+                   optionally `@domain` (DNS labels), as SSSD/realmd name directory users
+                   (accepts `j.doe`, `Alice`, `alice@example.edu`; a name that is counted or
+                   limited is never `root`)
   cluster name     HyperPod's ClusterName: ^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$
   instance group   SageMaker's ClusterInstanceGroupName: the same shape
   cluster id       the last segment of a cluster ARN (what SSM targets name)
@@ -26,12 +28,19 @@ from typing import Any
 
 from hpops_core.common.errors import HpopsError
 
-POSIX_USER_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
+_LOCAL_USER_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}"
+_DOMAIN_LABEL_PATTERN = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# `user@domain`: SSSD's default full_name_format for fully-qualified names (realmd turns them on
+# when it joins Active Directory). The domain is DNS labels only, so no '..', no '/', no leading '-'.
+POSIX_USER_PATTERN = r"{0}(?:@{1}(?:\.{1}){{0,5}})?".format(_LOCAL_USER_PATTERN, _DOMAIN_LABEL_PATTERN)
 # Wider than Debian's default NAME_REGEX because real systems have more (useradd --badname,
-# LDAP/SSSD users such as `j.doe`, upper case), but names are written into a limits.d file and
-# budget names: no whitespace, ':', '/', '@', '*' or shell syntax; no leading '-' or '.'
-# (options, hidden files). 32: the utmp limit.
-POSIX_USER_RULE = "letters, digits, '_', '.', '-', at most 32, not starting with '-' or '.'"
+# LDAP/SSSD users such as `j.doe` or `alice@example.edu`, upper case), but names are written into
+# a limits.d file, sacctmgr arguments and budget names: no whitespace, ':', '/', '*', '\\' or shell
+# syntax; no leading '-' or '.' (options, hidden files); one '@' at most, never first (pam_limits
+# reads a leading '@' as a group). 32 for the part before '@': the utmp limit; a domain has at
+# most 6 labels of at most 63.
+POSIX_USER_RULE = ("letters, digits, '_', '.', '-', at most 32, not starting with '-' or '.', "
+                   "optionally @ and a DNS domain")
 # SSM never runs a session as root, and pam_limits' maxlogins does not apply to uid 0: a limit
 # or count under root would only ever hit unrelated people.
 NEVER_LIMITED_USERS = frozenset({"root"})

@@ -2,7 +2,7 @@
 
 Standard library, Python 3.8+ (the agent bundle ships this file). The stack (budget_guard.holds)
 publishes the users to hold; the agent on the controller node (hpops_node_agent.slurm_holds)
-holds them with Slurm's own association limits and reports what it applied.
+holds them with a hold QOS in Slurm and reports what it applied.
 
 Desired state, /hpops/<cluster>/node/user-holds (written by the BudgetGuard sweep only):
 
@@ -17,7 +17,7 @@ Report (the controller's agent, events:PutEvents to the node-report bus):
   Source contract.REPORT_SOURCE, DetailType HOLDS_DETAIL_TYPE, Detail:
   {"format": HOLDS_REPORT_FORMAT, "cluster": str, "instanceId": str, "agentVersion": str,
    "reportedAt": ISO-8601 UTC, "version": str|null (the document applied; null: none readable),
-   "enforced": true|false|null (AccountingStorageEnforce includes limits; null: unknown),
+   "enforced": true|false|null (AccountingStorageEnforce includes limits and qos; null: unknown),
    "enforceReason": str,
    "users": [{"user": str, "state": one of HOLD_STATES, "reason": str}]}
 
@@ -38,9 +38,10 @@ HOLDS_REPORT_FORMAT = "hpops.node.user-holds-report.v1"
 HOLDS_DETAIL_TYPE = "HyperPod Slurm Holds Report"
 HELD, FAILED = "held", "failed"
 HOLD_STATES = (HELD, FAILED)
-# What slurmctld shows in squeue's REASON column for a job of a held user (GrpJobs=0 on the
-# association; AssocMaxJobsLimit when a QOS sets GrpJobs and MaxJobs=0 is what holds).
-HOLD_REASONS = ("AssocGrpJobsLimit", "AssocMaxJobsLimit")
+# What slurmctld shows in squeue's REASON column for a job of a held user: its job is in the hold
+# QOS (GrpJobs=0 is checked first, then MaxJobsPerUser=0); the Assoc* ones are holds of earlier
+# versions (GrpJobs=0 MaxJobs=0 on the association), still pending until lifted.
+HOLD_REASONS = ("QOSGrpJobsLimit", "QOSMaxJobsPerUserLimit", "AssocGrpJobsLimit", "AssocMaxJobsLimit")
 # A standard parameter holds 4 KB: about 110 users of the longest names, far more of usual ones.
 MAX_DOCUMENT_BYTES = 4096
 MAX_REPORTED_USERS = 300

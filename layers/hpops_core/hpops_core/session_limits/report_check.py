@@ -23,10 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from hpops_core.common import validation
-from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.clients import start_named_execution
 from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 from hpops_core.node_channel import contract
 
@@ -93,19 +91,8 @@ def decide_report_check(cluster: str, state: ClusterState, policy: LimitPolicy) 
 
 
 def start_check(state_machine_arn: str, check: ReportCheck) -> bool:
-    """Start the execution the check named. True when Step Functions took it: a new execution, or
-    the same one still running (StartExecution with a running standard execution's name and input
-    returns that execution); False when one of that name has ended (ExecutionAlreadyExists): that
-    situation was checked already."""
-    try:
-        with transient_errors_named("states:StartExecution"):
-            client("stepfunctions").start_execution(stateMachineArn=state_machine_arn, name=check.name,
-                                                    input=json.dumps(check.input, sort_keys=True))
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") == "ExecutionAlreadyExists":
-            return False
-        raise
-    return True
+    """Start the execution the check named (clients.start_named_execution: False when it ran already)."""
+    return start_named_execution(state_machine_arn, check.name, check.input)
 
 
 def login_spread(reported: ReportedSessions) -> dict[str, Any]:

@@ -1,0 +1,263 @@
+"""The node agent as its systemd unit runs it: inside the file-system sandbox the unit file describes.
+
+The node is laid out as a real one is: the lifecycle bundle is built and its install.sh run into a
+test root (``--root``, ``--no-systemd``), which writes the agent, its config and the unit. Then the
+*installed* unit file is read: its ExecStart and Environment are run (the bundle's code, from the
+node's /opt/hpops-node-agent, not the test's), inside the sandbox its settings describe
+(ProtectSystem, ReadWritePaths, StateDirectory, ProtectHome, PrivateTmp, UMask...), rebuilt by
+tests/node/unit_sandbox.py in a private mount namespace with the node's paths under the test root.
+Every feature is on, on every role that runs the service:
+
+* login: host keys from the cluster secret, maxlogins, per-user slice caps (written to
+  /etc/systemd/system), an end-sessions instruction, the session listing;
+* controller: Slurm usage (sacct) and budget holds (sacctmgr), stand-ins for the Slurm commands.
+
+A write the unit forbids fails with "Read-only file system" as it would on a node, and the test with
+it. Settings another change adds to the unit (a ReadWritePaths entry, a StateDirectory) are covered
+as they land: nothing here lists the unit's paths, and a ReadWritePaths entry install.sh does not
+create stops the sandbox as it stops systemd (226/NAMESPACE).
+
+Needs root (mount namespaces), unshare, sshd and ssh-keygen; skips without them, except under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import real_tools
+from real_tools import free_port
+from test_agent_real_process import BUS, CLUSTER, CREDENTIALS, REGION, SSH_KEYGEN, SSHD, LoginNode, Stack, stop_process
+from unit_sandbox import Sandbox, UnsupportedSetting, service_settings
+
+from hpops_core.host_identity import keys
+from hpops_core.node_channel import contract, user_holds
+from hpops_node_agent import bundle as bundle_module
+
+pytestmark = pytest.mark.realssh
+
+UNIT = Path(__file__).resolve().parents[2] / "node/hpops_node_agent/lifecycle/hpops-node-agent.service"
+LOGIN_ID, CONTROLLER_ID = "i-0a1b2c3d4e5f60730", "i-0a1b2c3d4e5f60731"
+# What an Ubuntu node has before the agent is installed; install.sh makes the rest.
+NODE_DIRECTORIES = ("etc/ssh", "etc/security/limits.d", "etc/systemd/system", "var/backups", "var/lib", "run")
+READ_ONLY_ERRORS = ("Read-only file system", "Errno 30", "Permission denied")
+
+
+@pytest.fixture(scope="module")
+def required():
+    real_tools.require_root_and_programs(("/usr/bin/unshare", "/usr/bin/mount"), "unit sandbox tests",
+                                         "apt-get install -y util-linux")
+    real_tools.require((SSHD, SSH_KEYGEN), "unit sandbox tests", "apt-get install -y openssh-server")
+
+
+@pytest.fixture(scope="module")
+def stack(required):
+    stack = Stack(free_port())
+    try:
+        yield stack
+    finally:
+        # moto keeps its accounts per process: leave none of this module's bus, queue or parameters
+        # to the next module's stack.
+        urllib.request.urlopen(urllib.request.Request(stack.endpoint + "/moto-api/reset", method="POST"), timeout=10)
+        if stack.server._server_ready_event.is_set():
+            stack.stop()
+
+
+@pytest.fixture
+def node_root():
+    # Not under /tmp or /var/tmp: PrivateTmp= gives the agent its own, which would hide the node.
+    root = Path(tempfile.mkdtemp(prefix="hpops-unit-sandbox-", dir="/var/lib"))
+    for directory in NODE_DIRECTORIES:
+        (root / directory).mkdir(parents=True, exist_ok=True)
+    (root / "proc").symlink_to("/proc")  # the session listing reads the node's processes
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def install(root: Path, stack: Stack, agent: dict, work: Path) -> Path:
+    """Build the lifecycle bundle with this agent.json and run its install.sh into ``root``; the installed unit."""
+    lifecycle = work / "lifecycle"
+    lifecycle.mkdir()
+    (lifecycle / "provisioning_parameters.json").write_text(json.dumps({
+        "version": "1.0.0", "workload_manager": "slurm", "controller_group": "controller-machine",
+        "login_group": "login-group", "worker_groups": [{"instance_group_name": "gpu", "partition_name": "p"}]}))
+    bundle = bundle_module.build_bundle(lifecycle, CLUSTER, REGION, BUS, vendor=False)
+    (bundle / "agent.json").write_text(json.dumps(
+        json.loads((bundle / "agent.json").read_text()) | agent | {"pollSeconds": 1}))
+    result = subprocess.run(["bash", str(bundle / "install.sh"), "--root", str(root), "--no-systemd"],
+                            capture_output=True, text=True, timeout=120, env=agent_env(stack), cwd=lifecycle)
+    unit = root / "etc/systemd/system/hpops-node-agent.service"
+    assert result.returncode == 0 and unit.exists(), result.stdout + result.stderr
+    return unit
+
+
+def agent_env(stack: Stack) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "PYTHON"))}
+    env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, HPOPS_PYTHON=sys.executable)
+    return env
+
+
+def unit_command(root: Path, unit: Path) -> tuple[list[str], dict[str, str]]:
+    """The installed unit's ExecStart and Environment, their node paths under the test root."""
+    def rebased(word: str) -> str:
+        return str(root) + word if word.startswith("/etc/") or word.startswith("/opt/") else word
+
+    settings = service_settings(unit.read_text())
+    [exec_start] = settings["ExecStart"]
+    argv = [rebased(word) for word in exec_start.split()]
+    env = {}
+    for assignment in settings.get("Environment", []):
+        name, value = assignment.split("=", 1)
+        env[name] = ":".join(rebased(part) for part in value.split(":")) if name == "PYTHONPATH" else value
+    return argv, env
+
+
+def run_in_sandbox(root: Path, unit: Path, stack: Stack, until, timeout: float = 60) -> tuple[str, int | None]:
+    argv, unit_env = unit_command(root, unit)
+    env = agent_env(stack) | unit_env
+    log = Path(tempfile.mkstemp(prefix="hpops-sandboxed-agent-")[1])
+    with log.open("wb") as out:
+        process = subprocess.Popen(Sandbox.from_unit(unit.read_text()).command(root, argv), stdin=subprocess.DEVNULL,
+                                   stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None and not until():
+            time.sleep(0.3)
+        code = process.poll()
+    finally:
+        stop_process(process)
+        output = log.read_text(errors="replace")
+        log.unlink()
+    return output, code
+
+
+def identity(role: str, instance_id: str) -> dict:
+    return {"role": role, "ip": "127.0.0.1", "instanceId": instance_id}
+
+
+def test_the_sandbox_is_read_from_the_unit_file():
+    sandbox = Sandbox.from_unit(UNIT.read_text())
+    assert "/" in sandbox.read_only and sandbox.private_tmp  # ProtectSystem=strict, PrivateTmp=yes
+    assert ("/var/lib/hpops-node-agent", False) in sandbox.writable  # StateDirectory=
+    with pytest.raises(UnsupportedSetting, match="BindPaths"):
+        Sandbox.from_unit(UNIT.read_text().replace("[Service]\n", "[Service]\nBindPaths=/srv\n"))
+
+
+def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
+    sandbox = Sandbox.from_unit(UNIT.read_text())
+    missing = subprocess.run(sandbox.command(node_root, ["true"]), capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 226 and "226/NAMESPACE" in missing.stderr  # as systemd: a writable path is missing
+    for path, _ in sandbox.writable:
+        (node_root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)  # what install.sh makes
+    probe = ("import sys\nfor path in sys.argv[1:]:\n    try:\n        open(path, 'w').close(); print('wrote', path)\n"
+             "    except OSError as error:\n        print('refused', path, error.strerror)\n")
+    allowed = node_root / "etc/ssh/probe"
+    forbidden = [node_root / "etc/probe", node_root / "usr-probe", Path("/etc/hpops-unit-sandbox-probe")]
+    result = subprocess.run(sandbox.command(node_root, [sys.executable, "-c", probe, str(allowed),
+                                                        *map(str, forbidden)]),
+                            capture_output=True, text=True, timeout=60)
+    assert f"wrote {allowed}" in result.stdout, result.stdout + result.stderr
+    for path in forbidden:
+        assert f"refused {path} Read-only file system" in result.stdout, result.stdout + result.stderr
+        assert not path.exists()
+    # PrivateDevices=yes: the basic pseudo-devices only, no disks.
+    devices = subprocess.run(sandbox.command(node_root, ["ls", "/dev"]), capture_output=True, text=True, timeout=60)
+    assert set(devices.stdout.split()) == {"full", "null", "pts", "random", "shm", "tty", "urandom", "zero"}
+
+
+def test_login_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
+    bundle = keys.generate_bundle()
+    node = LoginNode(node_root, free_port())
+    shutil.rmtree(node.ssh_dir)
+    shutil.rmtree(node_root / "run")
+    node.prepare(keys.generate_bundle())
+    node.start()
+    try:
+        unit = install(node_root, stack, identity("login", LOGIN_ID) | {
+            "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN}, tmp_path)
+        # Published after install.sh's first cycle: what follows is the service's work, in its sandbox.
+        stack.publish_keys(bundle, "s1")
+        stack.put(contract.login_limits_parameter(CLUSTER), {
+            "format": contract.LOGIN_LIMITS_FORMAT, "version": "s1",
+            "limits": {"default": 2, "overrides": {"nobody": 4}, "exempt": ["daemon"]}})
+        stack.put(contract.user_caps_parameter(CLUSTER), {
+            "format": contract.USER_CAPS_FORMAT, "caps": {"default": {"cpuQuota": "200%", "memoryMax": "8G",
+                                                                      "tasksMax": 512},
+                                                          "overrides": {"nobody": {"memoryMax": "16G"}},
+                                                          "exempt": ["daemon"]}})
+        # A handle that names no process: the agent reads the node's processes and answers "gone".
+        stale = f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip().replace('-', '')[:8]}:4194000:1"
+        stack.put(contract.end_sessions_parameter(CLUSTER, LOGIN_ID), {
+            "format": contract.END_SESSIONS_FORMAT, "sessions": [{"handle": stale, "user": "nobody"}]})
+        seen = len(stack.drain())
+
+        def reported():
+            return [e["detail"] for e in stack.drain()[seen:] if e["detail"].get("instanceId") == LOGIN_ID
+                    and "userCaps" in e["detail"] and "sessions" in e["detail"]]
+
+        output, code = run_in_sandbox(node_root, unit, stack, reported)
+    finally:
+        stop_process(node.process)
+
+    assert code is None, f"the agent exited {code}:\n{output[-3000:]}"  # a service keeps running
+    [report, *_] = reported() or [None]
+    assert report is not None, output[-3000:]
+    text = json.dumps(report) + output
+    assert not [error for error in READ_ONLY_ERRORS if error in text], output[-3000:]
+    assert report["hostIdentity"]["result"] == "changed", report["hostIdentity"]
+    assert report["loginLimits"]["result"] == "changed", report["loginLimits"]
+    assert report["userCaps"]["result"] == "changed", report["userCaps"]
+    assert [(e["handle"], e["result"]) for e in report["sessions"]["ended"]] == [(stale, "gone")]
+    # What the unit let it write, where a node keeps it.
+    assert (node_root / "etc/systemd/system/user-.slice.d/90-hpops-caps.conf").read_text().count("MemoryMax=8G") == 1
+    assert "nobody  hard  maxlogins  4" in (node_root / "etc/security/limits.d/90-hpops-maxlogins.conf").read_text()
+    assert (node_root / "etc/ssh/ssh_host_ed25519_key").read_text() == bundle.ed25519.private_openssh
+    assert (node_root / "var/lib/hpops-node-agent/state.json").exists()
+
+
+SLURM_STUB = """#!/bin/sh
+# Stand-in for {name}: what a controller with one user association answers.
+case "$*" in
+  *"show config"*) echo "ClusterName = sandbox"; echo "AccountingStorageEnforce = associations,limits,qos,safe";;
+  *"show assoc"*|*"show association"*) echo "7|1|sandbox|research|hpt-held||normal|normal||";;
+esac
+exit 0
+"""
+
+
+def test_controller_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
+    slurm = node_root / "opt/slurm/bin"
+    slurm.mkdir(parents=True)
+    for name in ("sacct", "sacctmgr", "scontrol", "squeue", "scancel", "sinfo"):
+        (slurm / name).write_text(SLURM_STUB.format(name=name))
+        (slurm / name).chmod(0o755)
+    unit = install(node_root, stack, identity("controller", CONTROLLER_ID) | {
+        "usageSeconds": 60, "sacctCmd": str(slurm / "sacct")}, tmp_path)
+    month = time.strftime("%Y-%m", time.gmtime())
+    expires = time.strftime("%Y-%m-%dT%H:00:00Z", time.gmtime(time.time() + 86400))
+    stack.put(user_holds.user_holds_parameter(CLUSTER),
+              user_holds.canonical_json(user_holds.desired_document(month, expires, False, ["hpt-held"])))
+    seen = len(stack.drain())
+    state = node_root / "var/lib/hpops-node-agent"
+
+    def reported():
+        types = {e["detail-type"] for e in stack.drain()[seen:]}
+        return {contract.USAGE_DETAIL_TYPE, user_holds.HOLDS_DETAIL_TYPE} <= types
+
+    output, code = run_in_sandbox(node_root, unit, stack, reported)
+
+    assert code is None, f"the agent exited {code}:\n{output[-3000:]}"
+    assert reported(), output[-3000:]
+    assert not [error for error in READ_ONLY_ERRORS if error in output], output[-3000:]
+    assert "crashed" not in output and "holds-state-unreadable" not in output, output[-3000:]
+    assert sorted(p.name for p in state.iterdir() if p.suffix == ".json") >= ["slurm-holds.json", "usage-state.json"]

@@ -1,0 +1,173 @@
+"""The file-system sandbox a systemd unit describes, rebuilt without systemd (PID 1 here is not systemd).
+
+Reads the unit's [Service] settings and runs a command in a private mount namespace (``unshare -m``)
+where the same paths are read-only, writable, private or hidden as systemd.exec(5) says, with the
+node's paths rebased under a test root (the agent's ``root`` option). The real file system is made
+read-only too (``ProtectSystem=strict``), so a write anywhere the unit does not allow fails with
+EROFS, in the test as on a node.
+
+Reproduced: ProtectSystem (yes/full/strict), ProtectHome (yes/read-only/tmpfs), PrivateTmp,
+ReadWritePaths, ReadOnlyPaths, InaccessiblePaths (with the '-' prefix: ignore if missing),
+StateDirectory/RuntimeDirectory/CacheDirectory/LogsDirectory (created and writable),
+ConfigurationDirectory (created, read-only), ProtectKernelTunables, ProtectControlGroups, UMask,
+PrivateDevices (a /dev with null, zero, full, random, urandom, tty, pts and shm only).
+A setting that changes the file system in a way not rebuilt here (BindPaths=, RootDirectory=,
+TemporaryFileSystem=, User=...) raises UnsupportedSetting: the test fails until this file learns
+it, instead of passing a sandbox weaker than the unit's. Not rebuilt, as they do not change which
+paths the agent may write: NoNewPrivileges, ProtectKernelModules, ProtectKernelLogs, ProtectClock,
+ProtectHostname, RestrictNamespaces, RestrictAddressFamilies, RestrictSUIDSGID, RestrictRealtime,
+LockPersonality.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+# systemd.exec(5): the directories each *Directory= setting names its entries under.
+MANAGED_DIRECTORIES = {"StateDirectory": "/var/lib", "RuntimeDirectory": "/run", "CacheDirectory": "/var/cache",
+                       "LogsDirectory": "/var/log", "ConfigurationDirectory": "/etc"}
+PROTECT_SYSTEM = {"yes": ("/usr", "/boot", "/efi"), "true": ("/usr", "/boot", "/efi"),
+                  "full": ("/usr", "/boot", "/efi", "/etc"), "strict": ("/",)}
+HOME_PATHS = ("/home", "/root", "/run/user")
+# File-system settings this sandbox does not rebuild: any of them makes the test fail, not pass weaker.
+UNSUPPORTED = ("BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootDirectory", "RootImage",
+               "MountImages", "ExtensionImages", "ExtensionDirectories", "ProtectProc", "ProcSubset", "PrivateUsers",
+               "DynamicUser", "User", "Group", "ExecPaths", "NoExecPaths", "WorkingDirectory", "RootDirectoryStartOnly")
+
+
+class UnsupportedSetting(AssertionError):
+    """The unit uses a file-system setting this sandbox cannot rebuild."""
+
+
+def service_settings(unit_text: str) -> Dict[str, List[str]]:
+    """[Service] key -> every value assigned, in order; an empty assignment resets a list (systemd's rule)."""
+    settings: Dict[str, List[str]] = {}
+    section = None
+    for raw in unit_text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            continue
+        if section != "Service" or "=" not in line:
+            continue
+        key, value = (part.strip() for part in line.split("=", 1))
+        if value == "":
+            settings[key] = []
+        else:
+            settings.setdefault(key, []).append(value)
+    return settings
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    read_only: Tuple[str, ...]  # node paths
+    writable: Tuple[Tuple[str, bool], ...]  # (node path, may be missing)
+    created: Tuple[Tuple[str, str], ...]  # (node path, mode) systemd creates before starting
+    hidden: Tuple[Tuple[str, bool], ...]
+    private_tmp: bool
+    kernel_read_only: Tuple[str, ...]  # real paths (/proc/sys, /sys...)
+    umask: str = "0022"
+    private_devices: bool = False
+
+    @classmethod
+    def from_unit(cls, unit_text: str) -> "Sandbox":
+        settings = service_settings(unit_text)
+        used = sorted(set(settings) & set(UNSUPPORTED))
+        if used:
+            raise UnsupportedSetting(f"the unit sets {', '.join(used)}, which tests/node/unit_sandbox.py does not "
+                                     "rebuild: teach it, so the sandbox test stays as strict as the unit")
+
+        def last(key: str, default: str = "no") -> str:
+            return (settings.get(key) or [default])[-1].lower()
+
+        def paths(key: str) -> List[Tuple[str, bool]]:
+            found = []
+            for value in settings.get(key, []):
+                for word in shlex.split(value):
+                    optional = word.startswith("-")
+                    word = word.lstrip("-+")
+                    if not word.startswith("/"):
+                        raise UnsupportedSetting(f"{key}={word}: only absolute paths are rebuilt")
+                    found.append((word, optional))
+            return found
+
+        read_only = list(PROTECT_SYSTEM.get(last("ProtectSystem"), ()))
+        hidden = paths("InaccessiblePaths")
+        home = last("ProtectHome")
+        if home == "read-only":
+            read_only += HOME_PATHS
+        elif home in ("yes", "true", "tmpfs"):
+            hidden += [(path, True) for path in HOME_PATHS]
+        read_only += [path for path, _ in paths("ReadOnlyPaths")]
+        writable = paths("ReadWritePaths")
+        mode = settings.get("StateDirectoryMode", ["0755"])[-1]
+        created = []
+        for key, base in MANAGED_DIRECTORIES.items():
+            for value in settings.get(key, []):
+                for name in value.split():
+                    path = f"{base}/{name.split(':')[0]}"
+                    created.append((path, mode if key == "StateDirectory" else "0755"))
+                    if key == "ConfigurationDirectory":
+                        read_only.append(path)
+                    else:
+                        writable.append((path, False))
+        kernel = []
+        if last("ProtectKernelTunables") in ("yes", "true"):
+            kernel += ["/proc/sys", "/sys"]
+        if last("ProtectControlGroups") in ("yes", "true"):
+            kernel.append("/sys/fs/cgroup")
+        return cls(tuple(read_only), tuple(writable), tuple(created), tuple(hidden),
+                   last("PrivateTmp") in ("yes", "true"), tuple(kernel), last("UMask", "0022"),
+                   last("PrivateDevices") in ("yes", "true"))
+
+    def script(self, root: Path) -> str:
+        """bash: set up the namespace for a node rebased at ``root``, then exec "$@"."""
+        def at(path: str) -> str:
+            return shlex.quote(str(root) + ("" if path == "/" else path))
+
+        lines = ["set -eu", "mount --make-rprivate /"]
+        for path, mode in self.created:
+            lines.append(f"install -d -m {mode} {at(path)}")
+        for path, optional in self.writable:
+            # systemd refuses to start a unit whose ReadWritePaths entry is missing (226/NAMESPACE).
+            lines.append(f"if [ -e {at(path)} ]; then mount --bind {at(path)} {at(path)}; "
+                         + ("fi" if optional else
+                            f"else echo 'sandbox: ReadWritePaths {path} does not exist (226/NAMESPACE)' >&2; exit 226; fi"))
+        writable = " ".join(shlex.quote(str(root) + p) for p, _ in self.writable)
+        for path in self.read_only:
+            if path == "/":
+                # Every mount of the real system read-only, except the API file systems and the writable binds.
+                lines.append(
+                    "awk '{print $5}' /proc/self/mountinfo | sort -u | while read -r mp; do case \"$mp\" in "
+                    "/proc|/proc/*|/sys|/sys/*|/dev|/dev/*) continue;; esac; skip=; for w in " + writable
+                    + "; do case \"$mp\" in \"$w\"|\"$w\"/*) skip=1;; esac; done; [ -n \"$skip\" ] || "
+                    "mount -o remount,bind,ro \"$mp\"; done")
+            else:
+                for target in (at(path), shlex.quote(path)):
+                    lines.append(f"if [ -d {target} ]; then mount --rbind {target} {target}; "
+                                 f"mount -o remount,bind,ro {target}; fi")
+        for path, _ in self.hidden:
+            for target in (at(path), shlex.quote(path)):
+                lines.append(f"if [ -d {target} ]; then mount -t tmpfs -o ro,mode=000 tmpfs {target}; fi")
+        if self.private_tmp:
+            lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
+        if self.private_devices:
+            # Built on a tmpfs mounted over /mnt (in this namespace only), then moved over /dev.
+            lines += ["staging=/mnt",
+                      "mount -t tmpfs -o mode=755,nosuid tmpfs \"$staging\"",
+                      "for name in null zero full random urandom tty; do touch \"$staging/$name\"; "
+                      "mount --bind \"/dev/$name\" \"$staging/$name\"; done",
+                      "mkdir \"$staging/pts\" \"$staging/shm\"", "mount --rbind /dev/pts \"$staging/pts\"",
+                      "mount -t tmpfs -o mode=1777 tmpfs \"$staging/shm\"", "mount -n --move \"$staging\" /dev"]
+        for path in self.kernel_read_only:
+            lines.append(f"mount --bind {path} {path}; mount -o remount,bind,ro {path}")
+        lines += [f"umask {shlex.quote(self.umask)}", 'exec "$@"']
+        return "\n".join(lines)
+
+    def command(self, root: Path, argv: List[str]) -> List[str]:
+        return ["unshare", "-m", "--propagation", "private", "bash", "-c", self.script(root), "unit-sandbox", *argv]

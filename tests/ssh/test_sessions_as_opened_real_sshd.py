@@ -1,0 +1,228 @@
+"""Sessions as users open them, on a real sshd: multiplexed channels and directory user names.
+
+* One OpenSSH ControlMaster connection carrying 4 shells, under a limit of 2: the node agent lists
+  4 sessions (one per channel, not one per connection), the stack's decision picks the 2 newest,
+  and the agent ends exactly those 2 channels. The 2 older shells on the same connection keep
+  answering, and bob's shell is untouched.
+* A handle listed while the connection carried one shell is not used to end the connection once
+  it carries more: nothing is ended that nobody chose.
+* A directory user as SSSD/realmd names them (``user@domain``, created here with
+  ``useradd --badname``) is counted and limited like any other.
+
+Real OpenSSH with PAM. Needs root (useradd) and /usr/sbin/sshd; skips without them, except under
+CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import real_tools
+from real_tools import free_port
+
+from hpops_core.node_channel import reports
+from hpops_core.session_limits.cluster_sessions import decide_cluster_wide, end_sessions_document, ssh_sessions_of_report
+from hpops_core.session_limits.policy import LimitPolicy
+from hpops_node_agent import ssh_sessions
+
+pytestmark = pytest.mark.realssh
+
+SSHD, SSH, SSH_KEYGEN = "/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"
+MUX_USER, BOB, DIRECTORY_USER = "hpt30mux", "hpt30bob", "hpt30b@example.edu"
+INSTANCE = "i-00000000000000030"
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    real_tools.require_root_and_programs((SSHD, SSH, SSH_KEYGEN, "/usr/sbin/useradd"), "multiplexed session tests",
+                                         "apt-get install -y openssh-server openssh-client")
+    real_tools.require((SSHD, SSH, SSH_KEYGEN), "multiplexed session tests", "apt-get install -y openssh-server")
+    folder = tmp_path_factory.mktemp("client-keys")
+    for user in (MUX_USER, BOB, DIRECTORY_USER):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            # --badname: Debian's NAME_REGEX refuses '@'; SSSD serves such names without useradd.
+            subprocess.run(["useradd", "--badname", "-m", "-s", "/bin/sh", user], check=True)
+        subprocess.run(["usermod", "-p", "*", user], check=True)  # no password, not locked: keys only
+        key = folder / user
+        subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        account = pwd.getpwnam(user)
+        ssh_dir = Path(account.pw_dir) / ".ssh"
+        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text((folder / f"{user}.pub").read_text())
+        for path in (ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, account.pw_uid, account.pw_gid)
+    if not Path("/run/utmp").exists():  # systemd-tmpfiles makes it on a real node
+        subprocess.run(["install", "-m664", "/dev/null", "/run/utmp"], check=True)
+    return folder
+
+
+@pytest.fixture
+def sshd(keys, tmp_path):
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
+    port = free_port()
+    # MaxSessions 10 is OpenSSH's default, written out: the channels a connection may carry.
+    (tmp_path / "sshd_config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path}/host_key\nPidFile {tmp_path}/sshd.pid\n"
+        "UsePAM yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nMaxSessions 10\nLogLevel VERBOSE\n")
+    with (tmp_path / "sshd.log").open("ab") as log:
+        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp_path / "sshd_config")], stdout=log, stderr=log,
+                                   stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
+        assert time.monotonic() < deadline and process.poll() is None, "sshd did not start"
+        time.sleep(0.05)
+    clients: list[subprocess.Popen] = []
+
+    def ssh(user: str, *args: str) -> subprocess.Popen:
+        command = [SSH, "-i", str(keys / user), "-p", str(port), "-o", "StrictHostKeyChecking=no",
+                   "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+                   *args, "-l", user, "127.0.0.1"]
+        client = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        clients.append(client)
+        return client
+
+    ssh.listener = process.pid
+    yield ssh
+    for client in clients:
+        if client.poll() is None:
+            client.kill()
+            client.wait(timeout=5)
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def listing(ssh) -> list[ssh_sessions.NodeSession]:
+    return ssh_sessions.list_sessions(listener_pids=[ssh.listener])
+
+
+def wait_for(ssh, user: str, count: int, timeout: float = 15) -> list[ssh_sessions.NodeSession]:
+    deadline = time.monotonic() + timeout
+    while True:
+        mine = [s for s in listing(ssh) if s.user == user]
+        if len(mine) == count or time.monotonic() > deadline:
+            return mine
+        time.sleep(0.1)
+
+
+def answers(client: subprocess.Popen, word: str) -> bool:
+    """The remote shell runs a command: its answer (6*7 computed remotely) is not in what a pty echoes."""
+    try:
+        client.stdin.write(f"echo {word}-$((6*7))\n".encode())
+        client.stdin.flush()
+    except BrokenPipeError:
+        return False
+    deadline = time.monotonic() + 10
+    line = b""
+    while time.monotonic() < deadline and f"{word}-42".encode() not in line:
+        line = client.stdout.readline()
+        if not line and client.poll() is not None:
+            return False
+    return f"{word}-42".encode() in line
+
+
+def decide(sessions: list[ssh_sessions.NodeSession], limit: int):
+    """The stack's cluster-wide decision over this node's report, ordered by the exact start ticks."""
+    entries = [s.to_report() for s in sessions]
+    bad: list[str] = []
+    assert [reports._session_entry(e, "sessions.list", bad) for e in entries] == entries and not bad
+    parsed = ssh_sessions_of_report(INSTANCE, entries)
+    exact = {s.handle: s.started_at for s in sessions}
+    seen = [type(s)(s.instance_id, s.handle, s.user, datetime.fromtimestamp(exact[s.handle], timezone.utc), s.tty)
+            for s in parsed]
+    return decide_cluster_wide(seen, [], LimitPolicy(default_max=limit, excess="newest"))
+
+
+def test_four_shells_on_one_controlmaster_connection_under_a_limit_of_two_end_exactly_the_two_newest(sshd, tmp_path):
+    control = f"{tmp_path}/cm-%r"
+    mux = ("-o", f"ControlPath={control}")
+    master = sshd(MUX_USER, "-N", "-o", "ControlMaster=yes", *mux)
+    bob = sshd(BOB, "-tt")
+    assert answers(bob, "bob-up")
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.glob("cm-*")):
+        assert time.monotonic() < deadline and master.poll() is None, master.stderr.read()
+        time.sleep(0.05)
+
+    first = sshd(MUX_USER, "-tt", "-o", "ControlMaster=no", *mux)
+    assert answers(first, "shell-1")
+    [only] = wait_for(sshd, MUX_USER, 1)  # one channel: the connection is the session
+    shells = [first]
+    for number in (2, 3, 4):
+        time.sleep(0.05)  # distinct start ticks, so "newest" is never a tie broken by handle
+        shells.append(sshd(MUX_USER, "-tt", "-o", "ControlMaster=no", *mux))
+        assert answers(shells[-1], f"shell-{number}")
+
+    listed = wait_for(sshd, MUX_USER, 4)
+    assert len(listed) == 4 and all(s.tty for s in listed), listed
+    # One connection: one sshd monitor, as a listing by connection would have counted.
+    monitors = subprocess.run(["pgrep", "-c", "-f", f"^sshd: {MUX_USER} \\[priv\\]"], capture_output=True, text=True)
+    assert monitors.stdout.strip() == "1"
+
+    # The handle from when it carried one shell names the whole connection now: not used to end it.
+    stale = ssh_sessions.end_session(only.handle, MUX_USER)
+    assert stale.result == "gone" and "4 channels" in stale.reason
+    assert all(answers(shell, f"after-stale-{n}") for n, shell in enumerate(shells))
+
+    decision = decide(listed + wait_for(sshd, BOB, 1), limit=2)
+    assert decision.by_user[MUX_USER]["ssh"] == {INSTANCE: 4} and decision.by_user[BOB]["ssh"] == {INSTANCE: 1}
+    newest_two = sorted(listed, key=lambda s: s.started_at)[2:]
+    assert sorted(e.handle for e in decision.ssh_to_end) == sorted(s.handle for s in newest_two)
+
+    results = ssh_sessions.end_sessions(end_sessions_document(decision.ssh_by_node()[INSTANCE]))
+
+    assert sorted((r.user, r.result) for r in results) == [(MUX_USER, "ended"), (MUX_USER, "ended")], results
+    for shell in shells[2:]:
+        shell.wait(timeout=10)  # their channels closed: the clients are gone
+    # Exactly the two oldest channels of the same connection keep working, and bob is untouched.
+    assert answers(shells[0], "shell-1-still") and answers(shells[1], "shell-2-still")
+    assert master.poll() is None and answers(bob, "bob-still")
+    assert len(wait_for(sshd, MUX_USER, 2)) == 2 and len(wait_for(sshd, BOB, 1)) == 1
+
+
+def test_a_channel_handle_of_another_user_is_refused_and_nothing_is_signalled(sshd, tmp_path):
+    mux = ("-o", f"ControlPath={tmp_path}/cm-%r")
+    sshd(MUX_USER, "-N", "-o", "ControlMaster=yes", *mux)
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.glob("cm-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shells = [sshd(MUX_USER, "-tt", "-o", "ControlMaster=no", *mux) for _ in range(2)]
+    assert all(answers(shell, f"up-{n}") for n, shell in enumerate(shells))
+    listed = wait_for(sshd, MUX_USER, 2)
+
+    refused = ssh_sessions.end_session(listed[0].handle, BOB)
+
+    assert refused.result == "refused"
+    assert all(answers(shell, f"still-{n}") for n, shell in enumerate(shells))
+
+
+def test_a_directory_user_name_is_counted_and_limited(sshd):
+    shell = sshd(DIRECTORY_USER, "-tt")
+    assert answers(shell, "dir-shell")
+    tunnel = sshd(DIRECTORY_USER, "-N")
+    wait_for(sshd, DIRECTORY_USER, 2)
+    time.sleep(0.05)
+    command = sshd(DIRECTORY_USER, "-T")
+    assert answers(command, "dir-command")
+    bob = sshd(BOB, "-tt")
+    assert answers(bob, "bob-up")
+
+    listed = wait_for(sshd, DIRECTORY_USER, 3)
+    assert len(listed) == 3 and {s.user for s in listed} == {DIRECTORY_USER}
+    decision = decide(listed + wait_for(sshd, BOB, 1), limit=2)
+    newest = max(listed, key=lambda s: s.started_at)
+    assert [(e.handle, e.user) for e in decision.ssh_to_end] == [(newest.handle, DIRECTORY_USER)]
+
+    results = ssh_sessions.end_sessions(end_sessions_document(decision.ssh_by_node()[INSTANCE]))
+
+    assert [(r.user, r.result) for r in results] == [(DIRECTORY_USER, "ended")]
+    command.wait(timeout=10)
+    assert command.returncode == 255
+    assert answers(shell, "dir-shell-still") and tunnel.poll() is None and answers(bob, "bob-still")
