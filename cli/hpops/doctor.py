@@ -329,7 +329,7 @@ def _load_balancer_facts(session: Any, target: Target, cluster: dict, groups: di
 
 
 def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
-    from hpops.main import _node_reports
+    from hpops.node_reports import read_node_reports
     from hpops_core.host_identity.identity_record import read_expected
     from hpops_node_agent import __version__ as agent_version
 
@@ -342,7 +342,7 @@ def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
     table = stack.outputs["SyncStateTableName"]
     published = read_expected(dynamodb, table, target.cluster) or {}
     version = published.get("version") if published.get("mode") in ("keys", "certificate") else None
-    return checks.decide_reports(target.login_group, running, _node_reports(dynamodb, table, target.cluster),
+    return checks.decide_reports(target.login_group, running, read_node_reports(dynamodb, table, target.cluster),
                                  version, agent_version, now, REPORT_MAX_AGE, stack.name)
 
 

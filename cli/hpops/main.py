@@ -36,6 +36,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +45,23 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops.errors import EXIT_USAGE, CliError, explain
 from hpops.event_files import load_event_files
+from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
 from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
 
+TWIN_ENTRY_POINTS = "hpops.twin"  # group twin/pyproject.toml registers its commands module in
+
 
 def _twin(command: str, args: argparse.Namespace) -> int:
-    """Run a twin command; the twin is part of the development install only."""
+    """Run a twin command; the twin is part of the development install only. The twin registers its
+    commands as an entry point, so the CLI finds them without importing the twin (which imports the CLI)."""
     try:
-        from hpops_twin import commands
-    except ImportError as error:
-        raise CliError(f"the local twin is not installed ({error.name} missing): it comes with the development "
+        [entry] = entry_points(group=TWIN_ENTRY_POINTS, name="commands")
+        commands = entry.load()
+    except (ValueError, ImportError) as error:
+        missing = getattr(error, "name", None) or f"its {TWIN_ENTRY_POINTS} entry point"
+        raise CliError(f"the local twin is not installed ({missing} missing): it comes with the development "
                        "install, `make demo` in a clone of the repository, or pip install -e ./twin") from None
     return getattr(commands, command)(args)
 
@@ -142,7 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     cluster, group = parameters["ClusterName"], parameters.get("LoginGroupName", "login")
     login_nodes = _running_login_nodes(session.client("sagemaker"), cluster, group)
     dynamodb, sfn = session.client("dynamodb"), session.client("stepfunctions")
-    reports = _node_reports(dynamodb, table, cluster)
+    reports = read_node_reports(dynamodb, table, cluster)
     document = status_document(
         stack=args.stack_name, region=session.region_name, cluster=cluster, login_group=group, now=now,
         targets=_target_health(session.client("elbv2"), target_group), login_nodes=login_nodes,
@@ -181,17 +188,6 @@ def _running_login_nodes(sagemaker: Any, cluster: str, group: str) -> list[dict]
                if s["InstanceGroupName"] == group and s["InstanceStatus"]["Status"] == "Running"]
     return [{"instanceId": node, "ip": sagemaker.describe_cluster_node(ClusterName=cluster, NodeId=node)
              ["NodeDetails"]["PrivatePrimaryIp"]} for node in running]
-
-
-def _node_reports(dynamodb: Any, table: str, cluster: str) -> dict[str, dict]:
-    """Instance id -> the latest report its agent sent (one item per node, report_store's layout)."""
-    from hpops_core.common.state_table import node_report_partition
-    from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
-
-    pages = dynamodb.get_paginator("query").paginate(
-        TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
-        ExpressionAttributeValues={":pk": {"S": node_report_partition(cluster)}, ":sk": {"S": SK_PREFIX}})
-    return {item["sk"]["S"][len(SK_PREFIX):]: report_from_item(item) for page in pages for item in page["Items"]}
 
 
 def _last_execution(sfn: Any, state_machine_arn: str) -> dict | None:

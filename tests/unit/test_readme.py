@@ -544,10 +544,20 @@ def test_cost_table(bench):
     assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
     rows = table(docs_text(), "item | per month")
     assert [r[0] for r in rows] == [line["item"] for line in defaults["lines"]]
-    for (item, quantity, usd), line in zip(rows, defaults["lines"]):
+    for (item, quantity, before, usd), line in zip(rows, defaults["lines"]):
         amount, unit = quantity.rsplit(" ", 1) if quantity.count(" ") == 1 else quantity.split(" ", 1)
         assert unit == line["unit"] and near(number(amount), line["quantity"], share=0.005), item
-        assert float(usd) == line["usd"], item
+        assert float(usd) == line["usd"] and float(before) == line["before_usd"], item
+    before_alone, before_lb = claim(text, r"the `before` column: \$([\d.]+) and \$([\d.]+)\)")
+    assert (float(before_alone), float(before_lb)) == (defaults["before_automation_usd"], defaults["before_with_load_balancer_usd"])
+    # The goals, at the defaults: every feature on, and the optional parts off.
+    every = cost["every_feature"]
+    every_alone, every_lb = claim(text, r"`HostIdentityMode=certificate` adds.*?: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+    assert (float(every_alone), float(every_lb)) == (every["automation_usd"], every["with_load_balancer_usd"])
+    goal_every, goal_lean = claim(text, r"at most \$(\d+) a month with every feature on and at most \$(\d+) with the optional parts off")
+    assert (float(goal_every), float(goal_lean)) == (cost["goals"]["every_feature_usd"], cost["goals"]["lean_usd"])
+    assert every["automation_usd"] <= cost["goals"]["every_feature_usd"] and defaults["automation_usd"] <= cost["goals"]["every_feature_usd"]
+    assert lean["automation_usd"] <= cost["goals"]["lean_usd"]
 
 
 # ---------------------------------------------------------------- the front door and the guide

@@ -21,7 +21,7 @@ from hpops_twin.world_diff import AlertInbox, changes, login_nodes, snapshot
 
 
 def demo(args: argparse.Namespace) -> int:
-    from hpops_twin.demo import run_demo  # the demo's modules load only for the demo
+    from hpops_twin.demo_story import run_demo  # the demo's modules load only for the demo
 
     return run_demo(args.json)
 

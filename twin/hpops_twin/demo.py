@@ -11,11 +11,10 @@ flushed at once, so a pipe or a CI log shows each step as it starts.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpops_twin.node_hosts import rotation_bundle
@@ -199,12 +198,6 @@ class Demo:
         self.step("manual repair, dry run (trusts no cached IP, changes nothing)", lambda: [world.start_repair(dry_run=True)])
         if world.resolver.parameters["HostIdentityMode"] == "keys":
             self.host_identity_steps()
-        from hpops_twin.session_demo import session_limit_steps
-
-        session_limit_steps(self)
-        from hpops_twin.budget_demo import budget_steps
-
-        budget_steps(self)
         return self.steps
 
     def host_identity_steps(self) -> None:
@@ -261,35 +254,3 @@ def spread_line(world: TwinWorld, users: int = 200) -> str:
     return (f"spread: {users} users behind one campus NAT over the {len(targets)} registered login nodes: "
             f"before (source_ip stickiness) {spread(True)}; now ({'source_ip' if sticky else 'no stickiness'}) {spread(sticky)}")
 
-
-def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
-    from hpops_twin.certificate_demo import run_certificate_chapter
-    from hpops_twin.holds_demo import run_holds_chapter
-    from hpops_twin.user_spend_demo import run_user_spend_chapter
-
-    from hpops_twin.iam.enforce import SUITE_DENIALS
-
-    random.seed(7)
-    started = time.perf_counter()
-    denials_before = len(SUITE_DENIALS)
-    out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
-        "a node agent per login node")
-    with TwinWorld() as world:
-        demo = Demo(world, out, started)
-        steps = demo.run()
-        demo.say(spread_line(world))
-    run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
-    run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
-    run_holds_chapter(demo)  # its own twin: holds are a stack parameter
-    out("")
-    out(demo.table())
-    denials = SUITE_DENIALS[denials_before:]  # every chapter's twin enforces IAM (hpops_twin/iam)
-    for denial in denials:
-        out(str(denial))
-    all_ok = all(s.ok for s in steps) and not denials
-    out("")
-    out("all steps converged" if all_ok else "SOME STEPS FAILED")
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
-    return 0 if all_ok else 1
