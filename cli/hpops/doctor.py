@@ -47,9 +47,12 @@ DOCTOR_IAM_ACTIONS = (
     "cloudtrail:GetEventSelectors",
     "ssm:GetDocument",
     "ce:ListCostAllocationTags",
+    "sns:ListSubscriptionsByTopic",  # is the alert e-mail confirmed?
+    "kms:GetKeyPolicy",  # the host identity key's policy
 )
 # Lines for checks that need what only a deployed stack has.
-NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "agent-reports", "slurm-usage")
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports",
+               "alert-subscription", "slurm-usage", "accounting-enforce")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
 # The controller collects usage every DEFAULT_USAGE_SECONDS (15 min); three missed windows is silence.
@@ -154,6 +157,23 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
         return [guarded(name, lambda g=groups[name]: checks.decide_policy(
             g["InstanceGroupName"], g["ExecutionRole"], _attached(iam, checks.role_name(g["ExecutionRole"])), policy))
             for _, name in present]
+    if check == "execution-role":
+        return [checks.decide_execution_role({name: g.get("ExecutionRole", "") for name, g in groups.items()},
+                                             [name for _, name in present],
+                                             stack and stack.parameters.get("ClusterExecutionRoleName"))]
+    if check == "node-endpoints":
+        ec2 = session.client("ec2")
+        return [guarded(name, lambda g=groups[name]: checks.decide_endpoints(
+            g["InstanceGroupName"], *_endpoint_facts(ec2, _vpc_config(cluster, g), target.region)))
+            for _, name in present]
+    if check == "host-identity":
+        return [guarded("", lambda: _decide_host_identity(session, target))]
+    if check == "kms-key-policy":
+        return [guarded("", lambda: _decide_key_policy(session, target))]
+    if check == "alert-subscription":
+        return [guarded("", lambda: _decide_subscription(session, target))]
+    if check == "accounting-enforce":
+        return [guarded(target.controller_group, lambda: _decide_enforce(session, target))]
     if check == "node-network":
         ec2 = session.client("ec2")
         return [guarded(name, lambda g=groups[name]: checks.decide_network(
@@ -269,6 +289,63 @@ def _network_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[checks
                  if e["ServiceName"] in names and e.get("VpcEndpointType", "Interface") == "Interface"
                  and e.get("State", "available").lower() == "available"]
     return paths, endpoints
+
+
+def _endpoint_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[str], list[str], list[checks.EndpointFacts]]:
+    """The nodes' security groups and subnet ranges, and the NODE_SERVICES interface endpoints of their VPC."""
+    node_groups, subnet_ids = list(vpc_config.get("SecurityGroupIds", [])), list(vpc_config.get("Subnets", []))
+    subnets = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"] if subnet_ids else []
+    vpcs = sorted({s["VpcId"] for s in subnets})
+    if not vpcs:
+        return node_groups, [], []
+    names = {f"com.amazonaws.{region}.{service}": service for service in checks.NODE_SERVICES}
+    found = [e for page in ec2.get_paginator("describe_vpc_endpoints").paginate(
+        Filters=[{"Name": "vpc-id", "Values": vpcs}, {"Name": "service-name", "Values": list(names)}])
+        for e in page["VpcEndpoints"] if e["ServiceName"] in names
+        and e.get("VpcEndpointType", "Interface") == "Interface"
+        and e.get("State", "available").lower() in ("available", "pending", "pendingacceptance")]
+    group_ids = sorted({g["GroupId"] for e in found for g in e.get("Groups", [])})
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"]} \
+        if group_ids else {}
+    endpoints = [checks.EndpointFacts(e["VpcEndpointId"], names[e["ServiceName"]],
+                                      [described[g["GroupId"]] for g in e.get("Groups", []) if g["GroupId"] in described],
+                                      json.loads(e["PolicyDocument"]) if e.get("PolicyDocument") else None)
+                 for e in found]
+    return node_groups, [s["CidrBlock"] for s in subnets], endpoints
+
+
+def _decide_host_identity(session: Any, target: Target) -> Finding:
+    from hpops_core.host_identity.identity_record import read_expected
+
+    stack = target.stack
+    published = read_expected(session.client("dynamodb"), stack.outputs["SyncStateTableName"], target.cluster)
+    return checks.decide_host_identity(stack.parameters.get("HostIdentityMode") or "keys", published, stack.name)
+
+
+def _decide_key_policy(session: Any, target: Target) -> Finding:
+    key = target.stack.physical_id("HostIdentityKey")
+    if not key:
+        raise ValueError("the stack has no HostIdentityKey resource")
+    policy = session.client("kms").get_key_policy(KeyId=key, PolicyName="default")["Policy"]
+    account = target.stack.outputs["AlertTopicArn"].split(":")[4]  # the stack's account, from an ARN it made
+    return checks.decide_key_policy(key, json.loads(policy), account)
+
+
+def _decide_subscription(session: Any, target: Target) -> Finding:
+    topic = target.stack.outputs["AlertTopicArn"]
+    pages = session.client("sns").get_paginator("list_subscriptions_by_topic").paginate(TopicArn=topic)
+    return checks.decide_alert_subscription(topic, target.stack.parameters.get("AlarmEmail") or "",
+                                            [s for page in pages for s in page["Subscriptions"]])
+
+
+def _decide_enforce(session: Any, target: Target) -> Finding:
+    from hpops_core.budget_guard.hold_state import read_agent_report
+    from hpops_node_agent.slurm_holds import ENFORCE_FIX
+
+    holds_on = (target.stack.parameters.get("UserBudgetAction") or "alert") == "hold"
+    agent = read_agent_report(target.stack.outputs["SyncStateTableName"], target.cluster,
+                              session.client("dynamodb")) if holds_on else None
+    return checks.decide_accounting_enforce(target.controller_group, holds_on, agent, ENFORCE_FIX)
 
 
 def _split(text: str | None) -> list[str]:

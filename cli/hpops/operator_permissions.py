@@ -102,6 +102,15 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
+    # Session Manager into each running node of the cluster, then a repair.
+    "adopt": READ_STACK + (
+        Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
+        Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("ssm", "StartSession", "ssm:StartSession", "*"),
+        Call("sfn", "StartExecution", "states:StartExecution", SYNC),
+        Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
+    ),
     # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
     "doctor": READ_STACK + (
         Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),
@@ -126,6 +135,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
         Call("cost-explorer", "ListCostAllocationTags", "ce:ListCostAllocationTags", "*"),
+        Call("sns", "ListSubscriptionsByTopic", "sns:ListSubscriptionsByTopic", "{output:AlertTopicArn}"),
+        Call("kms", "GetKeyPolicy", "kms:GetKeyPolicy", HOST_KEY),
     ),
 }
 
@@ -139,6 +150,9 @@ WILDCARD_REASONS = {
     "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
     "elasticloadbalancing:DescribeLoadBalancers": "ElbDescribeActionsHaveNoResourceType",
     "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
+    # A sagemaker-cluster: target is none of the reference's StartSession resource types (UNCONFIRMED how
+    # AWS authorizes it).
+    "ssm:StartSession": "HyperPodSessionTargetsHaveNoResourceType",
     "ec2:DescribeSubnets": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",

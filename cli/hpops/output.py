@@ -365,16 +365,29 @@ def spread_text(spread: Mapping | None) -> list[str]:
     return lines
 
 
+# The one step that turns session limits on (docs/session-limits.md#dry-run-first).
+ENFORCE_STEP = ("to enforce: add SessionLimitsDryRun=false to samconfig.toml's parameter_overrides, then "
+                "sam build && sam deploy")
+
+
 def login_sessions_text(view: Mapping | None) -> list[str]:
     """`hpops status` lines: each user's sessions as the login nodes report them, by path and node."""
     if not view:
         return []
-    lines = [f"sessions the login nodes report (SSH and Session Manager together, per user): {view['userCount']} user(s)"]
+    lines = []
+    dry_run = bool(view.get("dryRun"))
+    if dry_run:
+        lines += [f"session limits: DRY RUN (SessionLimitsDryRun=true): nothing is ended; WOULD END marks whose "
+                  "sessions enforcement would end now", f"  {ENFORCE_STEP}"]
+    lines.append(f"sessions the login nodes report (SSH and Session Manager together, per user): {view['userCount']} user(s)")
     for u in view["users"]:
         def nodes(counts: Mapping) -> str:
             return ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) or "none"
         limit = "exempt" if u["limit"] is None else f"limit {u['limit']}"
-        lines.append(f"  {u['user'][:16]:<16} {u['total']} of {limit}{'  OVER' if u['over'] else ''}"
+        over = ""
+        if u["over"]:
+            over = f"  OVER, WOULD END {u['total'] - u['limit']}" if dry_run else "  OVER"
+        lines.append(f"  {u['user'][:16]:<16} {u['total']} of {limit}{over}"
                      f"  ssh: {nodes(u['ssh'])}; ssm: {nodes(u['ssm'])}")
     for node, caps in sorted(view["caps"].items()):
         lines.append(f"  caps on {node}: {caps}")

@@ -198,3 +198,79 @@ def test_an_nlb_without_a_group_needs_its_subnets_admitted_and_is_noted():
 def test_no_load_balancer_or_no_egress_is_a_problem():
     assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], balancers=())).status == PROBLEM
     assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], nlb_egress=[])).status == PROBLEM
+
+
+# ---------------------------------------------------------------------------- the first day's checks
+
+
+def test_execution_role_shared_with_a_compute_group_is_a_problem_naming_the_group():
+    from hpops.doctor_checks import decide_execution_role
+
+    roles = {"login": "arn:aws:iam::1:role/exec", "controller-machine": "arn:aws:iam::1:role/exec",
+             "gpu": "arn:aws:iam::1:role/exec"}
+    finding = decide_execution_role(roles, ["login", "controller-machine"], "exec")
+    assert finding.status == "PROBLEM" and finding.message.startswith("gpu runs with exec")
+    roles["gpu"] = "arn:aws:iam::1:role/compute"
+    assert decide_execution_role(roles, ["login", "controller-machine"], "exec").status == "OK"
+
+
+def test_host_identity_never_published_is_a_problem_with_the_command_for_the_mode():
+    from hpops.doctor_checks import decide_host_identity
+
+    keys = decide_host_identity("keys", None, "S")
+    assert keys.status == "PROBLEM" and "target group stays empty" in keys.message
+    assert keys.fix.startswith("hpops host-keys generate --stack-name S")
+    assert decide_host_identity("certificate", None, "S").fix.startswith("hpops host-keys ca-generate --stack-name S")
+    assert decide_host_identity("certificate", {"mode": "keys", "version": "v"}, "S").status == "PROBLEM"
+    assert decide_host_identity("keys", {"mode": "keys", "version": "v1"}, "S").status == "OK"
+    assert decide_host_identity("off", None, "S").status == "OK"
+
+
+def test_key_policy_without_the_account_or_with_a_deny_is_a_problem():
+    from hpops.doctor_checks import decide_key_policy
+
+    root = {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::111122223333:root"}, "Action": "kms:*", "Resource": "*"}
+    assert decide_key_policy("k", {"Statement": [root]}, "111122223333").status == "OK"
+    other = dict(root, Principal={"AWS": "arn:aws:iam::111122223333:role/admin"})
+    assert decide_key_policy("k", {"Statement": [other]}, "111122223333").status == "PROBLEM"
+    deny = {"Sid": "NoDecrypt", "Effect": "Deny", "Principal": "*", "Action": "kms:Decrypt", "Resource": "*"}
+    finding = decide_key_policy("k", {"Statement": [root, deny]}, "111122223333")
+    assert finding.status == "PROBLEM" and "NoDecrypt" in finding.message and "put-key-policy" in finding.fix
+
+
+def test_alert_subscription_pending_or_missing_is_a_problem():
+    from hpops.doctor_checks import decide_alert_subscription
+
+    topic = "arn:aws:sns:us-east-1:1:alerts"
+    pending = [{"SubscriptionArn": "PendingConfirmation", "Endpoint": "ops@example.org", "Protocol": "email"}]
+    assert decide_alert_subscription(topic, "ops@example.org", pending).status == "PROBLEM"
+    assert decide_alert_subscription(topic, "", []).status == "PROBLEM"
+    confirmed = [{"SubscriptionArn": topic + ":abc", "Endpoint": "ops@example.org", "Protocol": "email"}]
+    assert decide_alert_subscription(topic, "ops@example.org", confirmed).status == "OK"
+
+
+def test_endpoints_that_refuse_https_or_carry_a_deny_policy_are_problems():
+    from hpops.doctor_checks import EndpointFacts, decide_endpoints
+
+    open_443 = {"GroupId": "sg-e", "IpPermissions": [{"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
+                                                       "UserIdGroupPairs": [{"GroupId": "sg-nodes"}]}]}
+    closed = {"GroupId": "sg-e", "IpPermissions": []}
+    good = EndpointFacts("vpce-1", "ssm", [open_443], None)
+    assert decide_endpoints("login", ["sg-nodes"], ["10.0.0.0/24"], [good]).status == "OK"
+    assert decide_endpoints("login", ["sg-nodes"], ["10.0.0.0/24"], []).status == "OK"
+    refused = decide_endpoints("login", ["sg-nodes"], ["10.0.0.0/24"], [EndpointFacts("vpce-1", "ssm", [closed], None)])
+    assert refused.status == "PROBLEM" and "--port 443 --source-group sg-nodes" in refused.fix
+    deny = {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "ssm:*", "Resource": "*"}]}
+    denied = decide_endpoints("login", ["sg-nodes"], [], [EndpointFacts("vpce-1", "ssm", [open_443], deny)])
+    assert denied.status == "PROBLEM" and "--reset-policy" in denied.fix
+
+
+def test_accounting_enforce_is_checked_only_through_the_controllers_report():
+    from hpops.doctor_checks import decide_accounting_enforce
+
+    assert decide_accounting_enforce("c", False, None, "fix").status == "OK"
+    unknown = decide_accounting_enforce("c", True, None, "fix")
+    assert unknown.status == "UNKNOWN" and unknown.message.startswith("not checkable yet")
+    assert decide_accounting_enforce("c", True, {"enforced": True}, "fix").status == "OK"
+    off = decide_accounting_enforce("c", True, {"enforced": False, "enforceReason": "AccountingStorageEnforce = associations"}, "fix")
+    assert off.status == "PROBLEM" and off.fix == "fix"

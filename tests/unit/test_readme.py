@@ -113,6 +113,18 @@ SKIPPED = {
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
+    "aws iam attach-role-policy --role-name <controller-role> --policy-arn <NodeAgentPolicyArn>": AWS,
+    "aws ce update-cost-allocation-tags-status --cost-allocation-tags-status TagKey=ClusterName,Status=Active": AWS,
+    "aws s3 cp s3://<your-lifecycle-bucket>/<prefix>/on_create.sh .": AWS,
+    "aws s3 cp on_create.sh s3://<your-lifecycle-bucket>/<prefix>/on_create.sh": AWS,
+    "hpops adopt --stack-name S": f"{AWS}; tests/twin/test_adopt_twin.py runs its path against the twin's nodes",
+    "hpops adopt --stack-name S --print": AWS,
+    "hpops status --stack-name S": AWS,
+    "sam build && sam deploy": AWS,
+    "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
+    "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
+    "make docs": "rewrites docs/parameters.md and docs/deployer-policy.json; tests/unit/test_generated_docs.py "
+                 "runs the same generators and compares",
 }
 # Commands the prose names without their arguments: skipped as well (they need AWS), and only
 # checked to be commands hpops has.
@@ -121,6 +133,12 @@ MENTIONS = {
     "hpops repair": AWS,
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
     "hpops status": AWS,
+    "hpops adopt": AWS,
+    "hpops iam-policy": AWS,
+    "hpops host-keys ca-generate": AWS,
+    "hpops host-keys generate": AWS,
+    "hpops cost release": AWS,
+    "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
 }
 
 

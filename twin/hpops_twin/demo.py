@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import random
+import re
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +24,34 @@ from hpops_twin.world import ExecutionResult, TwinWorld
 
 # A pipe or CI log block-buffers print(): the timeline would arrive in lumps, or at the end.
 say_now = functools.partial(print, flush=True)
+SCREEN_WIDTH = 100
+# A host key fingerprint and a secret version id, of which a terminal shows the first 8 characters
+# (--json keeps them whole): enough to tell two apart on screen.
+_FINGERPRINT = re.compile(r"\b(SHA256:[A-Za-z0-9+/]{8})[A-Za-z0-9+/]{12,}=*")
+_UUID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# What a wrapped line's continuations sit under: a table row's step name, or the clock and the line's indent.
+_TABLE_ROW = re.compile(r"( ?\d+ +\d+ +\d+ +\d+ +\d+ +\d+ +[\d.]+ +(?:ok \(drift\)|\S+) +)")
+_INDENT = re.compile(r"(\[[ 0-9.]+s\] +| *)")
+
+
+def on_screen(text: str, width: int = SCREEN_WIDTH) -> list[str]:
+    """A demo line as a terminal shows it: fingerprints and version ids shortened, and wrapped at
+    ``width`` under its own indent (after the clock)."""
+    text = _UUID.sub(r"\1…", _FINGERPRINT.sub(r"\1…", text))
+    if len(text) <= width:
+        return [text]
+    row = _TABLE_ROW.match(text)
+    indent = " " * len(row.group(0)) if row else " " * (len(_INDENT.match(text).group(0)) + 2)
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def fitted(out: Callable[[str], None]) -> Callable[[str], None]:
+    """``out`` with every line made to fit the screen."""
+    def say(text: str) -> None:
+        for line in text.splitlines() or [""]:
+            for part in on_screen(line):
+                out(part)
+    return say
 
 
 @dataclass
@@ -89,9 +119,12 @@ class Demo:
         self.out(f"[{time.perf_counter() - self.started:6.2f}s] {text}")
 
     def step(self, title: str, action: Callable[[], list[str]], expectation: str = "target group == Running login nodes",
-             check: Callable[[], bool] = lambda: True, drift_expected: bool = False) -> StepOutcome:
+             check: Callable[[], bool] = lambda: True, drift_expected: bool = False, targets: bool = True) -> StepOutcome:
+        """``targets`` False: a step about something else (sessions, budgets), which shows the target group
+        only if it changed."""
         number = len(self.steps) + 1
         world = self.world
+        targets_before = world.target_ips()
         self.say(f"step {number}: {title}")
         world.counter.reset()
         begun = time.perf_counter()
@@ -110,7 +143,7 @@ class Demo:
             elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
                 lines = [f"verify {result['ip']}: {result['reason']}"]
             elif invocation.function.endswith("PublishHostIdentityFunction") and result.get("published"):
-                lines = [f"publish desired host identity {result['version'][:24]} for the node agents"]
+                lines = [f"publish desired host identity {result['version']} for the node agents"]
             elif invocation.function.endswith("RecordNodeReportFunction") and isinstance(invocation.event, dict):
                 detail = invocation.event.get("detail") or {}
                 identity = detail.get("hostIdentity") or {}
@@ -147,8 +180,10 @@ class Demo:
             self.say(f"          failed: {failure}")
         for notification in notifications:
             self.say(f"        notification: {notification['subject']}")
-        self.say(f"        target group: {', '.join(outcome.targets) or '(none)'} -> {verdict}"
-                 + ("" if outcome.expectation_met else f"; EXPECTATION FAILED: {expectation}"))
+        if targets or outcome.targets != targets_before or not outcome.converged:
+            self.say(f"        target group: {', '.join(outcome.targets) or '(none)'} -> {verdict}")
+        if not outcome.expectation_met:
+            self.say(f"        EXPECTATION FAILED: {expectation}")
         return outcome
 
     def run(self) -> list[StepOutcome]:

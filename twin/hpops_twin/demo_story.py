@@ -12,21 +12,22 @@ from dataclasses import asdict
 
 from hpops_twin.budget_demo import budget_steps
 from hpops_twin.certificate_demo import run_certificate_chapter
-from hpops_twin.demo import Demo, say_now, spread_line
+from hpops_twin.demo import Demo, fitted, say_now, spread_line
 from hpops_twin.holds_demo import run_holds_chapter
 from hpops_twin.iam.enforce import SUITE_DENIALS
 from hpops_twin.session_demo import session_limit_steps
 from hpops_twin.user_spend_demo import run_user_spend_chapter
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 
 def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
     random.seed(7)
+    out = fitted(out)  # every line fits the screen
     started = time.perf_counter()
     denials_before = len(SUITE_DENIALS)
     out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
         "a node agent per login node")
-    with TwinWorld() as world:
+    with TwinWorld(parameters=ENFORCING) as world:  # the demo shows limits enforced
         demo = Demo(world, out, started)
         steps = demo.run()
         demo.say(spread_line(world))
