@@ -39,6 +39,7 @@ DOCTOR_IAM_ACTIONS = (
     "ec2:DescribeVpcEndpoints",
     "ec2:DescribeSecurityGroups",
     "elasticloadbalancing:DescribeTargetGroups",
+    "elasticloadbalancing:DescribeLoadBalancers",  # the NLB's security groups and subnets
     "dynamodb:GetItem",
     "dynamodb:Query",
     "cloudtrail:DescribeTrails",
@@ -50,7 +51,7 @@ DOCTOR_IAM_ACTIONS = (
     "kms:GetKeyPolicy",  # the host identity key's policy
 )
 # Lines for checks that need what only a deployed stack has.
-NEEDS_STACK = ("node-agent-policy", "verifier-path", "host-identity", "kms-key-policy", "agent-reports",
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports",
                "alert-subscription", "slurm-usage", "accounting-enforce")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
@@ -180,6 +181,8 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
             for _, name in present]
     if check == "verifier-path":
         return [guarded("", lambda: checks.decide_verifier(_verifier_facts(session, target, cluster, groups)))]
+    if check == "nlb-path":
+        return [guarded("", lambda: checks.decide_load_balancer_path(_load_balancer_facts(session, target, cluster, groups)))]
     if check == "agent-reports":
         return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
     if check == "cloudtrail":
@@ -377,6 +380,29 @@ def _verifier_facts(session: Any, target: Target, cluster: dict, groups: dict) -
         ssh_port=target.ssh_port, cluster_groups=[described[i] for i in cluster_ids if i in described],
         verifier_groups=[described[i] for i in verifier_ids if i in described], verifier_subnets=found,
         cluster_subnet_cidrs=[s["CidrBlock"] for s in cluster_subnets], target_group_vpc=target_group["VpcId"])
+
+
+def _load_balancer_facts(session: Any, target: Target, cluster: dict, groups: dict) -> checks.LoadBalancerFacts:
+    """The load balancers in front of the stack's target group (created or existing), their security
+    groups and subnets, and the login nodes' groups."""
+    ec2, elbv2 = session.client("ec2"), session.client("elbv2")
+    target_group = elbv2.describe_target_groups(TargetGroupArns=[target.stack.outputs["TargetGroupArn"]])["TargetGroups"][0]
+    arns = list(target_group.get("LoadBalancerArns", []))
+    balancers = elbv2.describe_load_balancers(LoadBalancerArns=arns)["LoadBalancers"] if arns else []
+    nlb_ids = sorted({g for lb in balancers for g in lb.get("SecurityGroups", [])})
+    subnet_ids = [z["SubnetId"] for lb in balancers for z in lb.get("AvailabilityZones", []) if z.get("SubnetId")]
+    login_vpc = _vpc_config(cluster, groups.get(target.login_group) or {})
+    cluster_ids = list(login_vpc.get("SecurityGroupIds", []))
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=cluster_ids + nlb_ids)[
+        "SecurityGroups"]} if cluster_ids + nlb_ids else {}
+
+    def cidrs(ids: list[str]) -> list[str]:
+        return [s["CidrBlock"] for s in ec2.describe_subnets(SubnetIds=ids)["Subnets"]] if ids else []
+
+    return checks.LoadBalancerFacts(
+        ssh_port=target.ssh_port, load_balancers=balancers, nlb_groups=[described[i] for i in nlb_ids if i in described],
+        nlb_subnet_cidrs=cidrs(subnet_ids), cluster_groups=[described[i] for i in cluster_ids if i in described],
+        cluster_subnet_cidrs=cidrs(list(login_vpc.get("Subnets", []))))
 
 
 def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:

@@ -15,7 +15,7 @@ from typing import Any
 OK, PROBLEM, UNKNOWN, SKIPPED = "OK", "PROBLEM", "UNKNOWN", "SKIPPED"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
-CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path",
+CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path", "nlb-path",
           "host-identity", "kms-key-policy", "agent-reports", "alert-subscription", "cloudtrail", "run-as",
           "cost-allocation-tag", "slurm-usage", "accounting-enforce")
 # Checks with one line per agent group (login, controller).
@@ -235,6 +235,46 @@ def decide_verifier(facts: VerifierFacts) -> Finding:
         return Finding("verifier-path", PROBLEM, "; ".join(problems), "; ".join(fixes))
     return Finding("verifier-path", OK, f"the cluster's security group admits TCP {port} from the verifier's "
                    f"{', '.join(verifier_ids)}, in the target group's VPC {facts.target_group_vpc}")
+
+
+# ---------------------------------------------------------------------------- 4b. load balancer path
+
+
+@dataclass(frozen=True)
+class LoadBalancerFacts:
+    ssh_port: int
+    load_balancers: Sequence[Mapping[str, Any]]  # DescribeLoadBalancers items in front of the target group
+    nlb_groups: Sequence[Mapping[str, Any]]  # DescribeSecurityGroups items of their security groups
+    nlb_subnet_cidrs: Sequence[str]  # their subnets' CIDRs (where an NLB without a group connects from)
+    cluster_groups: Sequence[Mapping[str, Any]]  # ... of the login nodes' groups
+    cluster_subnet_cidrs: Sequence[str]
+
+
+def decide_load_balancer_path(facts: LoadBalancerFacts) -> Finding:
+    """Users' connections and the health checks reach the login nodes from the NLB's security group
+    (or, for an NLB without one, from its subnets): the nodes' group must admit the SSH port from it."""
+    port = facts.ssh_port
+    if not facts.load_balancers:
+        return Finding("nlb-path", PROBLEM, "no load balancer forwards to the target group",
+                       "add a TCP listener that forwards to it (or let the stack create the NLB)")
+    names = ", ".join(lb.get("LoadBalancerName", lb.get("LoadBalancerArn", "?")) for lb in facts.load_balancers)
+    nlb_ids = [g["GroupId"] for g in facts.nlb_groups]
+    cluster_ids = [g["GroupId"] for g in facts.cluster_groups]
+    source = f"security group {', '.join(nlb_ids)}" if nlb_ids else f"subnets {', '.join(facts.nlb_subnet_cidrs)}"
+    if not any(admits(g.get("IpPermissions", []), port, nlb_ids, [] if nlb_ids else facts.nlb_subnet_cidrs)
+               for g in facts.cluster_groups):
+        fix = (f"aws ec2 authorize-security-group-ingress --group-id {cluster_ids[0] if cluster_ids else 'SG'} "
+               f"--protocol tcp --port {port} " + (f"--source-group {nlb_ids[0]}" if nlb_ids
+                                                  else f"--cidr {facts.nlb_subnet_cidrs[0] if facts.nlb_subnet_cidrs else 'CIDR'}"))
+        return Finding("nlb-path", PROBLEM, f"the login nodes' security group {', '.join(cluster_ids) or '(none)'} does not "
+                       f"admit TCP {port} from {names}'s {source}: health checks fail, so every target is unhealthy "
+                       "and the NLB fails open", fix)
+    if nlb_ids and not any(admits(g.get("IpPermissionsEgress", []), port, cluster_ids, facts.cluster_subnet_cidrs)
+                           for g in facts.nlb_groups):
+        return Finding("nlb-path", PROBLEM, f"{names}'s security group {', '.join(nlb_ids)} allows no TCP {port} out to "
+                       "the login nodes", f"allow egress TCP {port} from {nlb_ids[0]} to the login nodes' subnets")
+    note = "" if nlb_ids else " (the NLB has no security group: anything routed to it reaches its listener)"
+    return Finding("nlb-path", OK, f"the login nodes' security group admits TCP {port} from {names}'s {source}{note}")
 
 
 # ---------------------------------------------------------------------------- 5. agent reports

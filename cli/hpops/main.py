@@ -49,6 +49,7 @@ from hpops.errors import EXIT_USAGE, CliError, explain
 from hpops.event_files import load_event_files
 from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
+from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
 
 TWIN_ENTRY_POINTS = "hpops.twin"  # group twin/pyproject.toml registers its commands module in
@@ -138,6 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise CliError("--json needs --stack-name (the twin's status is text only)")
         return _twin("status", args)
     from hpops_core.host_identity.identity_record import read_expected
+    from hpops_core.session_limits.cluster_sessions import session_spread
 
     now = _utc_now()
     outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -161,6 +163,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     running_reports = {n["instanceId"]: reports[n["instanceId"]] for n in login_nodes if reports.get(n["instanceId"])}
     document["loginSessions"] = _login_sessions(parameters, running_reports)
+    document["spread"] = session_spread(running_reports, [n["instanceId"] for n in login_nodes])
     print_status(document, as_json=args.json)
     return document["exitStatus"]
 
@@ -355,7 +358,8 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
     )
     print("canonical host keys installed; users should trust:")
-    for line in bundle.known_hosts_lines(outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")):
+    host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
+    for line in bundle.known_hosts_lines(host_patterns(host, int(parameters.get("LoginNodeSlots") or 0))):
         print("  " + line)
     for key_type, value in fingerprints.items():
         print(f"{key_type:<22} {value}")
@@ -408,7 +412,9 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
         public_line, fingerprint = record["caPublic"], record["caFingerprint"]
     host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
     print(f"CA fingerprint {fingerprint}\nusers add this one line to ~/.ssh/known_hosts:")
-    print(f"  @cert-authority {host},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} {public_line}")
+    slots = int(parameters.get("LoginNodeSlots") or 0)
+    print(f"  @cert-authority {host_patterns(host, slots)},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} "
+          f"{public_line}")
     return 0
 
 

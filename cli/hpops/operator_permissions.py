@@ -132,6 +132,7 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
+        Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
         # The published host identity, the agents' reports, the usage collector's status.
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
@@ -153,6 +154,7 @@ WILDCARD_REASONS = {
     "pricing:GetProducts": "PriceListHasNoResourceType",
     "elasticloadbalancing:DescribeTargetHealth": "ElbDescribeActionsHaveNoResourceType",
     "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
+    "elasticloadbalancing:DescribeLoadBalancers": "ElbDescribeActionsHaveNoResourceType",
     "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
     # A sagemaker-cluster: target is none of the reference's StartSession resource types (UNCONFIRMED how
     # AWS authorizes it).

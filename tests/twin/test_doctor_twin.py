@@ -27,6 +27,8 @@ EXPECTED = {
         "no interface endpoint with private DNS for ssm, secretsmanager, events", "com.amazonaws.us-east-1.secretsmanager"),
     "cluster security group does not admit SSH from the verifier": (
         "does not admit TCP 22 from the verifier's", "authorize-security-group-ingress"),
+    "cluster security group does not admit SSH from the NLB's": (
+        "health checks fail, so every target is unhealthy", "--port 22 --source-group sg-"),
     "a new login node whose agent was never installed": ("never reported", "journalctl -u hpops-node-agent"),
     "the compute group runs with the login group's execution role": (
         "gpu runs with hyperpod-exec, the role NodeAgentPolicy is attached to", "ClusterExecutionRoleName"),

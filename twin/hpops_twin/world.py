@@ -534,8 +534,15 @@ class TwinWorld:
         self._record(logical_id, props["Name"], Arn=arn, Name=props["Name"])
 
     def _provision_SecurityGroup(self, logical_id: str, props: dict) -> None:
-        group = self.aws.client("ec2").create_security_group(
+        ec2 = self.aws.client("ec2")
+        group = ec2.create_security_group(
             GroupName=self._physical_name(logical_id), Description=props["GroupDescription"], VpcId=props["VpcId"])
+        for key, authorize in (("SecurityGroupIngress", ec2.authorize_security_group_ingress),
+                               ("SecurityGroupEgress", ec2.authorize_security_group_egress)):
+            for rule in props.get(key, []):
+                authorize(GroupId=group["GroupId"], IpPermissions=[{
+                    "IpProtocol": rule["IpProtocol"], "FromPort": int(rule["FromPort"]), "ToPort": int(rule["ToPort"]),
+                    "IpRanges": [{"CidrIp": rule["CidrIp"], "Description": rule.get("Description", "")}]}])
         self._record(logical_id, group["GroupId"], GroupId=group["GroupId"])
 
     def _provision_Queue(self, logical_id: str, props: dict) -> None:
@@ -564,6 +571,7 @@ class TwinWorld:
         lb = self.aws.client("elbv2").create_load_balancer(
             Name=self._physical_name(logical_id, 32).rstrip("-"), Subnets=props["Subnets"],
             Scheme=props.get("Scheme", "internal"), Type=props.get("Type", "network"),
+            SecurityGroups=props.get("SecurityGroups", []),
         )["LoadBalancers"][0]
         self._record(logical_id, lb["LoadBalancerArn"], DNSName=lb["DNSName"])
 
@@ -588,6 +596,10 @@ class TwinWorld:
             LoadBalancerArn=props["LoadBalancerArn"], Protocol=props["Protocol"], Port=int(props["Port"]),
             DefaultActions=props["DefaultActions"],
         )["Listeners"][0]
+        if props.get("ListenerAttributes"):
+            self.aws.client("elbv2").modify_listener_attributes(
+                ListenerArn=listener["ListenerArn"],
+                Attributes=[{"Key": a["Key"], "Value": str(a["Value"])} for a in props["ListenerAttributes"]])
         self._record(logical_id, listener["ListenerArn"])
 
     def _twin_role(self) -> str:
