@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit twin ssh slurm checks lint build checkov bench chaos clean lifecycle
+.PHONY: demo test unit twin ssh slurm checks lint build checkov bench chaos clean lifecycle docs
 
 # pip stays quiet, so each bootstrap step says what it starts, "N s so far" every 15 s, and its
 # seconds when it ends: a fresh clone would otherwise sit silent for a minute. The ticker's sleep
@@ -95,6 +95,11 @@ chaos: $(STAMP)
 # The node agent bundle for the cluster's lifecycle scripts: make lifecycle STACK=<stack-name>
 lifecycle: $(STAMP)
 	$(BIN)/hpops lifecycle --stack-name $(STACK) --out dist/lifecycle
+
+# The docs/ pages generated from template.yaml (tests/unit/test_generated_docs.py holds them to it).
+docs: $(STAMP)
+	$(BIN)/python -m hpops_twin.generated_docs parameters > docs/parameters.md
+	$(BIN)/python -m hpops_twin.generated_docs deployer-policy > docs/deployer-policy.json
 
 clean:
 	rm -rf .aws-sam .pytest_cache bench-results dist .venv-checkov

@@ -43,6 +43,7 @@ DOCTOR_IAM_ACTIONS = (
     "ec2:DescribeVpcEndpoints",
     "ec2:DescribeSecurityGroups",
     "elasticloadbalancing:DescribeTargetGroups",
+    "elasticloadbalancing:DescribeLoadBalancers",  # the NLB's security groups and subnets
     "dynamodb:GetItem",
     "dynamodb:Query",
     "cloudtrail:DescribeTrails",
@@ -50,9 +51,12 @@ DOCTOR_IAM_ACTIONS = (
     "cloudtrail:GetEventSelectors",
     "ssm:GetDocument",
     "ce:ListCostAllocationTags",
+    "sns:ListSubscriptionsByTopic",  # is the alert e-mail confirmed?
+    "kms:GetKeyPolicy",  # the host identity key's policy
 )
 # Lines for checks that need what only a deployed stack has.
-NEEDS_STACK = ("node-agent-policy", "verifier-path", "agent-reports", "slurm-usage", "imds-exposure")
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports",
+               "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
 # The controller collects usage every DEFAULT_USAGE_SECONDS (15 min); three missed windows is silence.
@@ -157,6 +161,23 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
         return [guarded(name, lambda g=groups[name]: checks.decide_policy(
             g["InstanceGroupName"], g["ExecutionRole"], _attached(iam, checks.role_name(g["ExecutionRole"])), policy))
             for _, name in present]
+    if check == "execution-role":
+        return [checks.decide_execution_role({name: g.get("ExecutionRole", "") for name, g in groups.items()},
+                                             [name for _, name in present],
+                                             stack and stack.parameters.get("ClusterExecutionRoleName"))]
+    if check == "node-endpoints":
+        ec2 = session.client("ec2")
+        return [guarded(name, lambda g=groups[name]: checks.decide_endpoints(
+            g["InstanceGroupName"], *_endpoint_facts(ec2, _vpc_config(cluster, g), target.region)))
+            for _, name in present]
+    if check == "host-identity":
+        return [guarded("", lambda: _decide_host_identity(session, target))]
+    if check == "kms-key-policy":
+        return [guarded("", lambda: _decide_key_policy(session, target))]
+    if check == "alert-subscription":
+        return [guarded("", lambda: _decide_subscription(session, target))]
+    if check == "accounting-enforce":
+        return [guarded(target.controller_group, lambda: _decide_enforce(session, target))]
     if check == "node-network":
         ec2 = session.client("ec2")
         return [guarded(name, lambda g=groups[name]: checks.decide_network(
@@ -164,6 +185,8 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
             for _, name in present]
     if check == "verifier-path":
         return [guarded("", lambda: checks.decide_verifier(_verifier_facts(session, target, cluster, groups)))]
+    if check == "nlb-path":
+        return [guarded("", lambda: checks.decide_load_balancer_path(_load_balancer_facts(session, target, cluster, groups)))]
     if check == "agent-reports":
         return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
     if check == "cloudtrail":
@@ -274,6 +297,63 @@ def _network_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[checks
     return paths, endpoints
 
 
+def _endpoint_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[str], list[str], list[checks.EndpointFacts]]:
+    """The nodes' security groups and subnet ranges, and the NODE_SERVICES interface endpoints of their VPC."""
+    node_groups, subnet_ids = list(vpc_config.get("SecurityGroupIds", [])), list(vpc_config.get("Subnets", []))
+    subnets = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"] if subnet_ids else []
+    vpcs = sorted({s["VpcId"] for s in subnets})
+    if not vpcs:
+        return node_groups, [], []
+    names = {f"com.amazonaws.{region}.{service}": service for service in checks.NODE_SERVICES}
+    found = [e for page in ec2.get_paginator("describe_vpc_endpoints").paginate(
+        Filters=[{"Name": "vpc-id", "Values": vpcs}, {"Name": "service-name", "Values": list(names)}])
+        for e in page["VpcEndpoints"] if e["ServiceName"] in names
+        and e.get("VpcEndpointType", "Interface") == "Interface"
+        and e.get("State", "available").lower() in ("available", "pending", "pendingacceptance")]
+    group_ids = sorted({g["GroupId"] for e in found for g in e.get("Groups", [])})
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"]} \
+        if group_ids else {}
+    endpoints = [checks.EndpointFacts(e["VpcEndpointId"], names[e["ServiceName"]],
+                                      [described[g["GroupId"]] for g in e.get("Groups", []) if g["GroupId"] in described],
+                                      json.loads(e["PolicyDocument"]) if e.get("PolicyDocument") else None)
+                 for e in found]
+    return node_groups, [s["CidrBlock"] for s in subnets], endpoints
+
+
+def _decide_host_identity(session: Any, target: Target) -> Finding:
+    from hpops_core.host_identity.identity_record import read_expected
+
+    stack = target.stack
+    published = read_expected(session.client("dynamodb"), stack.outputs["SyncStateTableName"], target.cluster)
+    return checks.decide_host_identity(stack.parameters.get("HostIdentityMode") or "keys", published, stack.name)
+
+
+def _decide_key_policy(session: Any, target: Target) -> Finding:
+    key = target.stack.physical_id("HostIdentityKey")
+    if not key:
+        raise ValueError("the stack has no HostIdentityKey resource")
+    policy = session.client("kms").get_key_policy(KeyId=key, PolicyName="default")["Policy"]
+    account = target.stack.outputs["AlertTopicArn"].split(":")[4]  # the stack's account, from an ARN it made
+    return checks.decide_key_policy(key, json.loads(policy), account)
+
+
+def _decide_subscription(session: Any, target: Target) -> Finding:
+    topic = target.stack.outputs["AlertTopicArn"]
+    pages = session.client("sns").get_paginator("list_subscriptions_by_topic").paginate(TopicArn=topic)
+    return checks.decide_alert_subscription(topic, target.stack.parameters.get("AlarmEmail") or "",
+                                            [s for page in pages for s in page["Subscriptions"]])
+
+
+def _decide_enforce(session: Any, target: Target) -> Finding:
+    from hpops_core.budget_guard.hold_state import read_agent_report
+    from hpops_node_agent.slurm_holds import ENFORCE_FIX
+
+    holds_on = (target.stack.parameters.get("UserBudgetAction") or "alert") == "hold"
+    agent = read_agent_report(target.stack.outputs["SyncStateTableName"], target.cluster,
+                              session.client("dynamodb")) if holds_on else None
+    return checks.decide_accounting_enforce(target.controller_group, holds_on, agent, ENFORCE_FIX)
+
+
 def _split(text: str | None) -> list[str]:
     return [part.strip() for part in (text or "").split(",") if part.strip()]
 
@@ -308,8 +388,31 @@ def _verifier_facts(session: Any, target: Target, cluster: dict, groups: dict) -
         cluster_subnet_cidrs=[s["CidrBlock"] for s in cluster_subnets], target_group_vpc=target_group["VpcId"])
 
 
+def _load_balancer_facts(session: Any, target: Target, cluster: dict, groups: dict) -> checks.LoadBalancerFacts:
+    """The load balancers in front of the stack's target group (created or existing), their security
+    groups and subnets, and the login nodes' groups."""
+    ec2, elbv2 = session.client("ec2"), session.client("elbv2")
+    target_group = elbv2.describe_target_groups(TargetGroupArns=[target.stack.outputs["TargetGroupArn"]])["TargetGroups"][0]
+    arns = list(target_group.get("LoadBalancerArns", []))
+    balancers = elbv2.describe_load_balancers(LoadBalancerArns=arns)["LoadBalancers"] if arns else []
+    nlb_ids = sorted({g for lb in balancers for g in lb.get("SecurityGroups", [])})
+    subnet_ids = [z["SubnetId"] for lb in balancers for z in lb.get("AvailabilityZones", []) if z.get("SubnetId")]
+    login_vpc = _vpc_config(cluster, groups.get(target.login_group) or {})
+    cluster_ids = list(login_vpc.get("SecurityGroupIds", []))
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=cluster_ids + nlb_ids)[
+        "SecurityGroups"]} if cluster_ids + nlb_ids else {}
+
+    def cidrs(ids: list[str]) -> list[str]:
+        return [s["CidrBlock"] for s in ec2.describe_subnets(SubnetIds=ids)["Subnets"]] if ids else []
+
+    return checks.LoadBalancerFacts(
+        ssh_port=target.ssh_port, load_balancers=balancers, nlb_groups=[described[i] for i in nlb_ids if i in described],
+        nlb_subnet_cidrs=cidrs(subnet_ids), cluster_groups=[described[i] for i in cluster_ids if i in described],
+        cluster_subnet_cidrs=cidrs(list(login_vpc.get("Subnets", []))))
+
+
 def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
-    from hpops.main import _node_reports
+    from hpops.node_reports import read_node_reports
     from hpops_core.host_identity.identity_record import read_expected
     from hpops_node_agent import __version__ as agent_version
 
@@ -322,7 +425,7 @@ def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
     table = stack.outputs["SyncStateTableName"]
     published = read_expected(dynamodb, table, target.cluster) or {}
     version = published.get("version") if published.get("mode") in ("keys", "certificate") else None
-    return checks.decide_reports(target.login_group, running, _node_reports(dynamodb, table, target.cluster),
+    return checks.decide_reports(target.login_group, running, read_node_reports(dynamodb, table, target.cluster),
                                  version, agent_version, now, REPORT_MAX_AGE, stack.name)
 
 

@@ -17,8 +17,11 @@ OK, PROBLEM, UNKNOWN, SKIPPED = "OK", "PROBLEM", "UNKNOWN", "SKIPPED"
 NOTE = "NOTE"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
-CHECKS = ("lifecycle-script", "node-agent-policy", "node-network", "verifier-path", "agent-reports",
-          "cloudtrail", "run-as", "cost-allocation-tag", "slurm-usage", "imds-exposure")
+CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path", "nlb-path",
+          "host-identity", "kms-key-policy", "agent-reports", "alert-subscription", "cloudtrail", "run-as",
+          "cost-allocation-tag", "slurm-usage", "accounting-enforce", "imds-exposure")
+# Checks with one line per agent group (login, controller).
+PER_GROUP = ("lifecycle-script", "node-agent-policy", "node-network", "node-endpoints")
 # What the node agent calls from a node: desired state, the canonical keys, its reports.
 NODE_SERVICES = ("ssm", "secretsmanager", "events")
 BUNDLE_FILES = ("hpops/install.sh", "hpops/agent.json")
@@ -236,6 +239,46 @@ def decide_verifier(facts: VerifierFacts) -> Finding:
                    f"{', '.join(verifier_ids)}, in the target group's VPC {facts.target_group_vpc}")
 
 
+# ---------------------------------------------------------------------------- 4b. load balancer path
+
+
+@dataclass(frozen=True)
+class LoadBalancerFacts:
+    ssh_port: int
+    load_balancers: Sequence[Mapping[str, Any]]  # DescribeLoadBalancers items in front of the target group
+    nlb_groups: Sequence[Mapping[str, Any]]  # DescribeSecurityGroups items of their security groups
+    nlb_subnet_cidrs: Sequence[str]  # their subnets' CIDRs (where an NLB without a group connects from)
+    cluster_groups: Sequence[Mapping[str, Any]]  # ... of the login nodes' groups
+    cluster_subnet_cidrs: Sequence[str]
+
+
+def decide_load_balancer_path(facts: LoadBalancerFacts) -> Finding:
+    """Users' connections and the health checks reach the login nodes from the NLB's security group
+    (or, for an NLB without one, from its subnets): the nodes' group must admit the SSH port from it."""
+    port = facts.ssh_port
+    if not facts.load_balancers:
+        return Finding("nlb-path", PROBLEM, "no load balancer forwards to the target group",
+                       "add a TCP listener that forwards to it (or let the stack create the NLB)")
+    names = ", ".join(lb.get("LoadBalancerName", lb.get("LoadBalancerArn", "?")) for lb in facts.load_balancers)
+    nlb_ids = [g["GroupId"] for g in facts.nlb_groups]
+    cluster_ids = [g["GroupId"] for g in facts.cluster_groups]
+    source = f"security group {', '.join(nlb_ids)}" if nlb_ids else f"subnets {', '.join(facts.nlb_subnet_cidrs)}"
+    if not any(admits(g.get("IpPermissions", []), port, nlb_ids, [] if nlb_ids else facts.nlb_subnet_cidrs)
+               for g in facts.cluster_groups):
+        fix = (f"aws ec2 authorize-security-group-ingress --group-id {cluster_ids[0] if cluster_ids else 'SG'} "
+               f"--protocol tcp --port {port} " + (f"--source-group {nlb_ids[0]}" if nlb_ids
+                                                  else f"--cidr {facts.nlb_subnet_cidrs[0] if facts.nlb_subnet_cidrs else 'CIDR'}"))
+        return Finding("nlb-path", PROBLEM, f"the login nodes' security group {', '.join(cluster_ids) or '(none)'} does not "
+                       f"admit TCP {port} from {names}'s {source}: health checks fail, so every target is unhealthy "
+                       "and the NLB fails open", fix)
+    if nlb_ids and not any(admits(g.get("IpPermissionsEgress", []), port, cluster_ids, facts.cluster_subnet_cidrs)
+                           for g in facts.nlb_groups):
+        return Finding("nlb-path", PROBLEM, f"{names}'s security group {', '.join(nlb_ids)} allows no TCP {port} out to "
+                       "the login nodes", f"allow egress TCP {port} from {nlb_ids[0]} to the login nodes' subnets")
+    note = "" if nlb_ids else " (the NLB has no security group: anything routed to it reaches its listener)"
+    return Finding("nlb-path", OK, f"the login nodes' security group admits TCP {port} from {names}'s {source}{note}")
+
+
 # ---------------------------------------------------------------------------- 5. agent reports
 
 
@@ -437,7 +480,184 @@ def decide_usage(group: str, usage: UsageFacts | None, now: dt.datetime, max_age
                    f"({_age(now, collected)} ago), with no warning that GPUs are not tracked", subject=group)
 
 
-# ---------------------------------------------------------------------------- 10. IMDS exposure
+# ---------------------------------------------------------------------------- 10. shared execution role
+
+
+def decide_execution_role(roles: Mapping[str, str], node_groups: Sequence[str], role_parameter: str | None) -> Finding:
+    """``roles``: every instance group -> its ExecutionRole ARN; ``node_groups``: the groups that run the agent
+    (login, controller); ``role_parameter``: the stack's ClusterExecutionRoleName (None before a deploy)."""
+    agent_roles = {role_name(roles[g]) for g in node_groups if g in roles}
+    if role_parameter:
+        agent_roles.add(role_parameter)
+    sharing: dict[str, list[str]] = {}
+    for group, arn in sorted(roles.items()):
+        if group not in node_groups and role_name(arn) in agent_roles:
+            sharing.setdefault(role_name(arn), []).append(group)
+    if sharing:
+        where = "; ".join(f"{', '.join(groups)} run{'s' if len(groups) == 1 else ''} with {role}"
+                          for role, groups in sorted(sharing.items()))
+        return Finding("execution-role", PROBLEM,
+                       f"{where}, the role NodeAgentPolicy is attached to: every user on those nodes can read the "
+                       "canonical SSH host keys and publish node reports",
+                       "give the login and controller groups a role of their own (aws iam create-role, a copy of "
+                       "the current one), name it in their ExecutionRole and the stack's ClusterExecutionRoleName")
+    return Finding("execution-role", OK, f"NodeAgentPolicy's role{'s' if len(agent_roles) > 1 else ''} "
+                   f"{', '.join(sorted(agent_roles)) or '(none)'} belong{'' if len(agent_roles) > 1 else 's'} "
+                   "to no compute group")
+
+
+# ---------------------------------------------------------------------------- 11. VPC endpoints
+
+
+@dataclass(frozen=True)
+class EndpointFacts:
+    endpoint_id: str
+    service: str  # ssm, secretsmanager, events
+    security_groups: Sequence[Mapping[str, Any]]  # DescribeSecurityGroups items of the endpoint's groups
+    policy: Mapping[str, Any] | None  # the endpoint policy (None: the default, full access)
+
+
+def _policy_blocks(policy: Mapping[str, Any] | None) -> str:
+    """Why an endpoint policy may refuse the agent's calls ('' for full access: the default policy)."""
+    if not policy:
+        return ""
+    statements = policy.get("Statement") or []
+    statements = [statements] if isinstance(statements, Mapping) else statements
+    if any(s.get("Effect") == "Deny" for s in statements):
+        return "has a Deny statement"
+    full = any(s.get("Effect") == "Allow" and s.get("Principal") in ("*", {"AWS": "*"})
+               and s.get("Action") in ("*", ["*"]) and s.get("Resource", "*") in ("*", ["*"])
+               and not s.get("Condition") for s in statements)
+    return "" if full else "is not full access (doctor does not evaluate custom endpoint policies)"
+
+
+def decide_endpoints(group: str, node_group_ids: Sequence[str], node_cidrs: Sequence[str],
+                     endpoints: Sequence[EndpointFacts]) -> Finding:
+    """The interface endpoints the agents' calls may take (NODE_SERVICES in the nodes' VPC): each must admit
+    HTTPS from the nodes and let their calls through."""
+    if not endpoints:
+        return Finding("node-endpoints", OK, "no interface endpoint for ssm, secretsmanager or events in the "
+                       "nodes' VPC: the agents' calls take the NAT route (node-network)", subject=group)
+    problems, fixes = [], []
+    for endpoint in sorted(endpoints, key=lambda e: e.service):
+        if not any(admits(g.get("IpPermissions", []), 443, node_group_ids, node_cidrs) for g in endpoint.security_groups):
+            names = [g["GroupId"] for g in endpoint.security_groups]
+            problems.append(f"{endpoint.service} endpoint {endpoint.endpoint_id}: its security group "
+                            f"{', '.join(names) or '(none)'} does not admit TCP 443 from the nodes")
+            fixes.append(f"aws ec2 authorize-security-group-ingress --group-id {names[0] if names else 'SG'} "
+                         f"--protocol tcp --port 443 --source-group {node_group_ids[0] if node_group_ids else 'SG'}")
+        why = _policy_blocks(endpoint.policy)
+        if why:
+            problems.append(f"{endpoint.service} endpoint {endpoint.endpoint_id}: its policy {why}")
+            fixes.append(f"aws ec2 modify-vpc-endpoint --vpc-endpoint-id {endpoint.endpoint_id} --reset-policy")
+    if problems:
+        return Finding("node-endpoints", PROBLEM, "; ".join(problems) + ": the agents' calls fail, every login "
+                       "node is kept out", "; ".join(fixes), group)
+    return Finding("node-endpoints", OK, f"endpoints for {', '.join(sorted({e.service for e in endpoints}))} admit "
+                   "HTTPS from the nodes, with full-access policies", subject=group)
+
+
+# ---------------------------------------------------------------------------- 12. host identity published
+
+
+def decide_host_identity(mode: str, published: Mapping[str, Any] | None, stack_name: str) -> Finding:
+    """``mode``: the stack's HostIdentityMode; ``published``: the record `hpops host-keys` publishes (None: never)."""
+    if mode == "off":
+        return Finding("host-identity", OK, "HostIdentityMode off: login nodes take traffic without a host identity "
+                       "check")
+    command = (f"hpops host-keys ca-generate --stack-name {stack_name}" if mode == "certificate"
+               else f"hpops host-keys generate --stack-name {stack_name}")
+    if not published:
+        return Finding("host-identity", PROBLEM, f"HostIdentityMode {mode}, but no host identity was ever published: "
+                       "no login node passes verification, the target group stays empty and nobody can log in",
+                       f"{command} (or `hpops host-keys adopt` to keep the nodes' current keys)")
+    if published.get("mode") != mode:
+        return Finding("host-identity", PROBLEM, f"HostIdentityMode {mode}, but the published host identity is "
+                       f"{published.get('mode')}'s: every login node fails verification", command)
+    return Finding("host-identity", OK, f"host identity published ({mode}, version {str(published.get('version'))[:8]})")
+
+
+# ---------------------------------------------------------------------------- 13. KMS key policy
+
+
+def decide_key_policy(key_id: str, policy: Mapping[str, Any], account: str) -> Finding:
+    """The host identity key's policy must let the account's IAM policies grant its use (the template's
+    statement): without it NodeAgentPolicy's kms:Decrypt means nothing and no agent reads the host keys."""
+    statements = policy.get("Statement") or []
+    statements = [statements] if isinstance(statements, Mapping) else statements
+    root = {f"arn:aws:iam::{account}:root", account}
+
+    def principals(statement: Mapping[str, Any]) -> set[str]:
+        value = (statement.get("Principal") or {})
+        value = value.get("AWS", []) if isinstance(value, Mapping) else value
+        return set([value] if isinstance(value, str) else value)
+
+    def actions(statement: Mapping[str, Any]) -> set[str]:
+        value = statement.get("Action", [])
+        return set([value] if isinstance(value, str) else value)
+
+    denies = [s.get("Sid") or "(no Sid)" for s in statements if s.get("Effect") == "Deny"
+              and actions(s) & {"kms:*", "kms:Decrypt", "*"}]
+    delegated = any(s.get("Effect") == "Allow" and principals(s) & root and actions(s) & {"kms:*", "*"}
+                    for s in statements)
+    fix = (f"aws kms put-key-policy --key-id {key_id} --policy-name default --policy "
+           f"'{{\"Version\":\"2012-10-17\",\"Statement\":[{{\"Effect\":\"Allow\",\"Principal\":{{\"AWS\":"
+           f"\"arn:aws:iam::{account}:root\"}},\"Action\":\"kms:*\",\"Resource\":\"*\"}}]}}'")
+    if denies:
+        return Finding("kms-key-policy", PROBLEM, f"key {key_id}'s policy denies kms:Decrypt ({', '.join(denies)}): "
+                       "no agent can read the canonical host keys", fix)
+    if not delegated:
+        return Finding("kms-key-policy", PROBLEM, f"key {key_id}'s policy does not let the account's IAM policies "
+                       "grant its use: NodeAgentPolicy's kms:Decrypt is void, no agent can read the host keys", fix)
+    return Finding("kms-key-policy", OK, f"key {key_id}'s policy lets IAM grant its use (the template's)")
+
+
+# ---------------------------------------------------------------------------- 14. alert subscription
+
+
+def decide_alert_subscription(topic_arn: str, alarm_email: str, subscriptions: Sequence[Mapping[str, Any]]) -> Finding:
+    """``subscriptions``: ListSubscriptionsByTopic items of the stack's AlertTopic."""
+    topic = topic_arn.rsplit(":", 1)[-1]
+    confirmed = [s for s in subscriptions if s.get("SubscriptionArn", "").startswith("arn:")]
+    pending = [s.get("Endpoint", "?") for s in subscriptions if s.get("SubscriptionArn") == "PendingConfirmation"]
+    if alarm_email and alarm_email in pending:
+        return Finding("alert-subscription", PROBLEM, f"{alarm_email} never confirmed its subscription to {topic}: "
+                       "alarms and alerts reach nobody", f"aws sns subscribe --topic-arn {topic_arn} --protocol email "
+                       f"--notification-endpoint {alarm_email} (sends a new confirmation link: open it)")
+    if not confirmed:
+        waiting = f" ({', '.join(pending)} pending confirmation)" if pending else ""
+        return Finding("alert-subscription", PROBLEM, f"{topic} has no confirmed subscription{waiting}: alarms and "
+                       "alerts reach nobody", f"aws sns subscribe --topic-arn {topic_arn} --protocol email "
+                       "--notification-endpoint you@example.org (or set AlarmEmail), then confirm the e-mail")
+    return Finding("alert-subscription", OK, f"{topic} has {len(confirmed)} confirmed subscription"
+                   f"{'s' if len(confirmed) > 1 else ''}")
+
+
+# ---------------------------------------------------------------------------- 15. AccountingStorageEnforce
+
+
+def decide_accounting_enforce(group: str, holds_on: bool, agent: Mapping[str, Any] | None, fix: str) -> Finding:
+    """``agent``: the controller agent's latest holds report (enforced: bool | None, enforceReason);
+    ``fix``: the node agent's own words for the slurm.conf change."""
+    if not holds_on:
+        return Finding("accounting-enforce", OK, "UserBudgetAction is not hold: no Slurm limit to enforce",
+                       subject=group)
+    if agent is None:
+        return Finding("accounting-enforce", UNKNOWN, "not checkable yet: the controller's agent has sent no holds "
+                       "report, and AWS has no API that reads slurm.conf (the agent reads `scontrol show config`)",
+                       "install the agent on the controller group (lifecycle-script, adopt); it reports within one poll",
+                       group)
+    if agent.get("enforced") is True:
+        return Finding("accounting-enforce", OK, "the controller reports AccountingStorageEnforce includes limits: "
+                       "holds apply", subject=group)
+    if agent.get("enforced") is False:
+        return Finding("accounting-enforce", PROBLEM, f"{agent.get('enforceReason') or 'limits not enforced'}: "
+                       "a hold is recorded but Slurm still starts the held user's jobs", fix, group)
+    return Finding("accounting-enforce", UNKNOWN, f"the controller cannot tell: {agent.get('enforceReason')}",
+                   "on the controller: scontrol show config | grep AccountingStorageEnforce", group)
+
+
+# ---------------------------------------------------------------------------- 16. IMDS exposure
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@
     hpops host-keys ca-generate|ca-show --stack-name S         the host certificate CA (certificate mode)
     hpops lifecycle --stack-name S [--out DIR] [--no-vendor] [--patch on_create.sh]
                                              the node agent bundle, and the line that installs it
+    hpops adopt --stack-name S [--print]     the agent on running login and controller nodes, no re-imaging
     hpops cost --stack-name S | --twin [--json | --csv]      per-user spend this month (Slurm accounting)
     hpops cost subscribe --stack-name S USER EMAIL            e-mail USER's own spend alerts to EMAIL
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
@@ -33,9 +34,11 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +47,23 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops.errors import EXIT_USAGE, CliError, explain
 from hpops.event_files import load_event_files
+from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
+from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
+
+TWIN_ENTRY_POINTS = "hpops.twin"  # group twin/pyproject.toml registers its commands module in
 
 
 def _twin(command: str, args: argparse.Namespace) -> int:
-    """Run a twin command; the twin is part of the development install only."""
+    """Run a twin command; the twin is part of the development install only. The twin registers its
+    commands as an entry point, so the CLI finds them without importing the twin (which imports the CLI)."""
     try:
-        from hpops_twin import commands
-    except ImportError as error:
-        raise CliError(f"the local twin is not installed ({error.name} missing): it comes with the development "
+        [entry] = entry_points(group=TWIN_ENTRY_POINTS, name="commands")
+        commands = entry.load()
+    except (ValueError, ImportError) as error:
+        missing = getattr(error, "name", None) or f"its {TWIN_ENTRY_POINTS} entry point"
+        raise CliError(f"the local twin is not installed ({missing} missing): it comes with the development "
                        "install, `make demo` in a clone of the repository, or pip install -e ./twin") from None
     return getattr(commands, command)(args)
 
@@ -129,6 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise CliError("--json needs --stack-name (the twin's status is text only)")
         return _twin("status", args)
     from hpops_core.host_identity.identity_record import read_expected
+    from hpops_core.session_limits.cluster_sessions import session_spread
 
     now = _utc_now()
     outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -140,7 +151,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     cluster, group = parameters["ClusterName"], parameters.get("LoginGroupName", "login")
     login_nodes = _running_login_nodes(session.client("sagemaker"), cluster, group)
     dynamodb, sfn = session.client("dynamodb"), session.client("stepfunctions")
-    reports = _node_reports(dynamodb, table, cluster)
+    reports = read_node_reports(dynamodb, table, cluster)
     document = status_document(
         stack=args.stack_name, region=session.region_name, cluster=cluster, login_group=group, now=now,
         targets=_target_health(session.client("elbv2"), target_group), login_nodes=login_nodes,
@@ -152,6 +163,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     running_reports = {n["instanceId"]: reports[n["instanceId"]] for n in login_nodes if reports.get(n["instanceId"])}
     document["loginSessions"] = _login_sessions(parameters, running_reports)
+    document["spread"] = session_spread(running_reports, [n["instanceId"] for n in login_nodes])
     print_status(document, as_json=args.json)
     return document["exitStatus"]
 
@@ -162,7 +174,9 @@ def _login_sessions(parameters: Mapping[str, str], reports: Mapping[str, Mapping
 
     overrides = json.loads(parameters.get("SessionLimitOverrides") or "{}")
     exempt = [u.strip() for u in (parameters.get("SessionExemptUsers") or "").split(",") if u.strip()]
-    return sessions_by_user(reports, int(parameters.get("MaxSessionsPerUser") or 2), overrides, exempt)
+    view = sessions_by_user(reports, int(parameters.get("MaxSessionsPerUser") or 2), overrides, exempt)
+    # A stack from before the parameter existed enforced: only "true" means a dry run.
+    return view | {"dryRun": parameters.get("SessionLimitsDryRun") == "true"}
 
 
 def _target_health(elbv2: Any, target_group_arn: str) -> list[dict]:
@@ -178,17 +192,6 @@ def _running_login_nodes(sagemaker: Any, cluster: str, group: str) -> list[dict]
                if s["InstanceGroupName"] == group and s["InstanceStatus"]["Status"] == "Running"]
     return [{"instanceId": node, "ip": sagemaker.describe_cluster_node(ClusterName=cluster, NodeId=node)
              ["NodeDetails"]["PrivatePrimaryIp"]} for node in running]
-
-
-def _node_reports(dynamodb: Any, table: str, cluster: str) -> dict[str, dict]:
-    """Instance id -> the latest report its agent sent (one item per node, report_store's layout)."""
-    from hpops_core.common.state_table import node_report_partition
-    from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
-
-    pages = dynamodb.get_paginator("query").paginate(
-        TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :sk)",
-        ExpressionAttributeValues={":pk": {"S": node_report_partition(cluster)}, ":sk": {"S": SK_PREFIX}})
-    return {item["sk"]["S"][len(SK_PREFIX):]: report_from_item(item) for page in pages for item in page["Items"]}
 
 
 def _last_execution(sfn: Any, state_machine_arn: str) -> dict | None:
@@ -250,11 +253,16 @@ def cmd_repair(args: argparse.Namespace) -> int:
     if args.twin:
         return _twin("repair", args)
     outputs, parameters, session = _stack(args.stack_name, args.region)
+    return _run_repair(session, outputs, parameters, dry_run=args.dry_run, timeout=args.timeout)
+
+
+def _run_repair(session: Any, outputs: Mapping[str, str], parameters: Mapping[str, str], *, dry_run: bool,
+                timeout: float) -> int:
     sfn = session.client("stepfunctions")
-    payload = {"cluster": parameters["ClusterName"], "mode": "repair", "dryRun": args.dry_run}
+    payload = {"cluster": parameters["ClusterName"], "mode": "repair", "dryRun": dry_run}
     arn = sfn.start_execution(stateMachineArn=outputs["LoginNodeSyncStateMachineArn"], input=json.dumps(payload))["executionArn"]
     print(f"started {arn}")
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout
     while (described := sfn.describe_execution(executionArn=arn))["status"] == "RUNNING":
         if time.monotonic() > deadline:
             print("still running; follow it in the Step Functions console")
@@ -267,6 +275,56 @@ def cmd_repair(args: argparse.Namespace) -> int:
         "cause": described.get("cause"), "output": json.loads(described.get("output") or "null"),
     })
     return 0 if described["status"] == "SUCCEEDED" else 1
+
+
+def adopt_stack(session: Any, stack_name: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
+                run: Callable[[str, str], tuple[int, str]], now: dt.datetime, *, dry_run: bool = False) -> list:
+    """`hpops adopt` after its arguments: plan from the cluster and the agents' reports, then install on each
+    node to adopt with ``run`` (Session Manager; the twin's in tests). ``dry_run``: the plan only."""
+    from hpops import adopt as adoption
+    from hpops_node_agent import __version__ as agent_version
+
+    cluster_name = parameters["ClusterName"]
+    groups = [parameters.get("LoginGroupName") or "login", parameters.get("ControllerGroupName") or "controller-machine"]
+    sagemaker = session.client("sagemaker")
+    cluster = sagemaker.describe_cluster(ClusterName=cluster_name)
+    nodes = [s for page in sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster_name)
+             for s in page["ClusterNodeSummaries"]]
+    reports = read_node_reports(session.client("dynamodb"), outputs["SyncStateTableName"], cluster_name)
+    plan = adoption.plan(cluster, nodes, groups, reports, agent_version, now)
+    if dry_run:
+        return [adoption.Outcome(a, "skipped" if a.skip else "planned", a.skip or a.target) for a in plan]
+    return adoption.adopt(plan, run)
+
+
+def cmd_adopt(args: argparse.Namespace) -> int:
+    """Exit 0: every node adopted (or already had the agent) and the repair succeeded; 1: a node failed."""
+    from hpops import adopt as adoption
+
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    run = adoption.session_runner(session.region_name)
+    outcomes = adopt_stack(session, args.stack_name, outputs, parameters, run, _utc_now(), dry_run=args.print)
+    if args.print:
+        for outcome in outcomes:
+            a = outcome.adoption
+            print(f"# {a.group}/{a.instance_id}" + (f": skipped, {a.skip}" if a.skip else ""))
+            if not a.skip:
+                print(f"aws ssm start-session --region {session.region_name} --target {a.target} --document-name "
+                      f"{adoption.DOCUMENT} --parameters {shlex.quote(json.dumps({'command': [a.command]}))}")
+        return 0
+    for line in adoption.outcome_lines(outcomes):
+        print(line)
+    keys = [o for o in outcomes if o.fingerprint]
+    if keys:  # node enrollment: an agent launched long ago is approved by its key's fingerprint
+        print("agent keys to approve for enrollment (compare with each node's own `ssh-keygen -lf "
+              f"{adoption.AGENT_KEY}`): " + ", ".join(f"{o.adoption.instance_id} {o.fingerprint}" for o in keys))
+    failed = [o for o in outcomes if o.status == "failed"]
+    if any(o.status == "adopted" for o in outcomes):
+        print("a repair verifies the adopted login nodes and admits them:")
+        repaired = _run_repair(session, outputs, parameters, dry_run=False, timeout=args.timeout)
+        if repaired != 0:
+            return repaired
+    return 1 if failed else 0
 
 
 def cmd_host_keys(args: argparse.Namespace) -> int:
@@ -300,7 +358,8 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
     )
     print("canonical host keys installed; users should trust:")
-    for line in bundle.known_hosts_lines(outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")):
+    host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
+    for line in bundle.known_hosts_lines(host_patterns(host, int(parameters.get("LoginNodeSlots") or 0))):
         print("  " + line)
     for key_type, value in fingerprints.items():
         print(f"{key_type:<22} {value}")
@@ -353,7 +412,9 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
         public_line, fingerprint = record["caPublic"], record["caFingerprint"]
     host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
     print(f"CA fingerprint {fingerprint}\nusers add this one line to ~/.ssh/known_hosts:")
-    print(f"  @cert-authority {host},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} {public_line}")
+    slots = int(parameters.get("LoginNodeSlots") or 0)
+    print(f"  @cert-authority {host_patterns(host, slots)},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} "
+          f"{public_line}")
     return 0
 
 
@@ -552,11 +613,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         stack = StackView(args.stack_name, outputs, parameters, physical_ids(session, args.stack_name))
         target = target_of_stack(stack, session.region_name)
-    elif args.cluster and args.region:
-        session = _session(args.region)
-        target = Target(args.cluster, args.region, args.login_group, args.controller_group, ssh_port=22)
+    elif args.cluster and (session := _session(args.region)).region_name:
+        target = Target(args.cluster, session.region_name, args.login_group, args.controller_group, ssh_port=22)
     else:
-        raise CliError("give --stack-name S, or --cluster NAME and --region R (before a deploy), or --twin")
+        raise CliError("give --stack-name S, or --cluster NAME and --region R (or AWS_REGION) before a deploy, or --twin")
     return print_doctor(target, run_doctor(session, target, _utc_now()), args.json)
 
 
@@ -667,6 +727,14 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_argument("--region")
     keys.add_argument("--from-dir", help="adopt: folder holding a login node's ssh_host_*_key files")
     keys.set_defaults(func=cmd_host_keys)
+
+    adopt = commands.add_parser("adopt", help="install the node agent on running login and controller nodes "
+                                "(Session Manager; no re-imaging), then repair")
+    adopt.add_argument("--stack-name", required=True)
+    adopt.add_argument("--region")
+    adopt.add_argument("--print", action="store_true", help="print each node's start-session command, run nothing")
+    adopt.add_argument("--timeout", type=float, default=600, help="seconds to wait for the repair (default 600)")
+    adopt.set_defaults(func=cmd_adopt)
 
     lifecycle = commands.add_parser("lifecycle", help="write the node agent bundle for the cluster's lifecycle scripts")
     lifecycle.add_argument("--stack-name", help="read cluster, region and report bus from this stack")
@@ -783,9 +851,17 @@ def _region(args: argparse.Namespace) -> str | None:
         return None
 
 
+def region_of(given: str | None, env: Mapping[str, str]) -> str | None:
+    """The region as the AWS CLI picks it: --region, then AWS_REGION, then (None here) what boto3 reads
+    itself: AWS_DEFAULT_REGION, then the profile's. boto3 does not read AWS_REGION, the AWS CLI v2 does."""
+    return given or env.get("AWS_REGION") or None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit status: the command's, or 2 with one line (stdout) when it could not get past a problem."""
     args = build_parser().parse_args(argv)
+    if hasattr(args, "region"):
+        args.region = region_of(args.region, os.environ)
     try:
         return args.func(args)
     except BrokenPipeError:  # `hpops status | head`: the reader left; nothing left to say

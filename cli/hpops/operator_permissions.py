@@ -108,6 +108,15 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
     ),
+    # Session Manager into each running node of the cluster, then a repair.
+    "adopt": READ_STACK + (
+        Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
+        Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("ssm", "StartSession", "ssm:StartSession", "*"),
+        Call("sfn", "StartExecution", "states:StartExecution", SYNC),
+        Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
+    ),
     # doctor.DOCTOR_IAM_ACTIONS, each with what it reads
     "doctor": READ_STACK + (
         Call("cloudformation", "DescribeStackResource", "cloudformation:DescribeStackResource", STACK),
@@ -131,6 +140,7 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
+        Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
         # The published host identity, the agents' reports, the usage collector's status.
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
@@ -139,6 +149,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("ssm", "GetDocument", "ssm:GetDocument", RUN_SHELL),
         Call("cost-explorer", "ListCostAllocationTags", "ce:ListCostAllocationTags", "*"),
+        Call("sns", "ListSubscriptionsByTopic", "sns:ListSubscriptionsByTopic", "{output:AlertTopicArn}"),
+        Call("kms", "GetKeyPolicy", "kms:GetKeyPolicy", HOST_KEY),
     ),
 }
 
@@ -150,7 +162,11 @@ WILDCARD_REASONS = {
     "pricing:GetProducts": "PriceListHasNoResourceType",
     "elasticloadbalancing:DescribeTargetHealth": "ElbDescribeActionsHaveNoResourceType",
     "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
+    "elasticloadbalancing:DescribeLoadBalancers": "ElbDescribeActionsHaveNoResourceType",
     "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
+    # A sagemaker-cluster: target is none of the reference's StartSession resource types (UNCONFIRMED how
+    # AWS authorizes it).
+    "ssm:StartSession": "HyperPodSessionTargetsHaveNoResourceType",
     "ec2:DescribeSubnets": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",

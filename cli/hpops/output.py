@@ -335,6 +335,7 @@ def status_text(document: Mapping) -> list[str]:
         lines += ["", f"sessions: {sessions['active']} active on login nodes; by {sessions['groupedBy']}: {top}"]
         if sessions.get("runAs"):
             lines.append(f"  Session Manager: {sessions['runAs']}")
+    lines += spread_text(d.get("spread"))
     lines += login_sessions_text(d.get("loginSessions"))
     spend = d["spend"]
     if not spend.get("available"):
@@ -351,16 +352,42 @@ def status_text(document: Mapping) -> list[str]:
     return lines
 
 
+def spread_text(spread: Mapping | None) -> list[str]:
+    """`hpops status` lines: sessions and distinct users per Running login node, and the busiest over the mean."""
+    if not spread or not spread["nodes"]:
+        return []
+    ratio = "no sessions" if spread["maxOverMean"] is None else f"busiest {spread['maxOverMean']:.2f}x the mean"
+    lines = [f"spread: {spread['sessions']} sessions on {spread['reporting']} reporting login node(s), "
+             f"{spread['meanPerNode']:g} per node, {ratio}"]
+    for node in spread["nodes"]:
+        lines.append(f"  {node['instanceId']:<21} " + ("no report" if node["sessions"] is None else
+                                                       f"{node['sessions']} sessions, {node['users']} users"))
+    return lines
+
+
+# The one step that turns session limits on (docs/session-limits.md#dry-run-first).
+ENFORCE_STEP = ("to enforce: add SessionLimitsDryRun=false to samconfig.toml's parameter_overrides, then "
+                "sam build && sam deploy")
+
+
 def login_sessions_text(view: Mapping | None) -> list[str]:
     """`hpops status` lines: each user's sessions as the login nodes report them, by path and node."""
     if not view:
         return []
-    lines = [f"sessions the login nodes report (SSH and Session Manager together, per user): {view['userCount']} user(s)"]
+    lines = []
+    dry_run = bool(view.get("dryRun"))
+    if dry_run:
+        lines += [f"session limits: DRY RUN (SessionLimitsDryRun=true): nothing is ended; WOULD END marks whose "
+                  "sessions enforcement would end now", f"  {ENFORCE_STEP}"]
+    lines.append(f"sessions the login nodes report (SSH and Session Manager together, per user): {view['userCount']} user(s)")
     for u in view["users"]:
         def nodes(counts: Mapping) -> str:
             return ", ".join(f"{n} {c}" for n, c in sorted(counts.items())) or "none"
         limit = "exempt" if u["limit"] is None else f"limit {u['limit']}"
-        lines.append(f"  {u['user'][:16]:<16} {u['total']} of {limit}{'  OVER' if u['over'] else ''}"
+        over = ""
+        if u["over"]:
+            over = f"  OVER, WOULD END {u['total'] - u['limit']}" if dry_run else "  OVER"
+        lines.append(f"  {u['user'][:16]:<16} {u['total']} of {limit}{over}"
                      f"  ssh: {nodes(u['ssh'])}; ssm: {nodes(u['ssm'])}")
     for node, caps in sorted(view["caps"].items()):
         lines.append(f"  caps on {node}: {caps}")

@@ -8,7 +8,8 @@ One tick:
      installs it through host_keys' transaction (self-test, backup, atomic write, sshd -t, reload,
      rollback). Certificate mode reports the node's own public keys (for the signer) and installs
      its certificate bundle when the parameter's version is new.
-  3. Login limits: pam_limits maxlogins file from the login-limits parameter.
+  3. Login limits: pam_limits maxlogins file from the login-limits parameter; sshd keepalives
+     under the load balancer's idle timeout from the ssh-keepalive parameter (sshd_keepalive.py).
   4. events:PutEvents, one entry, when something changed, the outcome differs from the last report
      sent, on start, or when the heartbeat is due. A failed send is retried on the next tick.
   5. State (installed certificate version, last report digest, failure backoff) persisted as
@@ -33,6 +34,7 @@ import json
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -45,13 +47,15 @@ from typing import Any, Callable, Dict, Optional
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops_core.node_channel import contract, user_holds
+from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_holds
 
-from . import __version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions, usage, user_caps
+from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions,
+               sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
 
+LOGIN_SLOT_SCRIPT = "etc/profile.d/hpops-login-slot.sh"
 FAILURE_RETRY_SECONDS = 600  # a failed install of one desired version is retried at most this often
 JITTER = 0.2
 STATE_FILE = "state.json"
@@ -360,6 +364,8 @@ class NodeAgent:
             "certificate": contract.certificate_parameter(cluster, node.instance_id),
             "endSessions": contract.instruction_marker_parameter(contract.end_sessions_parameter(cluster, node.instance_id)),
             "userCaps": contract.user_caps_parameter(cluster),
+            "keepalive": contract.ssh_keepalive_parameter(cluster),
+            "slots": contract.login_slots_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -387,6 +393,11 @@ class NodeAgent:
         if caps is not None:
             report["userCaps"] = caps
             self._log_once("caps", "user-caps", caps)
+        keepalive = self._ssh_keepalive(found.get(names["keepalive"]))
+        if keepalive is not None:
+            report["sshKeepalive"] = keepalive
+            self._log_once("keepalive", "ssh-keepalive", keepalive)
+        self._log_once("slot", "login-slot", self._login_slot(found.get(names["slots"]), node.ip))
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -631,6 +642,41 @@ class NodeAgent:
             self._imds_at = now
             self._log_once("imds", "imds-exposure", self._imds)
         return dict(self._imds)
+
+    def _ssh_keepalive(self, parameter: Optional[dict]) -> Optional[Dict[str, Any]]:
+        """sshd keepalives under the listener's idle timeout; None before a stack publishes one."""
+        if parameter is None:
+            return None
+        try:
+            timeout = ssh_keepalive.parse_document(parameter["Value"])
+        except ssh_keepalive.BadKeepalive as error:
+            return {"result": "failed", "reason": short("keepalive refused: {}".format(error))}
+        outcome = sshd_keepalive.apply(self.config.root, timeout, self.config.sshd_cmd, self.config.reload_cmd)
+        return dict(outcome, reason=short(outcome["reason"]))
+
+    def _login_slot(self, parameter: Optional[dict], ip: str) -> Dict[str, Any]:
+        """The login message naming this node's slot (LoginNodeSlots); removed when it has none."""
+        try:
+            found = login_slots.slot_of(parameter["Value"], ip) if parameter else None
+        except login_slots.BadSlots as error:
+            return {"result": "failed", "reason": short("slots refused: {}".format(error))}
+        path = Path(self.config.under_root("/" + LOGIN_SLOT_SCRIPT))
+        if found is None:
+            if path.exists():
+                path.unlink()
+                return {"result": "changed", "reason": "no slot: login message removed"}
+            return {"result": "unchanged", "reason": "no slot"}
+        line = login_slots.login_line(*found)
+        wanted = ("# Managed by hpops-node-agent: this login node's slot (LoginNodeSlots).\n"
+                  "case $- in *i*) echo {} ;; esac\n".format(shlex.quote(line))).encode()
+        try:
+            if path.exists() and path.read_bytes() == wanted:
+                return {"result": "unchanged", "reason": line}
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            host_keys.atomic_write(str(path), wanted, 0o644)
+        except OSError as error:
+            return {"result": "failed", "reason": short("cannot write {}: {}".format(path, error.strerror))}
+        return {"result": "changed", "reason": line}
 
     # ------------------------------------------------------------------ report
 

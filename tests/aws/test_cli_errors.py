@@ -42,6 +42,7 @@ STACK_COMMANDS = {
     "lifecycle": ["lifecycle", "--stack-name", STACK, "--no-vendor"],
     "cost": ["cost", "--stack-name", STACK],
     "cost subscribe": ["cost", "subscribe", "--stack-name", STACK, "alice", "alice@example.edu"],
+    "adopt": ["adopt", "--stack-name", STACK, "--print"],
 }
 CREDENTIAL_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                         "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
@@ -139,6 +140,21 @@ def test_no_region(bare_aws, capsys, tmp_path, node_keys, label):
     bare_aws.chdir(tmp_path)  # lifecycle's default --out is relative
     status, text = run(capsys, argv(label, node_keys))
     assert_one_line(status, text, label, "no AWS region: pass --region, or set AWS_REGION")
+
+
+def test_aws_region_is_read_as_the_aws_cli_reads_it(bare_aws, capsys, monkeypatch):
+    """--region, then AWS_REGION, then AWS_DEFAULT_REGION, then the profile's (boto3 alone skips AWS_REGION)."""
+    from hpops.main import region_of
+
+    assert region_of("eu-west-1", {"AWS_REGION": "us-west-2"}) == "eu-west-1"
+    assert region_of(None, {"AWS_REGION": "us-west-2", "AWS_DEFAULT_REGION": "us-east-1"}) == "us-west-2"
+    assert region_of(None, {"AWS_DEFAULT_REGION": "us-east-1"}) is None  # boto3 reads that one itself
+    seen = []
+    monkeypatch.setattr("hpops.main._session", lambda region: seen.append(region) or boto3.session.Session(region_name=region))
+    bare_aws.setenv("AWS_REGION", "us-west-2")
+    status, text = run(capsys, ["status", "--stack-name", STACK])
+    assert seen == ["us-west-2"] and "no AWS region" not in text
+    assert_one_line(status, text, "status", "no AWS credentials found")
 
 
 @pytest.mark.parametrize("label", STACK_COMMANDS)

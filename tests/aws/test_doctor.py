@@ -163,7 +163,7 @@ def test_with_the_stack_every_check_runs_and_reads_the_stacks_names(cluster, cap
 
 def test_doctor_without_a_stack_or_a_cluster_and_region_exits_2(capsys):
     assert main(["doctor"]) == 2
-    assert capsys.readouterr().out.startswith("hpops doctor: give --stack-name S, or --cluster NAME and --region R")
+    assert capsys.readouterr().out.startswith("hpops doctor: give --stack-name S, or --cluster NAME and --region R (or AWS_REGION)")
 
 
 def test_before_a_deploy_the_groups_come_from_api_driven_slurm_configuration(monkeypatch, capsys):

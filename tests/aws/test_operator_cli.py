@@ -475,6 +475,11 @@ def test_status_shows_each_users_sessions_by_path_and_node_against_the_limit(dep
         f"  bob              1 of limit 2  ssh: {first_id} 1; ssm: none",
         f"  caps on {first_id}: unchanged: per-user caps MemoryMax=8G; 0 override(s), 0 exempt",
         f"  at a cap: alice ({first_id}: memory)"]
+    # The spread: 3 sessions of 2 users on one node, 1 on the other: mean 2, busiest 1.5x.
+    assert _section(out, "spread:")[:3] == [
+        "spread: 4 sessions on 2 reporting login node(s), 2 per node, busiest 1.50x the mean",
+        *sorted([f"  {first_id:<21} 3 sessions, 2 users", f"  {second_id:<21} 1 sessions, 1 users"],
+                key=lambda line: line.split()[0])]
 
 
 def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):

@@ -572,3 +572,35 @@ def test_agent_config_refuses_an_instance_id_naming_the_key():
     with pytest.raises(ConfigError, match=r"config key 'instanceId': 'i-\.\./x' is not an instance id"):
         AgentConfig.from_dict(minimal(instanceId="i-../x"))
     assert AgentConfig.from_dict(minimal(instanceId="i-12345678abcdefghi")).instance_id == "i-12345678abcdefghi"
+
+
+def test_keepalive_and_login_slot_from_the_published_documents(aws, node_root):
+    aws.put(contract.ssh_keepalive_parameter(CLUSTER), {"format": "hpops.node.ssh-keepalive.v1",
+                                                         "listenerIdleTimeoutSeconds": 350})
+    aws.put(contract.login_slots_parameter(CLUSTER), {"format": "hpops.node.login-slots.v1", "host": "login.example.edu",
+                                                      "portBase": 2200, "slots": {"10.1.0.5": 2}})
+    agent = make_agent(aws, node_root)
+    agent.tick()
+    (report,) = [r["detail"] for r in aws.reports()]
+    assert report["sshKeepalive"]["clientAliveInterval"] == 120 and report["sshKeepalive"]["result"] == "changed"
+    assert (node_root / "etc/ssh/sshd_config").read_text().startswith("# BEGIN hpops keepalive")
+    message = (node_root / "etc/profile.d/hpops-login-slot.sh").read_text()
+    assert "you are on login-02; come back to this node with: ssh -p 2202 login.example.edu" in message
+
+    aws.put(contract.login_slots_parameter(CLUSTER), {"format": "hpops.node.login-slots.v1", "host": "login.example.edu",
+                                                      "portBase": 2200, "slots": {}})
+    agent.tick()
+    assert not (node_root / "etc/profile.d/hpops-login-slot.sh").exists()  # this node no longer has a slot
+
+
+def test_a_bad_keepalive_or_slot_document_changes_nothing(aws, node_root):
+    before = (node_root / "etc/ssh/sshd_config").read_text()
+    aws.put(contract.ssh_keepalive_parameter(CLUSTER), {"format": "hpops.node.ssh-keepalive.v1",
+                                                         "listenerIdleTimeoutSeconds": 1})
+    aws.put(contract.login_slots_parameter(CLUSTER), {"format": "hpops.node.login-slots.v1", "host": "$(reboot)",
+                                                      "slots": {"10.1.0.5": 1}})
+    make_agent(aws, node_root).tick()
+    (report,) = [r["detail"] for r in aws.reports()]
+    assert report["sshKeepalive"]["result"] == "failed" and "refused" in report["sshKeepalive"]["reason"]
+    assert (node_root / "etc/ssh/sshd_config").read_text() == before
+    assert not (node_root / "etc/profile.d").exists()

@@ -9,7 +9,7 @@ import pytest
 
 from hpops_twin import chaos
 from hpops_twin.faults import ChaosTransport
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +31,7 @@ def sample(cases: list[chaos.Hostile]) -> list[chaos.Hostile]:
 
 def test_hostile_inputs_end_in_a_named_error_with_no_mutating_call():
     rejections = chaos.rejection_errors()
-    with TwinWorld() as world, ChaosTransport(world).installed() as transport:
+    with TwinWorld(parameters=ENFORCING) as world, ChaosTransport(world).installed() as transport:
         chaos.hostile_world_setup(world)
         cases = sample(chaos.hostile_cases(world))
         outcomes = [chaos.run_hostile(world, transport, case, rejections) for case in cases]
@@ -54,7 +54,7 @@ def test_a_faulty_aws_converges_without_applying_anything_twice():
 
 def test_timeout_mid_apply_and_concurrent_sweeps_keep_the_lease_and_targets_right():
     names = ["ApplyTargetChanges times out mid-apply (Sandbox.Timedout)", "two sweeps at once"]
-    with TwinWorld() as world, ChaosTransport(world).installed() as transport:
+    with TwinWorld(parameters=ENFORCING) as world, ChaosTransport(world).installed() as transport:
         outcomes = [chaos.run_scenario(name, world, transport) for name in names]
     timeout = outcomes[0]
     assert timeout.details["timed_out"], "the timeout hit mid-apply"

@@ -14,12 +14,12 @@ import time
 import pytest
 
 from hpops_twin.ssh_logins import SshLogins
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 
 @pytest.fixture
 def world():
-    with TwinWorld() as twin:
+    with TwinWorld(parameters=ENFORCING) as twin:
         yield twin
 
 

@@ -12,7 +12,7 @@ import pytest
 from operator_policy import without_action
 
 from hpops.doctor import DOCTOR_IAM_ACTIONS
-from hpops.doctor_checks import CHECKS, NOTE, OK, PROBLEM, RUN_AS_OFF, UNKNOWN, exit_status
+from hpops.doctor_checks import CHECKS, NOTE, OK, PER_GROUP, PROBLEM, RUN_AS_OFF, UNKNOWN, exit_status
 from hpops_twin.doctor_twin import BREAKS, DoctorAccount, doctor_world
 
 # What each broken condition's line must say (a fragment of its message, and of its fix).
@@ -27,7 +27,22 @@ EXPECTED = {
         "no interface endpoint with private DNS for ssm, secretsmanager, events", "com.amazonaws.us-east-1.secretsmanager"),
     "cluster security group does not admit SSH from the verifier": (
         "does not admit TCP 22 from the verifier's", "authorize-security-group-ingress"),
+    "cluster security group does not admit SSH from the NLB's": (
+        "health checks fail, so every target is unhealthy", "--port 22 --source-group sg-"),
     "a new login node whose agent was never installed": ("never reported", "journalctl -u hpops-node-agent"),
+    "the compute group runs with the login group's execution role": (
+        "gpu runs with hyperpod-exec, the role NodeAgentPolicy is attached to", "ClusterExecutionRoleName"),
+    "interface endpoints whose security group refuses HTTPS": (
+        "does not admit TCP 443 from the nodes", "--protocol tcp --port 443 --source-group"),
+    "a fresh stack: no host identity ever published": (
+        "no host identity was ever published: no login node passes verification, the target group stays empty",
+        "hpops host-keys generate --stack-name hpops-twin"),
+    "the key policy no longer lets IAM grant the key's use": (
+        "does not let the account's IAM policies grant its use", "aws kms put-key-policy --key-id"),
+    "the alarm e-mail never confirmed": (
+        "hpc-oncall@example.edu never confirmed its subscription", "aws sns subscribe --topic-arn"),
+    "holds on, AccountingStorageEnforce without limits": (
+        "Slurm still starts the held user's jobs", "AccountingStorageEnforce=associations,limits"),
     "agents behind the published host identity": ("the stack published", "hpops repair --stack-name hpops-twin"),
     "the only trail stopped logging": ("trail management-events is not logging", "start-logging"),
     "Session Manager Run As off": (RUN_AS_OFF, "SSMSessionRunAs"),
@@ -51,7 +66,7 @@ def test_a_working_installation_is_all_ok(account):
     findings = account.run()
     assert [f.line() for f in findings if f.status != OK and f.check != "imds-exposure"] == []
     assert [f.check for f in findings] == [c for c in CHECKS for _ in range(
-        3 if c == "imds-exposure" else 2 if c in ("lifecycle-script", "node-agent-policy", "node-network") else 1)]
+        3 if c == "imds-exposure" else 2 if c in PER_GROUP else 1)]
 
 
 def test_without_the_imds_lockdown_every_group_is_a_note_naming_its_nodes_and_what_the_role_allows(account):
@@ -135,3 +150,16 @@ def test_every_condition_was_caught_one_at_a_time():
         print(f"  {condition:<62} -> {CAUGHT[condition]}")
     assert set(CAUGHT) == {condition for _, condition, _ in BREAKS} == set(EXPECTED)
 
+
+
+def test_doctor_on_a_fresh_stack_exits_non_zero_naming_the_unpublished_host_identity(account, capsys):
+    """The stack as `sam deploy` leaves it, before `hpops host-keys generate`: the target group would stay
+    empty, so doctor must not print all OK."""
+    from hpops.doctor import print_doctor
+    from hpops_twin.doctor_twin import host_identity_never_published
+
+    with host_identity_never_published(account):
+        status = print_doctor(account.target(), account.run(), as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert status == 1
+    assert [line.split(":")[0] for line in lines if not line.startswith("OK ")] == ["PROBLEM host-identity"]

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 
 @pytest.fixture
@@ -22,7 +22,7 @@ def make_world():
 
     def make(**parameters: str) -> TwinWorld:
         template = TemplateModel()
-        for name, value in parameters.items():
+        for name, value in (ENFORCING | parameters).items():
             template.raw["Parameters"][name]["Default"] = value
         world = TwinWorld(template=template)
         world.__enter__()
@@ -32,6 +32,12 @@ def make_world():
     yield make
     for world in opened:
         world.__exit__(None, None, None)
+
+
+@pytest.fixture
+def world(make_world):
+    """The stack with limits enforced (a new stack's are in dry run: test_dry_run_deployment_publishes_nothing)."""
+    return make_world()
 
 
 def sweep(world: TwinWorld) -> dict:

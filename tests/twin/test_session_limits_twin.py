@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 @pytest.fixture
 def make_world():
@@ -28,7 +28,7 @@ def make_world():
 
     def make(preferences=(True, ""), **parameters: str) -> TwinWorld:
         template = TemplateModel()
-        for name, value in parameters.items():
+        for name, value in (ENFORCING | parameters).items():
             template.raw["Parameters"][name]["Default"] = value
         world = TwinWorld(template=template, session_preferences=preferences)
         world.__enter__()

@@ -207,12 +207,29 @@ def test_event_of_no_rule_exits_1_naming_the_field_the_nearest_rule_wants(tmp_pa
 
 
 def test_a_failed_execution_exits_1_with_its_error_and_cause(tmp_path, capsys):
-    code, lines = send(tmp_path, capsys, [{"cluster": "ml-research", "mode": "sweep", "extra": "x"}])
+    # A well-formed sweep for a cluster this stack does not manage: the execution refuses it.
+    code, lines = send(tmp_path, capsys, [{"cluster": "ml-other", "mode": "sweep"}])
 
     assert code == 1
     started = sections(lines)["event-0.json"][0]
     assert started.startswith("input -> state machine LoginNodeSyncStateMachine (StartExecution): execution ")
-    assert started.endswith("FAILED: MalformedEventError: invalid sweep/repair input: extra")
+    assert "FAILED: UnknownClusterError: cluster 'ml-other' is not managed by this stack" in started
+
+
+@pytest.mark.parametrize("document", [{"cluster": "ml-research", "mode": "sweep", "extra": "x"},
+                                      {"hello": "world"}, [{"Records": []}]])
+def test_valid_json_that_is_neither_an_event_nor_an_input_is_one_named_line_and_no_twin(tmp_path, capsys, document):
+    path = tmp_path / "not-an-event.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+
+    code = cli.main(["twin", "send", str(path)])
+
+    captured = capsys.readouterr()
+    assert code == 2
+    [line] = captured.out.splitlines()
+    assert line.startswith(f"twin send: {path}") and "not an event (no detail-type) and not a sweep/repair input" in line
+    assert "MalformedEventError" in line
+    assert "building the twin" not in captured.err, "refused before anything was built or changed"
 
 
 def send_args(paths: list[str], *parameters: str) -> argparse.Namespace:
@@ -260,7 +277,9 @@ def test_session_limits_event_shows_the_session_it_ended(tmp_path, capsys, saved
 
     monkeypatch.setattr(commands, "TwinWorld", WorldWithSessions)
 
-    code, lines = send(tmp_path, capsys, [saved_event("ssm-start-session.json")], "--cluster-id", "abc123def456")
+    # A stack whose operator turned limits on (a new stack's are in dry run).
+    code, lines = send(tmp_path, capsys, [saved_event("ssm-start-session.json")], "--cluster-id", "abc123def456",
+                       "--parameter", "SessionLimitsDryRun=false")
 
     assert code == 0, "\n".join(lines)
     explained = sections(lines)["event-0.json"]

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 CAPS = {"default": {"cpuQuota": "200%", "memoryMax": "8G", "tasksMax": 512},
         "overrides": {"nobody": {"memoryMax": "16G"}}, "exempt": []}
@@ -29,7 +29,7 @@ def world():
         pytest.skip("systemd-analyze needed (apt-get install -y systemd)")
     template = TemplateModel()
     template.raw["Parameters"]["UserCaps"]["Default"] = json.dumps(CAPS)
-    with TwinWorld(template=template) as twin:
+    with TwinWorld(template=template, parameters=ENFORCING) as twin:
         yield twin
 
 

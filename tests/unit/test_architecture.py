@@ -46,6 +46,105 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
+# Where import names start: each tree's packages, and each Lambda code folder (its handlers are
+# top-level modules there, named functions.<folder>.<module> here so two folders' app.py differ).
+IMPORT_ROOTS = ("layers/hpops_core", "cli", "node", "twin")
+
+
+def module_files(roots: list[tuple[Path, str]]) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under each (folder, name prefix)."""
+    found = {}
+    for folder, prefix in roots:
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if ".venv" in parts or "build" in parts:
+                continue
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join([prefix, *parts] if prefix else parts)] = path
+    return found
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``modules`` it imports: at the top, inside functions (lazy) and under
+    TYPE_CHECKING alike, since each is a dependency a reader follows; relative imports resolved."""
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        prefix = name.rpartition(".")[0] + "." if name.startswith("functions.") else ""
+        wanted = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                wanted |= {(alias.name,) for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [base])])
+                wanted |= {(f"{base}.{alias.name}", base) for alias in node.names}
+        edges = set()
+        for candidates in wanted:
+            for candidate in candidates:
+                parts = candidate.split(".")
+                while parts and ".".join(parts) not in modules and prefix + ".".join(parts) not in modules:
+                    parts.pop()
+                if parts:
+                    dotted = ".".join(parts)
+                    edges.add(dotted if dotted in modules else prefix + dotted)
+                    break
+        graph[name] = edges - {name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan), as a path from its first module
+    back to itself: what a reader would follow round."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for used in sorted(graph.get(module, ())):
+            if used not in index:
+                visit(used)
+                low[module] = min(low[module], low[used])
+            elif used in on_stack:
+                low[module] = min(low[module], index[used])
+        if low[module] == index[module]:
+            group = set()
+            while not group or member != module:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+            if len(group) > 1:
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    circles = []
+    for group in groups:
+        start = min(group)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:  # the shortest way round from start, inside the group
+            module = queue.pop(0)
+            for used in sorted(graph[module] & group):
+                if used == start:
+                    circles.append(paths[module] + [start])
+                    queue = []
+                    break
+                if used not in paths:
+                    paths[used] = paths[module] + [used]
+                    queue.append(used)
+    return sorted(circles)
+
+
+def repository_modules() -> dict[str, Path]:
+    roots = [(REPO_ROOT / root, "") for root in IMPORT_ROOTS]
+    roots += [(folder, f"functions.{folder.name}") for folder in sorted((REPO_ROOT / "functions").iterdir()) if folder.is_dir()]
+    return module_files(roots)
+
+
 def core_packages_used(path: Path) -> set[str]:
     return {name.split(".")[1] for name in imported_modules(path)
             if name.startswith("hpops_core.") and name.count(".") >= 1}
@@ -77,15 +176,42 @@ def test_every_core_package_is_a_feature_or_shared():
     assert not [p.name for p in CORE.glob("*.py") if p.name != "__init__.py"], "loose modules belong in a package"
 
 
+def test_no_import_circles_in_product_cli_or_twin():
+    modules = repository_modules()
+    assert {"hpops.main", "hpops_twin.world", "hpops_core.session_limits.config", "functions.login_node_sync.app"} <= set(modules)
+    circles = import_circles(import_graph(modules))
+    assert not circles, "import circles:\n" + "\n".join(" -> ".join(circle) for circle in circles)
+
+
+def test_the_circle_check_names_a_circle_it_is_given():
+    graph = {"a": {"b"}, "b": {"c", "d"}, "c": {"a"}, "d": set(), "e": {"e2"}, "e2": {"e"}, "f": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c", "a"], ["e", "e2", "e"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_circle_check_finds_a_circle_through_lazy_and_type_checking_imports(tmp_path):
+    """The shapes the repository had: a relative import one way, a TYPE_CHECKING or in-function import back."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text("def load():\n    from .limits import text\n    return text()\n")
+    (package / "limits.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.config import load\n"
+                                       "def text():\n    return ''\n")
+    (package / "alone.py").write_text("import pkg.limits\nfrom pkg import config\n")
+    graph = import_graph(module_files([(tmp_path, "")]))
+    assert graph["pkg.alone"] == {"pkg.limits", "pkg.config"}
+    assert import_circles(graph) == [["pkg.config", "pkg.limits", "pkg.config"]]
+    (package / "limits.py").write_text("def text():\n    return ''\n")  # untangled: one direction
+    assert import_circles(import_graph(module_files([(tmp_path, "")]))) == []
+
+
 def test_product_code_never_imports_development_code():
     offenders = set()
     for path in py_files(*(REPO_ROOT / root for root in PRODUCT_ROOTS)):
         for name in imported_modules(path):
             if name.split(".")[0] in DEVELOPMENT_ONLY:
                 offenders.add(f"{path.relative_to(REPO_ROOT)} -> {name}")
-    # The one exception by design: `hpops demo|bench|twin|--twin` dispatches to the twin when the
-    # development install has it, and says how to get it otherwise.
-    offenders -= {"cli/hpops/main.py -> hpops_twin", "cli/hpops/main.py -> hpops_twin.commands"}
+    # `hpops demo|bench|twin|--twin` finds the twin through its entry point, never an import.
     assert not offenders
 
 

@@ -86,7 +86,7 @@ def test_the_kept_cost_explorer_answer_is_the_only_new_item_the_budget_roles_tou
 
 
 USER_SPEND_PARTS = {"RecordUsageReportFunction", "CheckUserSpendFunction", "PublishUserSpendAlertFunction",
-                    "UserSpendAlertTopic", "SignedUsageReportRefusedAlarm"}
+                    "UserSpendAlertTopic"}
 
 
 def test_user_spend_enabled_false_leaves_out_per_user_spend_and_keeps_the_cluster_budget():

@@ -80,3 +80,27 @@ def test_without_per_user_spend_its_metrics_usage_reports_and_cost_explorer_requ
     assert off["automation_usd"] < defaults["automation_usd"]
     both = cost_table(BENCH, {"UserSpendEnabled": "false", "CreateDashboard": "false"})
     assert both["automation_usd"] == pytest.approx(off["automation_usd"] - 3.00)
+
+
+def test_the_goals_hold_at_the_defaults_with_every_feature_on_and_with_the_optional_parts_off():
+    from hpops_twin.cost_model import EVERY_FEATURE, GOAL_EVERY_FEATURE_USD, GOAL_LEAN_USD, LEAN
+
+    assert cost_table(BENCH)["automation_usd"] <= GOAL_EVERY_FEATURE_USD
+    assert cost_table(BENCH, EVERY_FEATURE)["automation_usd"] <= GOAL_EVERY_FEATURE_USD
+    assert cost_table(BENCH, LEAN)["automation_usd"] <= GOAL_LEAN_USD
+
+
+def test_only_the_metrics_an_alarm_of_the_stack_watches_are_billed():
+    keys, certificate = cost_table(BENCH), cost_table(BENCH, {"HostIdentityMode": "certificate"})
+    assert lines(keys)["CloudWatch custom metrics"]["quantity"] == 3  # renewals cannot fail outside certificate mode
+    assert lines(certificate)["CloudWatch custom metrics"]["quantity"] == 4
+    assert len(keys["metrics"]) > 40, "every figure a handler counts is still listed, as a log line"
+
+
+def test_each_line_shows_its_figure_before_the_cost_work():
+    from hpops_twin.cost_model import cost_section, render
+
+    defaults = cost_section(BENCH)["defaults"]
+    assert lines(defaults)["CloudWatch custom metrics"]["before_usd"] == 13.80
+    assert defaults["before_automation_usd"] == 24.69 and defaults["automation_usd"] < defaults["before_automation_usd"]
+    assert "24.69" in render(defaults) and f"{defaults['automation_usd']:.2f}" in render(defaults)

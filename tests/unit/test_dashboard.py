@@ -1,5 +1,5 @@
 """The stack's CloudWatch dashboard: valid JSON once CloudFormation substitutes it, and every graph
-shows something that exists (a metric a handler emits, a state machine, an alarm of the stack)."""
+shows something that exists (a figure a handler counts, a state machine, an alarm of the stack)."""
 
 import json
 import re
@@ -22,7 +22,8 @@ def substituted(user_spend: bool = True) -> dict:
         if isinstance(variable, dict) and "Fn::If" in variable:
             condition, when_on, when_off = variable["Fn::If"]
             assert condition == "UserSpendOn"
-            return re.sub(r"\$\{([^}]+)\}", value, when_on["Fn::Sub"]) if user_spend else when_off
+            text = when_on["Fn::Sub"] if isinstance(when_on, dict) else when_on
+            return re.sub(r"\$\{([^}]+)\}", value, text) if user_spend else when_off
         return stand_ins.get(name, f"<{name}>")
     return json.loads(re.sub(r"\$\{([^}]+)\}", value, BODY))
 
@@ -42,7 +43,14 @@ def emitted_metric_names() -> set[str]:
     return names
 
 
+def figures_queried(widgets: list[dict]) -> set[str]:
+    """The handlers' figures the Logs Insights widgets sum (observability.py logs them, one line per invocation)."""
+    return {name for w in widgets if w["type"] == "log" for name in re.findall(r"figures\.(\w+)", w["properties"]["query"])}
+
+
 def test_the_body_is_json_and_names_only_what_exists():
+    from hpops_core.common.observability import ALARMED_METRICS
+
     widgets = substituted()["widgets"]
     emitted = emitted_metric_names()
     state_machines = {k for k, v in RESOURCES.items() if v["Type"] == "AWS::Serverless::StateMachine"}
@@ -50,11 +58,24 @@ def test_the_body_is_json_and_names_only_what_exists():
     for widget in widgets:
         for metric in widget["properties"].get("metrics", []):
             if metric[0] == "HyperPodLoginAutopilot":
-                assert metric[1] in emitted, f"{metric[1]} is graphed but no handler emits it"
+                assert metric[1] in ALARMED_METRICS, f"{metric[1]} is graphed but only alarmed metrics are published"
                 assert metric[2:6] == ["service", metric[3], "cluster", "<ClusterName>"]
             if metric[0] == "AWS/States":
                 shown_machines.add(metric[3].strip("<>"))
     assert shown_machines == state_machines
+    queried = figures_queried(widgets)
+    assert {"TargetsRegistered", "SessionsEnded", "ClusterCostUsd"} <= queried
+    assert not queried - emitted, f"queried but no handler counts them: {sorted(queried - emitted)}"
+
+
+def test_the_figure_widgets_read_this_clusters_figure_lines():
+    from hpops_core.common.observability import FIGURES_FIELD, FIGURES_MESSAGE
+
+    for widget in (w for w in substituted()["widgets"] if "figures." in w["properties"].get("query", "")):
+        query = widget["properties"]["query"]
+        assert query.startswith(f"SOURCE '<FunctionsLogGroup>' | filter message = \"{FIGURES_MESSAGE}\" and cluster = "
+                                "\"<ClusterName>\""), widget["properties"]["title"]
+        assert f"{FIGURES_FIELD}." in query and " by bin(" in query
 
 
 def test_the_alarm_widget_lists_every_alarm_that_always_exists():
@@ -71,7 +92,7 @@ def test_healthy_targets_are_searched_by_the_target_groups_own_dimension():
 
 
 def test_the_per_user_table_reads_the_lines_check_user_spend_logs():
-    [table] = [w for w in substituted()["widgets"] if w["type"] == "log"]
+    [table] = [w for w in substituted()["widgets"] if w["type"] == "log" and "user spend" in w["properties"]["query"]]
     query = table["properties"]["query"]
     assert query.startswith("SOURCE '<FunctionsLogGroup>'") and 'message = "user spend"' in query
     handler = (REPO_ROOT / "functions" / "budget_guard" / "user_spend.py").read_text()
@@ -82,9 +103,19 @@ def test_the_per_user_table_reads_the_lines_check_user_spend_logs():
 
 
 def test_without_per_user_spend_the_per_user_widgets_are_gone_and_the_budget_stays():
-    def graphed(widgets):
-        return {m[1] for w in widgets for m in w["properties"].get("metrics", []) if m[0] == "HyperPodLoginAutopilot"}
+    def tables(widgets):
+        return [w for w in widgets if w["type"] == "log" and "user spend" in w["properties"]["query"]]
     on, off = substituted(True)["widgets"], substituted(False)["widgets"]
-    assert [w["type"] for w in on if w["type"] == "log"] == ["log"] and not [w for w in off if w["type"] == "log"]
-    assert graphed(on) - graphed(off) == {"ClusterCostUsd", "UsersUsd", "IdleUsd", "UsersHeld", "UserSpendAlerts"}
-    assert {"ClusterBudgetUsd", "BudgetProjectionAlerts"} <= graphed(off)
+    assert len(tables(on)) == 1 and not tables(off)
+    assert figures_queried(on) - figures_queried(off) == {"ClusterCostUsd", "UsersUsd", "IdleUsd", "UsersHeld", "UserSpendAlerts"}
+    assert {"ClusterBudgetUsd", "BudgetProjectionAlerts"} <= figures_queried(off)
+
+
+def test_the_spread_graph_reads_the_line_check_reported_sessions_logs():
+    [graph] = [w for w in substituted()["widgets"] if w["type"] == "log" and "login spread" in w["properties"]["query"]]
+    query = graph["properties"]["query"]
+    handler = (REPO_ROOT / "functions" / "session_limits" / "check_reported_sessions.py").read_text()
+    assert 'logger.info("login spread", extra=report_check.login_spread(state.nodes))' in handler
+    core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "session_limits" / "cluster_sessions.py").read_text()
+    for field in ("maxOverMean", "meanPerNode"):
+        assert f"max({field})" in query and f'"{field}"' in core

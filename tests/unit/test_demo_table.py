@@ -19,3 +19,18 @@ def test_long_step_names_are_shown_whole():
     assert lines[2].endswith("first deploy: the sweep registers every Running login node")
     assert lines[3].endswith(long_title) and "FAILED" in lines[3]
     assert lines[0].split()[-1] == "step"
+
+
+def test_demo_lines_fit_a_terminal_with_fingerprints_and_versions_shortened():
+    from hpops_twin.demo import SCREEN_WIDTH, fitted
+
+    line = ("[ 33.58s]           verify 10.1.0.12: ecdsa-sha2-nistp256: presented "
+            "SHA256:c1oadu3Znch/XUTrEngjbXlRCkQkoXAUhILHLnuZnpA, expected SHA256:VTuDVSmrkdcmcgVVuRsqjRssSHKO0uCQaTc3snaCcPE;"
+            " ssh-ed25519: presented SHA256:pF4nVe//JFoPGCh7obZfij8hwU902nU4oNM4e//dfzs, installed version "
+            "a488185e-8c65-4d6b-ba5c-b6f2ab587d35 (6 files)")
+    shown: list[str] = []
+    fitted(shown.append)(line)
+    assert len(shown) > 1 and all(len(part) <= SCREEN_WIDTH for part in shown)
+    text = " ".join(part.strip() for part in shown)
+    assert "SHA256:c1oadu3Z…" in text and "SHA256:VTuDVSmr…" in text and "version a488185e… (6 files)" in text
+    assert all(part.startswith(" " * 22) for part in shown[1:]), "continuations sit under the line's own indent"

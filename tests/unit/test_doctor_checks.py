@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from hpops import doctor_checks as checks
-from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, Endpoint, SubnetPath, TrailFacts, VerifierFacts
+from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, Endpoint, LoadBalancerFacts, SubnetPath, TrailFacts, VerifierFacts
 
 REGION = "us-east-1"
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc)
@@ -186,3 +186,111 @@ def test_imds_exposure_is_ok_when_every_node_is_blocked_or_the_lockdown_covers_t
     reachable_anyway = checks.decide_imds_exposure("login", ["i-1"], {"i-1": "reachable"}, "on", EXPOSURE, "S")
     assert blocked.status == OK and covered.status == OK and "rely on the installer" in covered.message
     assert reachable_anyway.status == checks.NOTE  # a node's own probe outweighs the stack's setting
+
+
+NLB = {"LoadBalancerName": "hpops-nlb", "SecurityGroups": ["sg-nlb"]}
+
+
+def _nlb_path(cluster_ingress, nlb_groups=("sg-nlb",), balancers=(NLB,), nlb_egress=None) -> LoadBalancerFacts:
+    groups = [_group(g) if nlb_egress is None else _group(g, egress=nlb_egress) for g in nlb_groups]
+    return LoadBalancerFacts(ssh_port=22, load_balancers=list(balancers), nlb_groups=groups,
+                             nlb_subnet_cidrs=["10.1.0.0/24", "10.1.1.0/24"],
+                             cluster_groups=[_group("sg-cluster", cluster_ingress)], cluster_subnet_cidrs=["10.1.0.0/24"])
+
+
+FROM_NLB = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "UserIdGroupPairs": [{"GroupId": "sg-nlb"}]}
+FROM_VPC = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "10.1.0.0/16"}]}
+
+
+def test_the_nodes_group_must_admit_ssh_from_the_nlbs_group():
+    assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB])).status == OK
+    refused = checks.decide_load_balancer_path(_nlb_path([FROM_VPC]))  # an NLB with a group connects from it
+    assert refused.status == PROBLEM and "--source-group sg-nlb" in refused.fix and "fails open" in refused.message
+
+
+def test_an_nlb_without_a_group_needs_its_subnets_admitted_and_is_noted():
+    ok = checks.decide_load_balancer_path(_nlb_path([FROM_VPC], nlb_groups=(), balancers=({"LoadBalancerName": "old"},)))
+    assert ok.status == OK and "has no security group" in ok.message
+    narrow = dict(FROM_VPC, IpRanges=[{"CidrIp": "10.1.0.0/24"}])  # one of its two subnets only
+    assert checks.decide_load_balancer_path(_nlb_path([narrow], nlb_groups=(), balancers=({"LoadBalancerName": "old"},))).status == PROBLEM
+
+
+def test_no_load_balancer_or_no_egress_is_a_problem():
+    assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], balancers=())).status == PROBLEM
+    assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], nlb_egress=[])).status == PROBLEM
+
+
+# ---------------------------------------------------------------------------- the first day's checks
+
+
+def test_execution_role_shared_with_a_compute_group_is_a_problem_naming_the_group():
+    from hpops.doctor_checks import decide_execution_role
+
+    roles = {"login": "arn:aws:iam::1:role/exec", "controller-machine": "arn:aws:iam::1:role/exec",
+             "gpu": "arn:aws:iam::1:role/exec"}
+    finding = decide_execution_role(roles, ["login", "controller-machine"], "exec")
+    assert finding.status == "PROBLEM" and finding.message.startswith("gpu runs with exec")
+    roles["gpu"] = "arn:aws:iam::1:role/compute"
+    assert decide_execution_role(roles, ["login", "controller-machine"], "exec").status == "OK"
+
+
+def test_host_identity_never_published_is_a_problem_with_the_command_for_the_mode():
+    from hpops.doctor_checks import decide_host_identity
+
+    keys = decide_host_identity("keys", None, "S")
+    assert keys.status == "PROBLEM" and "target group stays empty" in keys.message
+    assert keys.fix.startswith("hpops host-keys generate --stack-name S")
+    assert decide_host_identity("certificate", None, "S").fix.startswith("hpops host-keys ca-generate --stack-name S")
+    assert decide_host_identity("certificate", {"mode": "keys", "version": "v"}, "S").status == "PROBLEM"
+    assert decide_host_identity("keys", {"mode": "keys", "version": "v1"}, "S").status == "OK"
+    assert decide_host_identity("off", None, "S").status == "OK"
+
+
+def test_key_policy_without_the_account_or_with_a_deny_is_a_problem():
+    from hpops.doctor_checks import decide_key_policy
+
+    root = {"Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::111122223333:root"}, "Action": "kms:*", "Resource": "*"}
+    assert decide_key_policy("k", {"Statement": [root]}, "111122223333").status == "OK"
+    other = dict(root, Principal={"AWS": "arn:aws:iam::111122223333:role/admin"})
+    assert decide_key_policy("k", {"Statement": [other]}, "111122223333").status == "PROBLEM"
+    deny = {"Sid": "NoDecrypt", "Effect": "Deny", "Principal": "*", "Action": "kms:Decrypt", "Resource": "*"}
+    finding = decide_key_policy("k", {"Statement": [root, deny]}, "111122223333")
+    assert finding.status == "PROBLEM" and "NoDecrypt" in finding.message and "put-key-policy" in finding.fix
+
+
+def test_alert_subscription_pending_or_missing_is_a_problem():
+    from hpops.doctor_checks import decide_alert_subscription
+
+    topic = "arn:aws:sns:us-east-1:1:alerts"
+    pending = [{"SubscriptionArn": "PendingConfirmation", "Endpoint": "ops@example.org", "Protocol": "email"}]
+    assert decide_alert_subscription(topic, "ops@example.org", pending).status == "PROBLEM"
+    assert decide_alert_subscription(topic, "", []).status == "PROBLEM"
+    confirmed = [{"SubscriptionArn": topic + ":abc", "Endpoint": "ops@example.org", "Protocol": "email"}]
+    assert decide_alert_subscription(topic, "ops@example.org", confirmed).status == "OK"
+
+
+def test_endpoints_that_refuse_https_or_carry_a_deny_policy_are_problems():
+    from hpops.doctor_checks import EndpointFacts, decide_endpoints
+
+    open_443 = {"GroupId": "sg-e", "IpPermissions": [{"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
+                                                       "UserIdGroupPairs": [{"GroupId": "sg-nodes"}]}]}
+    closed = {"GroupId": "sg-e", "IpPermissions": []}
+    good = EndpointFacts("vpce-1", "ssm", [open_443], None)
+    assert decide_endpoints("login", ["sg-nodes"], ["10.0.0.0/24"], [good]).status == "OK"
+    assert decide_endpoints("login", ["sg-nodes"], ["10.0.0.0/24"], []).status == "OK"
+    refused = decide_endpoints("login", ["sg-nodes"], ["10.0.0.0/24"], [EndpointFacts("vpce-1", "ssm", [closed], None)])
+    assert refused.status == "PROBLEM" and "--port 443 --source-group sg-nodes" in refused.fix
+    deny = {"Statement": [{"Effect": "Deny", "Principal": "*", "Action": "ssm:*", "Resource": "*"}]}
+    denied = decide_endpoints("login", ["sg-nodes"], [], [EndpointFacts("vpce-1", "ssm", [open_443], deny)])
+    assert denied.status == "PROBLEM" and "--reset-policy" in denied.fix
+
+
+def test_accounting_enforce_is_checked_only_through_the_controllers_report():
+    from hpops.doctor_checks import decide_accounting_enforce
+
+    assert decide_accounting_enforce("c", False, None, "fix").status == "OK"
+    unknown = decide_accounting_enforce("c", True, None, "fix")
+    assert unknown.status == "UNKNOWN" and unknown.message.startswith("not checkable yet")
+    assert decide_accounting_enforce("c", True, {"enforced": True}, "fix").status == "OK"
+    off = decide_accounting_enforce("c", True, {"enforced": False, "enforceReason": "AccountingStorageEnforce = associations"}, "fix")
+    assert off.status == "PROBLEM" and off.fix == "fix"

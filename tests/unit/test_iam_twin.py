@@ -25,13 +25,16 @@ SAMPLE_REQUEST = {
     "Key": {"pk": {"S": "cluster#ml-research"}, "sk": {"S": "sync-lease"}}, "Bucket": "sagemaker-lifecycle",
     "TrailName": "management-events", "AlarmNames": ["hpops-SyncExecutionsFailed-1AB2C3"],
     "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/hpops-NodeAgentPolicy-1AB2C3", "Path": "/hpops/ml-research/instructions/",
+    "KeyId": "0f1e2d3c-1111-2222-3333-444455556666", "Target": "sagemaker-cluster:abc123_login-i-0123456789abcdef0",
+    "DocumentName": "AWS-StartNonInteractiveCommand",
 }
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")
 
 
 # Actions whose resource type applies only to a parameter the product never passes.
-STAR_ALTHOUGH_TYPED = {"ce:GetCostAndUsage"}  # billingview/*: only with BillingViewArn
+STAR_ALTHOUGH_TYPED = {"ce:GetCostAndUsage",  # billingview/*: only with BillingViewArn
+                       "ssm:StartSession"}  # its types are instances and documents; a HyperPod target is neither
 
 
 def _format_pattern(arn_format: str) -> re.Pattern:

@@ -117,6 +117,18 @@ SKIPPED = {
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
+    "aws iam attach-role-policy --role-name <controller-role> --policy-arn <NodeAgentPolicyArn>": AWS,
+    "aws ce update-cost-allocation-tags-status --cost-allocation-tags-status TagKey=ClusterName,Status=Active": AWS,
+    "aws s3 cp s3://<your-lifecycle-bucket>/<prefix>/on_create.sh .": AWS,
+    "aws s3 cp on_create.sh s3://<your-lifecycle-bucket>/<prefix>/on_create.sh": AWS,
+    "hpops adopt --stack-name S": f"{AWS}; tests/twin/test_adopt_twin.py runs its path against the twin's nodes",
+    "hpops adopt --stack-name S --print": AWS,
+    "hpops status --stack-name S": AWS,
+    "sam build && sam deploy": AWS,
+    "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
+    "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
+    "make docs": "rewrites docs/parameters.md and docs/deployer-policy.json; tests/unit/test_generated_docs.py "
+                 "runs the same generators and compares",
 }
 # Commands the prose names without their arguments: skipped as well (they need AWS), and only
 # checked to be commands hpops has.
@@ -126,6 +138,12 @@ MENTIONS = {
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
     "hpops status": AWS,
     "hpops node approve-enrollment": AWS,
+    "hpops adopt": AWS,
+    "hpops iam-policy": AWS,
+    "hpops host-keys ca-generate": AWS,
+    "hpops host-keys generate": AWS,
+    "hpops cost release": AWS,
+    "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
 }
 
 
@@ -549,10 +567,20 @@ def test_cost_table(bench):
     assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
     rows = table(docs_text(), "item | per month")
     assert [r[0] for r in rows] == [line["item"] for line in defaults["lines"]]
-    for (item, quantity, usd), line in zip(rows, defaults["lines"]):
+    for (item, quantity, before, usd), line in zip(rows, defaults["lines"]):
         amount, unit = quantity.rsplit(" ", 1) if quantity.count(" ") == 1 else quantity.split(" ", 1)
         assert unit == line["unit"] and near(number(amount), line["quantity"], share=0.005), item
-        assert float(usd) == line["usd"], item
+        assert float(usd) == line["usd"] and float(before) == line["before_usd"], item
+    before_alone, before_lb = claim(text, r"the `before` column: \$([\d.]+) and \$([\d.]+)\)")
+    assert (float(before_alone), float(before_lb)) == (defaults["before_automation_usd"], defaults["before_with_load_balancer_usd"])
+    # The goals, at the defaults: every feature on, and the optional parts off.
+    every = cost["every_feature"]
+    every_alone, every_lb = claim(text, r"`HostIdentityMode=certificate` adds.*?: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+    assert (float(every_alone), float(every_lb)) == (every["automation_usd"], every["with_load_balancer_usd"])
+    goal_every, goal_lean = claim(text, r"at most \$(\d+) a month with every feature on and at most \$(\d+) with the optional parts off")
+    assert (float(goal_every), float(goal_lean)) == (cost["goals"]["every_feature_usd"], cost["goals"]["lean_usd"])
+    assert every["automation_usd"] <= cost["goals"]["every_feature_usd"] and defaults["automation_usd"] <= cost["goals"]["every_feature_usd"]
+    assert lean["automation_usd"] <= cost["goals"]["lean_usd"]
 
 
 # ---------------------------------------------------------------- the front door and the guide
@@ -611,3 +639,31 @@ def test_hold_bound(bench):
         (before,) = claim(page, r"hourly sweep: (?:up to )?([\d.]+) minutes")
         assert float(before) == bound["before_minutes"]
     assert bound["sweeps"] == 0
+
+
+# docs row label -> (stickiness, access path) of the bench's balance rows
+BALANCE_ROWS = {
+    "campus NAT, no stickiness": ("none", "nat"),
+    "Client VPN (2 subnets), no stickiness": ("none", "client-vpn"),
+    "routed (Site-to-Site VPN, Direct Connect), no stickiness": ("none", "routed"),
+    "campus NAT, `source_ip` (before)": ("source_ip", "nat"),
+    "Client VPN (2 subnets), `source_ip` (before)": ("source_ip", "client-vpn"),
+    "routed, `source_ip` (before)": ("source_ip", "routed"),
+}
+
+
+def test_balance_table(bench):
+    """How evenly users spread per access path, as `make bench` measured it (key `balance`)."""
+    measured = {(r["setting"], r["path"]): r for r in bench["balance"]}
+    rows = table(docs_text(), "balance")
+    assert [r[0] for r in rows] == list(BALANCE_ROWS), "a row was added or renamed: map it in BALANCE_ROWS"
+    for label, source_ips, median, worst, example in rows:
+        r = measured[BALANCE_ROWS[label]]
+        assert (int(source_ips), float(median), float(worst)) == (
+            r["source_ips"], round(r["median_max_over_mean"], 2), round(r["worst_max_over_mean"], 2)), label
+        assert [int(n) for n in example.split(",")] == r["example_sessions"], label
+    text = section("Performance (`make bench`)")
+    nodes, users, seeds = claim(text, r"\(key `balance`; (\d+) login nodes .*?, (\d+) users .*?median over (\d+) seeds")
+    first = bench["balance"][0]
+    assert (int(nodes), int(users)) == (first["login_nodes"], first["users"]) and int(seeds) == 20
+    assert all(r["median_max_over_mean"] <= 1.25 for r in bench["balance"] if r["setting"] == "none")

@@ -734,3 +734,15 @@ def test_policy_validation():
 def test_directories_satisfy_the_protocol():
     assert isinstance(InMemorySessionDirectory(), SessionDirectory)
     assert isinstance(Boto3SessionDirectory(), SessionDirectory)  # no client created yet
+
+
+def test_notification_names_the_cluster_by_its_name_with_the_id_beside_it():
+    fake = InMemorySessionDirectory()
+    for i in range(3):
+        add(fake, f"alice-00{i}", assumed("alice"), i)
+
+    report = run(fake)
+    note = report.notification("ml-research")
+
+    assert note.subject.startswith("HyperPod ml-research: ended 1 login session(s) over limit (alice)")
+    assert f"HyperPod cluster ml-research (id {report.cluster_id})" in note.text

@@ -193,4 +193,4 @@ def test_template_rule_targets_login_nodes_by_cluster_id_not_name():
         env = template.resources[function]["Properties"]["Environment"]["Variables"]
         assert env["CLUSTER_ID"] == prefix[1]["ClusterId"], "the handlers and the rule agree on the cluster id"
     assert template.raw["Parameters"]["MaxSessionsPerUser"]["Default"] == 2
-    assert template.raw["Parameters"]["SessionLimitsDryRun"]["Default"] == "false"
+    assert template.raw["Parameters"]["SessionLimitsDryRun"]["Default"] == "true", "a new stack ends nothing"

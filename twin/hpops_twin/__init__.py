@@ -7,6 +7,6 @@
   world.py            provisions the template's resources in moto and routes events like EventBridge
   ssm_sessions.py     Session Manager (StartSession/DescribeSessions/TerminateSession, which moto
                       lacks) and users who open sessions; session_demo.py / session_bench.py use it
-  demo.py / bench.py  `make demo` and `make bench`
+  demo_story.py       `make demo`'s chapters in order (demo.py: the steps; bench.py: `make bench`)
   commands.py         the twin behind `hpops demo`, `twin send`, `bench` and `--twin` (the CLI is cli/hpops)
 """

@@ -49,7 +49,7 @@ def budget_steps(demo: Demo) -> None:
         return found is not None and Decimal(found["BudgetLimit"]["Amount"]) == Decimal(LIMIT_USD)
 
     demo.step("budget guard: InService event -> the cluster's budget", lambda: world.publish([at(sim.state_change_event(cluster), now)]),
-              f"budget {budget_name} with limit ${int(LIMIT_USD):,}", budget_exists)
+              f"budget {budget_name} with limit ${int(LIMIT_USD):,}", budget_exists, targets=False)
     notes = budget.notifications(budget_name) if budget_exists() else []
     demo.say(f"          {budget_name}: ${int(LIMIT_USD):,}/month on tag ClusterName={cluster}; AWS Budgets alerts at "
              + ", ".join(f"{n['Threshold']:g}% {n['NotificationType'].lower()}" for n in notes))
@@ -63,7 +63,8 @@ def budget_steps(demo: Demo) -> None:
                 and alerts[0]["summary"].startswith(f"scale-out of group '{world.worker_group}' to 16 x"))
 
     demo.step(f"budget guard: {world.worker_group} group scaled 8 -> 16 (projected overrun)", lambda: world.publish(scale_out),
-              "one alert on the AlertTopic and one EventBridge event, naming the scale-out", one_alert_naming_the_scale_out)
+              "one alert on the AlertTopic and one EventBridge event, naming the scale-out", one_alert_naming_the_scale_out,
+              targets=False)
     for alert in budget.alerts()[alerts_before:]:
         demo.say(f"          alert: {alert['summary']}")
         demo.say(f"          how:   {alert['projection']['reason']}")
@@ -83,6 +84,7 @@ def budget_steps(demo: Demo) -> None:
         redelivered.extend(world.publish(scale_out))
         return redelivered
 
-    demo.step("budget guard: the same scale-out event delivered again", deliver_again, "no second alert", no_second_alert)
+    demo.step("budget guard: the same scale-out event delivered again", deliver_again, "no second alert", no_second_alert,
+              targets=False)
     for result in world.wait(budget.executions(redelivered)):
         demo.say(f"          {(result.output or {}).get('projection', {}).get('reason', result.error)}")

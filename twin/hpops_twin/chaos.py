@@ -55,7 +55,7 @@ from moto.events.models import EventPattern
 
 from hpops_twin.budget_twin import at
 from hpops_twin.faults import ChaosTransport, WireCall, is_mutating, target_ids
-from hpops_twin.world import ACCOUNT_ID, TwinWorld
+from hpops_twin.world import ACCOUNT_ID, ENFORCING, TwinWorld
 
 LNS = "LoginNodeSyncStateMachine"
 SESSIONS = "SessionLimitsStateMachine"
@@ -573,7 +573,7 @@ def part_hostile(progress: Callable[[str], None] = lambda _: None) -> dict:
     began = time.perf_counter()
     rejections = rejection_errors()
     outcomes: list[HostileOutcome] = []
-    with TwinWorld() as world, ChaosTransport(world).installed() as chaos:
+    with TwinWorld(parameters=ENFORCING) as world, ChaosTransport(world).installed() as chaos:
         hostile_world_setup(world)
         for case in hostile_cases(world):
             outcome = run_hostile(world, chaos, case, rejections)
@@ -719,7 +719,7 @@ def fault_run(seed: int | None, rate: float = FAULT_RATE, backoff_scale: float =
               expected_alert_keys: list[str] | None = None, max_extra_rounds: int = 2) -> FaultRun:
     began = time.perf_counter()
     named = named_errors()
-    with TwinWorld() as world, ChaosTransport(world, backoff_scale=backoff_scale).installed() as chaos:
+    with TwinWorld(parameters=ENFORCING) as world, ChaosTransport(world, backoff_scale=backoff_scale).installed() as chaos:
         sim, cluster, sessions = world.sim, world.cluster_name, world.sessions
         # Arranged without faults: the target group in sync, the budget guard's baseline stored
         # while the cluster had no budget limit (so the budget itself is created under faults).
@@ -1028,7 +1028,7 @@ SCENARIOS: dict[str, Callable[[TwinWorld, ChaosTransport], dict]] = {
 def run_scenario(name: str, world: TwinWorld | None = None, chaos: ChaosTransport | None = None) -> DeliveryOutcome:
     """One part-3 scenario, in a fresh world unless one (with its ChaosTransport) is given."""
     if world is None:
-        with TwinWorld() as fresh, ChaosTransport(fresh).installed() as transport:
+        with TwinWorld(parameters=ENFORCING) as fresh, ChaosTransport(fresh).installed() as transport:
             return run_scenario(name, fresh, transport)
     assert chaos is not None, "a given world needs its installed ChaosTransport"
     began = time.perf_counter()

@@ -21,7 +21,7 @@ from hpops_twin.world_diff import AlertInbox, changes, login_nodes, snapshot
 
 
 def demo(args: argparse.Namespace) -> int:
-    from hpops_twin.demo import run_demo  # the demo's modules load only for the demo
+    from hpops_twin.demo_story import run_demo  # the demo's modules load only for the demo
 
     return run_demo(args.json)
 
@@ -61,6 +61,22 @@ def _labelled_events(paths: list[str]) -> list[tuple[str, dict]]:
     return labelled
 
 
+def _inputs_are_accepted(labelled: list[tuple[str, dict]]) -> None:
+    """Each object without a detail-type is started as a sweep/repair input: refuse, before the twin is
+    built, one the state machine's first step would refuse (valid JSON that is neither kind, say)."""
+    from hpops_core.common.errors import MalformedEventError
+    from hpops_core.login_sync.trigger import parse_sync_input
+
+    for label, event in labelled:
+        if isinstance(event, dict) and "detail-type" in event:
+            continue
+        try:
+            parse_sync_input(event)
+        except MalformedEventError as error:
+            raise ValueError(f"{label}: not an event (no detail-type) and not a sweep/repair input "
+                             f"(MalformedEventError: {error}); see events/*.json") from None
+
+
 def _account_and_region(labelled: list[tuple[str, dict]]) -> tuple[str, str]:
     """The account and region a twin must be to receive these events: an event captured in the
     user's account, or copied from AWS's documentation (111122223333), is replayed there. An event
@@ -82,6 +98,7 @@ def send(args: argparse.Namespace) -> int:
     Exit 0 when every event matched a rule and everything it started succeeded, else 1."""
     labelled = _labelled_events(args.events)
     try:
+        _inputs_are_accepted(labelled)
         account_id, region = _account_and_region(labelled)
         template = TemplateModel()
         twin = TwinWorld(cluster_name=args.cluster, cluster_id=args.cluster_id, login_group=args.login_group,

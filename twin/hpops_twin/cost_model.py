@@ -17,13 +17,14 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpops_core.common.observability import ALARMED_METRICS
 from hpops_twin.template_model import REPO_ROOT, Resolver, TemplateModel
 
 PRICES_PATH = Path(__file__).with_name("list_prices.json")
 HOURS_PER_MONTH = 730
 LOGIN_NODES = 4
 # Not counted by the bench: bytes written to CloudWatch Logs per Lambda invocation (Powertools'
-# JSON log lines plus one EMF document), an estimate from the handlers' log calls.
+# JSON log lines plus one figures line), an estimate from the handlers' log calls.
 LOG_BYTES_PER_INVOCATION = 1024
 # An SSH front door moves little: the NLB's capacity units are estimated at 0.1 an hour.
 NLCU_PER_HOUR = 0.1
@@ -87,13 +88,34 @@ def _resources(template: TemplateModel, resource_type: str, parameters: dict) ->
             if not resource.get("Condition") or resolver.condition(resource["Condition"])]
 
 
+def _dimension(template: TemplateModel, alarm: str, name: str) -> str:
+    return next(d["Value"] for d in template.raw["Resources"][alarm]["Properties"]["Dimensions"] if d["Name"] == name)
+
+
 def _lambda_tasks(asl: str, skipped: int = 0) -> int:
     """Task states of an ASL file, less ``skipped`` ones the parameters keep an execution out of."""
     return (REPO_ROOT / "statemachines" / asl).read_text(encoding="utf-8").count('"Type": "Task"') - skipped
 
 
-def _states(asl: str) -> int:
-    return (REPO_ROOT / "statemachines" / asl).read_text(encoding="utf-8").count('"Type":')
+# The month as it was priced before the cost work (docs/bench.json of 2026-11-24): 46 custom metrics, one per
+# name a handler counted; SweepSchedule every 10 minutes, SessionSweepSchedule every 5 and a session sweep
+# priced at every state of its ASL (10). Kept so the table shows, per line, what each change gave.
+_BEFORE_LINES = {  # item: (USD at the defaults, USD with the optional parts off)
+    "Step Functions standard state transitions": (4.01, 3.98), "Lambda requests": (0.02, 0.02),
+    "Lambda compute (arm64)": (0.08, 0.08), "DynamoDB on-demand writes": (0.05, 0.02), "DynamoDB on-demand reads": (0.0, 0.0),
+    "EventBridge custom-bus events": (0.02, 0.02), "CloudWatch custom metrics": (13.8, 11.4), "CloudWatch alarms": (1.0, 1.0),
+    "CloudWatch dashboard": (3.0, 0.0), "CloudWatch Logs ingestion": (0.06, 0.05), "X-Ray traces": (0.54, 0.52),
+    "KMS": (1.0, 1.0), "Secrets Manager": (0.8, 0.8), "Cost Explorer requests": (0.3, 0.0),
+    "SSM parameters and GetParameters": (0.0, 0.0), "Network Load Balancer": (16.86, 16.86),
+}
+BEFORE = {
+    "defaults": {"lines": {item: usd[0] for item, usd in _BEFORE_LINES.items()},
+                 "automation_usd": 24.69, "with_load_balancer_usd": 41.55},
+    "lean": {"lines": {item: usd[1] for item, usd in _BEFORE_LINES.items()},
+             "automation_usd": 18.89, "with_load_balancer_usd": 35.75},
+}
+# The goals: every feature on (dashboard, per-user spend, session limits, certificates) and the optional parts off.
+GOAL_EVERY_FEATURE_USD, GOAL_LEAN_USD = 10.0, 5.0
 
 
 def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None = None) -> dict:
@@ -107,6 +129,8 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
 
     sync = next(r for r in bench["rows"] if r["scenario"] == "idle sweep")
     session = next(r for r in bench["session_limits"] if r["scenario"].startswith("sweep, warm"))
+    # The session-limit bound's sweep-only row is one idle-enough sweep execution, its transitions counted.
+    session_transitions = next(r["transitions"] for r in bench["session_limit_bound"]["rows"] if r["checks"] == "sweep only")
     user_spend = defaults["UserSpendEnabled"] == "true"
     # Without per-user spend the sweep skips CheckUserSpend (measured in a stack of its own), the
     # controller ships no usage, and nothing asks Cost Explorer on the hourly path.
@@ -121,8 +145,11 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     usage_runs = HOURS_PER_MONTH * 3600 / 900 if user_spend else 0  # the controller ships usage every 15 minutes
     user_tasks = 0 if user_spend else 2  # CheckUserSpend, PublishUserSpendAlert
 
+    # Certificate mode adds its daily check of every registered node (measured with nothing due).
+    daily = per_month("rate(1 day)") if defaults["HostIdentityMode"] == "certificate" else 0
+    check = next(r for r in bench["rows"] if r["scenario"].startswith("cert mode: daily check"))
     transitions = (sweeps * sync["state_transitions"] + budget_sweeps * budget["state_transitions"]
-                   + session_sweeps * _states("session_limits.asl.json"))
+                   + session_sweeps * session_transitions + daily * check["state_transitions"])
     invocations = (sweeps * _lambda_tasks("login_node_sync.asl.json") + budget_sweeps * _lambda_tasks("budget_guard.asl.json", user_tasks)
                    + session_sweeps * _lambda_tasks("session_limits.asl.json") + heartbeats + usage_runs)
     gb_seconds = memory_gb * (sweeps * sync["seconds"] + budget_sweeps * budget["seconds"]
@@ -145,6 +172,11 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     ce_requests = min(budget_sweeps, ce_per_day * ce_default_age / ce_age * HOURS_PER_MONTH / 24)
     metrics = emitted_metrics(parameters=defaults)
     alarms = _resources(template, "AWS::CloudWatch::Alarm", defaults)
+    watched = {(_dimension(template, a, "service"), template.raw["Resources"][a]["Properties"]["MetricName"]) for a in alarms
+               if template.raw["Resources"][a]["Properties"].get("Namespace") == "HyperPodLoginAutopilot"}
+    # A metric is published only when ALARMED_METRICS names it, and billed only where an alarm of this stack
+    # can want it: HostCertificateRenewalFailed is never non-zero outside certificate mode.
+    published = [m for m in metrics if m[1] in ALARMED_METRICS and m in watched]
     dashboards = _resources(template, "AWS::CloudWatch::Dashboard", defaults)
     keys = _resources(template, "AWS::KMS::Key", defaults)
     secrets = _resources(template, "AWS::SecretsManager::Secret", defaults)
@@ -155,7 +187,8 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
         Line("Step Functions standard state transitions", transitions, "transitions",
              transitions / 1000 * p["stepfunctions_standard_per_1k_transitions"],
              f"measured: {sync['state_transitions']} per idle LoginNodeSync sweep, {budget['state_transitions']} per hourly "
-             "budget sweep; session sweep: every state of its ASL (estimate)"),
+             f"budget sweep, {session_transitions} per session sweep"
+             + (f", {check['state_transitions']} per daily certificate check" if daily else "")),
         Line("Lambda requests", invocations, "invocations", invocations / 1e6 * p["lambda_per_1m_requests"],
              "estimate: every Task state of each swept state machine once, plus one per node report and usage report"),
         Line("Lambda compute (arm64)", gb_seconds, "GB-seconds", gb_seconds * p["lambda_arm64_per_gb_second"],
@@ -168,9 +201,10 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
              (heartbeats + usage_runs) / 1e6 * p["eventbridge_custom_per_1m_events"],
              f"{LOGIN_NODES} login-node agents report every 10 minutes; the controller ships usage every 15 minutes; "
              "scheduled rules are free"),
-        Line("CloudWatch custom metrics", len(metrics), "metrics", len(metrics) * p["cloudwatch_metric_per_month"],
-             "distinct (service, metric name) the handlers emit with Powertools (dimensions service and cluster); an "
-             "upper bound: a metric published only when something happens is billed for the hours it has data"),
+        Line("CloudWatch custom metrics", len(published), "metrics", len(published) * p["cloudwatch_metric_per_month"],
+             f"only the metrics an alarm watches, sent only when non-zero (an upper bound: billed by the hour they are "
+             f"sent, $0 in a month with nothing to alarm on); the other {len(metrics) - len(published)} figures are "
+             "one log line per invocation, which the dashboard queries"),
         Line("CloudWatch alarms", len(alarms), "alarms", len(alarms) * p["cloudwatch_standard_alarm_per_month"],
              "the template's alarms at its defaults"),
         Line("CloudWatch dashboard", len(dashboards), "dashboards", len(dashboards) * p["cloudwatch_dashboard_per_month"],
@@ -222,22 +256,38 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
 # What a platform team can switch off by parameter, losing only that part.
 SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"})
 LEAN = {k: v for switch in SWITCHES for k, v in switch.items()}
+# Every feature on: the defaults already have the dashboard, per-user spend and session limits.
+EVERY_FEATURE = {"HostIdentityMode": "certificate"}
+
+
+def with_before(table: dict, before: dict) -> dict:
+    """The table with each line's and total's figure before the cost work beside it."""
+    lines = [line | {"before_usd": before["lines"].get(line["item"])} for line in table["lines"]]
+    return table | {"lines": lines, "before_automation_usd": before["automation_usd"],
+                    "before_with_load_balancer_usd": before["with_load_balancer_usd"]}
 
 
 def cost_section(bench: dict) -> dict:
-    """The defaults, each optional part switched off alone, and all of them off."""
+    """The defaults, each optional part switched off alone, all of them off, and every feature on."""
     def totals(table: dict) -> dict:
         return {k: table[k] for k in ("parameters", "automation_usd", "with_load_balancer_usd")}
-    return {"defaults": cost_table(bench), "switches": [totals(cost_table(bench, s)) for s in SWITCHES],
-            "lean": cost_table(bench, LEAN)}
+    return {"defaults": with_before(cost_table(bench), BEFORE["defaults"]),
+            "switches": [totals(cost_table(bench, s)) for s in SWITCHES],
+            "lean": with_before(cost_table(bench, LEAN), BEFORE["lean"]),
+            "every_feature": totals(cost_table(bench, EVERY_FEATURE)),
+            "goals": {"every_feature_usd": GOAL_EVERY_FEATURE_USD, "lean_usd": GOAL_LEAN_USD}}
 
 
 def render(table: dict) -> str:
-    lines = [f"{'item':<44} {'quantity':>12} {'unit':<12} {'USD/month':>9}"]
+    def before(value: float | None) -> str:
+        return f"{value:>9.2f}" if value is not None else f"{'':>9}"
+    lines = [f"{'item':<44} {'quantity':>12} {'unit':<12} {'before':>9} {'USD/month':>9}"]
     for line in table["lines"]:
-        lines.append(f"{line['item']:<44} {line['quantity']:>12,.1f} {line['unit']:<12} {line['usd']:>9.2f}")
-    lines.append(f"{'automation alone':<70} {table['automation_usd']:>9.2f}")
-    lines.append(f"{'with the load balancer':<70} {table['with_load_balancer_usd']:>9.2f}")
+        lines.append(f"{line['item']:<44} {line['quantity']:>12,.1f} {line['unit']:<12} "
+                     f"{before(line.get('before_usd'))} {line['usd']:>9.2f}")
+    lines.append(f"{'automation alone':<70} {before(table.get('before_automation_usd'))} {table['automation_usd']:>9.2f}")
+    lines.append(f"{'with the load balancer':<70} {before(table.get('before_with_load_balancer_usd'))} "
+                 f"{table['with_load_balancer_usd']:>9.2f}")
     return "\n".join(lines)
 
 
@@ -247,7 +297,13 @@ def main(argv: list[str]) -> int:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["cost"] = cost_section(data)
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    print(render(data["cost"]["defaults"]))
+    cost = data["cost"]
+    print(render(cost["defaults"]))
+    print(f"\nwith {', '.join(f'{k}={v}' for k, v in LEAN.items())} (goal: at most ${GOAL_LEAN_USD:.2f})")
+    print(render(cost["lean"]))
+    every = cost["every_feature"]
+    print(f"\nevery feature on ({', '.join(f'{k}={v}' for k, v in EVERY_FEATURE.items())}): ${every['automation_usd']:.2f} "
+          f"alone, ${every['with_load_balancer_usd']:.2f} with the load balancer (goal: at most ${GOAL_EVERY_FEATURE_USD:.2f})")
     return 0
 
 

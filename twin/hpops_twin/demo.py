@@ -11,11 +11,12 @@ flushed at once, so a pipe or a CI log shows each step as it starts.
 from __future__ import annotations
 
 import functools
-import json
 import random
+import re
+import textwrap
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpops_twin.node_hosts import rotation_bundle
@@ -23,6 +24,34 @@ from hpops_twin.world import ExecutionResult, TwinWorld
 
 # A pipe or CI log block-buffers print(): the timeline would arrive in lumps, or at the end.
 say_now = functools.partial(print, flush=True)
+SCREEN_WIDTH = 100
+# A host key fingerprint and a secret version id, of which a terminal shows the first 8 characters
+# (--json keeps them whole): enough to tell two apart on screen.
+_FINGERPRINT = re.compile(r"\b(SHA256:[A-Za-z0-9+/]{8})[A-Za-z0-9+/]{12,}=*")
+_UUID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
+# What a wrapped line's continuations sit under: a table row's step name, or the clock and the line's indent.
+_TABLE_ROW = re.compile(r"( ?\d+ +\d+ +\d+ +\d+ +\d+ +\d+ +[\d.]+ +(?:ok \(drift\)|\S+) +)")
+_INDENT = re.compile(r"(\[[ 0-9.]+s\] +| *)")
+
+
+def on_screen(text: str, width: int = SCREEN_WIDTH) -> list[str]:
+    """A demo line as a terminal shows it: fingerprints and version ids shortened, and wrapped at
+    ``width`` under its own indent (after the clock)."""
+    text = _UUID.sub(r"\1…", _FINGERPRINT.sub(r"\1…", text))
+    if len(text) <= width:
+        return [text]
+    row = _TABLE_ROW.match(text)
+    indent = " " * len(row.group(0)) if row else " " * (len(_INDENT.match(text).group(0)) + 2)
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
+def fitted(out: Callable[[str], None]) -> Callable[[str], None]:
+    """``out`` with every line made to fit the screen."""
+    def say(text: str) -> None:
+        for line in text.splitlines() or [""]:
+            for part in on_screen(line):
+                out(part)
+    return say
 
 
 @dataclass
@@ -90,9 +119,12 @@ class Demo:
         self.out(f"[{time.perf_counter() - self.started:6.2f}s] {text}")
 
     def step(self, title: str, action: Callable[[], list[str]], expectation: str = "target group == Running login nodes",
-             check: Callable[[], bool] = lambda: True, drift_expected: bool = False) -> StepOutcome:
+             check: Callable[[], bool] = lambda: True, drift_expected: bool = False, targets: bool = True) -> StepOutcome:
+        """``targets`` False: a step about something else (sessions, budgets), which shows the target group
+        only if it changed."""
         number = len(self.steps) + 1
         world = self.world
+        targets_before = world.target_ips()
         self.say(f"step {number}: {title}")
         world.counter.reset()
         begun = time.perf_counter()
@@ -111,7 +143,7 @@ class Demo:
             elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
                 lines = [f"verify {result['ip']}: {result['reason']}"]
             elif invocation.function.endswith("PublishHostIdentityFunction") and result.get("published"):
-                lines = [f"publish desired host identity {result['version'][:24]} for the node agents"]
+                lines = [f"publish desired host identity {result['version']} for the node agents"]
             elif invocation.function.endswith("RecordNodeReportFunction") and isinstance(invocation.event, dict):
                 detail = invocation.event.get("detail") or {}
                 identity = detail.get("hostIdentity") or {}
@@ -148,8 +180,10 @@ class Demo:
             self.say(f"          failed: {failure}")
         for notification in notifications:
             self.say(f"        notification: {notification['subject']}")
-        self.say(f"        target group: {', '.join(outcome.targets) or '(none)'} -> {verdict}"
-                 + ("" if outcome.expectation_met else f"; EXPECTATION FAILED: {expectation}"))
+        if targets or outcome.targets != targets_before or not outcome.converged:
+            self.say(f"        target group: {', '.join(outcome.targets) or '(none)'} -> {verdict}")
+        if not outcome.expectation_met:
+            self.say(f"        EXPECTATION FAILED: {expectation}")
         return outcome
 
     def run(self) -> list[StepOutcome]:
@@ -199,12 +233,6 @@ class Demo:
         self.step("manual repair, dry run (trusts no cached IP, changes nothing)", lambda: [world.start_repair(dry_run=True)])
         if world.resolver.parameters["HostIdentityMode"] == "keys":
             self.host_identity_steps()
-        from hpops_twin.session_demo import session_limit_steps
-
-        session_limit_steps(self)
-        from hpops_twin.budget_demo import budget_steps
-
-        budget_steps(self)
         return self.steps
 
     def host_identity_steps(self) -> None:
@@ -247,33 +275,17 @@ class Demo:
         return "\n".join(lines)
 
 
-def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
-    from hpops_twin.certificate_demo import run_certificate_chapter
-    from hpops_twin.holds_demo import run_holds_chapter
-    from hpops_twin.user_spend_demo import run_user_spend_chapter
+def spread_line(world: TwinWorld, users: int = 200) -> str:
+    """200 users behind one campus NAT, placed by the NLB model over the target group the sync keeps:
+    with the former source_ip stickiness, and with the stack's setting."""
+    from hpops_twin import nlb_model
+    from hpops_twin.balance_bench import target_group_of
 
-    from hpops_twin.iam.enforce import SUITE_DENIALS
+    targets, sticky = target_group_of(world)
 
-    random.seed(7)
-    started = time.perf_counter()
-    denials_before = len(SUITE_DENIALS)
-    out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
-        "a node agent per login node")
-    with TwinWorld() as world:
-        demo = Demo(world, out, started)
-        steps = demo.run()
-    run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
-    run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
-    run_holds_chapter(demo)  # its own twin: holds are a stack parameter
-    out("")
-    out(demo.table())
-    denials = SUITE_DENIALS[denials_before:]  # every chapter's twin enforces IAM (hpops_twin/iam)
-    for denial in denials:
-        out(str(denial))
-    all_ok = all(s.ok for s in steps) and not denials
-    out("")
-    out("all steps converged" if all_ok else "SOME STEPS FAILED")
-    if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
-            json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
-    return 0 if all_ok else 1
+    def spread(on: bool) -> str:
+        return "/".join(str(n) for n in sorted(nlb_model.place_users("nat", users, targets, on, seed=7).values(), reverse=True))
+
+    return (f"spread: {users} users behind one campus NAT over the {len(targets)} registered login nodes: "
+            f"before (source_ip stickiness) {spread(True)}; now ({'source_ip' if sticky else 'no stickiness'}) {spread(sticky)}")
+

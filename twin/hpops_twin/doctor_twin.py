@@ -49,6 +49,8 @@ from hpops_twin.world import STACK_NAME
 LIFECYCLE_BUCKET = "sagemaker-lifecycle-twin"  # hyperpod_sim.py's LifeCycleConfig
 LIFECYCLE_PREFIX = "scripts/"
 EXECUTION_ROLE = "hyperpod-exec"  # hyperpod_sim.py's ExecutionRole, the stack's ClusterExecutionRoleName
+COMPUTE_ROLE = "hyperpod-compute-exec"  # the compute group's own role in a working installation
+ALARM_EMAIL = "hpc-oncall@example.edu"  # the doctor world's AlarmEmail
 TRAIL = "management-events"
 
 # Written for the twin in the shape AWS's reference scripts have (run the configuration, keep its
@@ -93,9 +95,18 @@ class DoctorAccount:
         self.ssh_rule = [{"IpProtocol": "tcp", "FromPort": int(parameters["SshPort"]), "ToPort": int(parameters["SshPort"]),
                           "UserIdGroupPairs": [{"GroupId": self.verifier_group}]}]
         ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.ssh_rule)
+        # ... and from the NLB's security group: users' connections and the health checks come from it.
+        self.nlb_rule = [{"IpProtocol": "tcp", "FromPort": int(parameters["SshPort"]), "ToPort": int(parameters["SshPort"]),
+                          "UserIdGroupPairs": [{"GroupId": world.resolver.physical_ids["LoginLoadBalancerSecurityGroup"]}]}]
+        ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.nlb_rule)
         self._nat_route()
         world.sim.cluster(world.cluster_name).vpc_config = {"SecurityGroupIds": [self.cluster_group],
                                                             "Subnets": [self.subnets[0]]}
+        # The compute group runs with a role of its own (the simulator gives every group the same one).
+        self.group_spec(world.worker_group)["ExecutionRole"] = f"arn:aws:iam::{world.account_id}:role/{COMPUTE_ROLE}"
+        # CloudFormation's AWS::SNS::Subscription for AlarmEmail (the twin does not provision subscriptions);
+        # the on-call engineer confirmed it (moto lists every subscription as confirmed).
+        self.aws.client("sns").subscribe(TopicArn=world.output("AlertTopicArn"), Protocol="email", Endpoint=ALARM_EMAIL)
         s3 = self.aws.client("s3")
         s3.create_bucket(Bucket="twin-cloudtrail-logs")
         cloudtrail = self.aws.client("cloudtrail")
@@ -122,6 +133,11 @@ class DoctorAccount:
             for path in sorted(p for p in bundle.rglob("*") if p.is_file()):
                 s3.put_object(Bucket=LIFECYCLE_BUCKET, Key=f"{LIFECYCLE_PREFIX}hpops/{path.relative_to(bundle)}",
                               Body=path.read_bytes())
+
+    def group_spec(self, group: str) -> dict:
+        """The instance group as DescribeCluster returns it (moto's cluster object, changed in place)."""
+        cluster = self.world.sim.cluster(self.world.cluster_name)
+        return next(g for g in cluster.instance_groups if g["InstanceGroupName"] == group)
 
     def put_on_create(self, text: str) -> None:
         self.aws.client("s3").put_object(Bucket=LIFECYCLE_BUCKET, Key=f"{LIFECYCLE_PREFIX}on_create.sh",
@@ -277,11 +293,19 @@ def no_nat_route(account: DoctorAccount) -> Iterator[None]:
 
 
 @contextmanager
-def ssh_not_admitted(account: DoctorAccount) -> Iterator[None]:
+def _cluster_rule_revoked(account: DoctorAccount, rule: list[dict]) -> Iterator[None]:
     ec2 = account.aws.client("ec2")
-    ec2.revoke_security_group_ingress(GroupId=account.cluster_group, IpPermissions=account.ssh_rule)
+    ec2.revoke_security_group_ingress(GroupId=account.cluster_group, IpPermissions=rule)
     yield
-    ec2.authorize_security_group_ingress(GroupId=account.cluster_group, IpPermissions=account.ssh_rule)
+    ec2.authorize_security_group_ingress(GroupId=account.cluster_group, IpPermissions=rule)
+
+
+def ssh_not_admitted(account: DoctorAccount) -> Any:
+    return _cluster_rule_revoked(account, account.ssh_rule)
+
+
+def nlb_not_admitted(account: DoctorAccount) -> Any:
+    return _cluster_rule_revoked(account, account.nlb_rule)
 
 
 @contextmanager
@@ -363,25 +387,117 @@ def gpus_not_tracked(account: DoctorAccount) -> Iterator[None]:
     account.controller_runs()
 
 
+@contextmanager
+def host_identity_never_published(account: DoctorAccount) -> Iterator[None]:
+    """A fresh stack: nobody ran `hpops host-keys generate`, so the lease item has no host identity."""
+    from hpops_core.common.state_table import HOST_IDENTITY_ATTRIBUTE, lease_item_key
+
+    dynamodb, table = account.aws.client("dynamodb"), account.world.output("SyncStateTableName")
+    key = lease_item_key(account.world.cluster_name)
+    saved = dynamodb.get_item(TableName=table, Key=key)["Item"][HOST_IDENTITY_ATTRIBUTE]
+    dynamodb.update_item(TableName=table, Key=key, UpdateExpression=f"REMOVE {HOST_IDENTITY_ATTRIBUTE}")
+    yield
+    dynamodb.update_item(TableName=table, Key=key, UpdateExpression=f"SET {HOST_IDENTITY_ATTRIBUTE} = :v",
+                         ExpressionAttributeValues={":v": saved})
+
+
+@contextmanager
+def compute_group_shares_the_role(account: DoctorAccount) -> Iterator[None]:
+    """The compute group created with the login group's execution role (a copied group definition)."""
+    spec = account.group_spec(account.world.worker_group)
+    saved = spec["ExecutionRole"]
+    spec["ExecutionRole"] = f"arn:aws:iam::{account.world.account_id}:role/{EXECUTION_ROLE}"
+    yield
+    spec["ExecutionRole"] = saved
+
+
+@contextmanager
+def endpoints_refuse_https(account: DoctorAccount) -> Iterator[None]:
+    """Interface endpoints (private DNS) for the agents' services, whose security group admits nothing:
+    with private DNS the nodes' calls go to them, NAT route or not."""
+    ec2, region = account.aws.client("ec2"), account.aws.region_name
+    group = ec2.create_security_group(GroupName="endpoints", Description="interface endpoints",
+                                      VpcId=account.vpc_id)["GroupId"]
+    created = [ec2.create_vpc_endpoint(VpcId=account.vpc_id, ServiceName=f"com.amazonaws.{region}.{service}",
+                                       VpcEndpointType="Interface", SubnetIds=[account.subnets[0]],
+                                       SecurityGroupIds=[group], PrivateDnsEnabled=True)["VpcEndpoint"]["VpcEndpointId"]
+               for service in ("ssm", "secretsmanager", "events")]
+    yield
+    ec2.delete_vpc_endpoints(VpcEndpointIds=created)
+    ec2.delete_security_group(GroupId=group)
+
+
+@contextmanager
+def key_policy_without_the_account(account: DoctorAccount) -> Iterator[None]:
+    """Someone replaced the host identity key's policy with one naming only their own role."""
+    kms, key = account.aws.client("kms"), account.world.resolver.physical_ids["HostIdentityKey"]
+    saved = kms.get_key_policy(KeyId=key, PolicyName="default")["Policy"]
+    admin = f"arn:aws:iam::{account.world.account_id}:role/key-admin"
+    kms.put_key_policy(KeyId=key, PolicyName="default", BypassPolicyLockoutSafetyCheck=True, Policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"AWS": admin}, "Action": "kms:*",
+                                               "Resource": "*"}]}))
+    yield
+    kms.put_key_policy(KeyId=key, PolicyName="default", Policy=saved)
+
+
+@contextmanager
+def alarm_email_unconfirmed(account: DoctorAccount) -> Iterator[None]:
+    """The on-call engineer never clicked the confirmation link. moto lists every subscription as
+    confirmed; AWS lists an unconfirmed one with SubscriptionArn "PendingConfirmation", which is what
+    the twin makes moto's subscription object render here."""
+    from moto.sns.models import sns_backends
+
+    backend = sns_backends[account.world.account_id][account.aws.region_name]
+    [subscription] = [s for s in backend.subscriptions.values() if s.endpoint == ALARM_EMAIL]
+    saved, subscription.arn = subscription.arn, "PendingConfirmation"
+    yield
+    subscription.arn = saved
+
+
+@contextmanager
+def limits_not_enforced(account: DoctorAccount) -> Iterator[None]:
+    """Holds on (UserBudgetAction=hold), and slurm.conf's AccountingStorageEnforce lacks limits: the
+    controller's real agent reads it with `scontrol show config` and says so in its holds report."""
+    from hpops_twin.holds_twin import attach, run_holds
+
+    parameters = account.world.resolver.parameters
+    saved = parameters["UserBudgetAction"]
+    parameters["UserBudgetAction"] = "hold"  # the stack as doctor reads it
+    slurm = attach(account.controller, [])
+    enforced, slurm.enforce = slurm.enforce, "associations"
+    run_holds(account.controller, dt.datetime.now(dt.timezone.utc))
+    yield
+    slurm.enforce = enforced
+    run_holds(account.controller, dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=1))
+    parameters["UserBudgetAction"] = saved
+
+
 # (check that must catch it, what is broken, how)
 BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
     ("lifecycle-script", "install line appended after on_create.sh's final exit", install_line_after_exit),
     ("lifecycle-script", "bundle's install.sh not uploaded beside on_create.sh", bundle_not_uploaded),
     ("node-agent-policy", "NodeAgentPolicy detached from the execution role", policy_detached),
+    ("execution-role", "the compute group runs with the login group's execution role", compute_group_shares_the_role),
     ("node-network", "no NAT route and no VPC endpoints for the nodes' subnet", no_nat_route),
+    ("node-endpoints", "interface endpoints whose security group refuses HTTPS", endpoints_refuse_https),
     ("verifier-path", "cluster security group does not admit SSH from the verifier", ssh_not_admitted),
+    ("nlb-path", "cluster security group does not admit SSH from the NLB's", nlb_not_admitted),
+    ("host-identity", "a fresh stack: no host identity ever published", host_identity_never_published),
+    ("kms-key-policy", "the key policy no longer lets IAM grant the key's use", key_policy_without_the_account),
     ("agent-reports", "a new login node whose agent was never installed", login_node_without_agent),
     ("agent-reports", "agents behind the published host identity", agents_behind_published_identity),
+    ("alert-subscription", "the alarm e-mail never confirmed", alarm_email_unconfirmed),
     ("cloudtrail", "the only trail stopped logging", trail_stopped),
     ("run-as", "Session Manager Run As off", run_as_off),
     ("cost-allocation-tag", "cost allocation tag ClusterName inactive", cost_tag_inactive),
     ("slurm-usage", "Slurm accounting disabled on the controller", accounting_disabled),
     ("slurm-usage", "GPUs not in AccountingStorageTRES", gpus_not_tracked),
+    ("accounting-enforce", "holds on, AccountingStorageEnforce without limits", limits_not_enforced),
 )
 
 
 def doctor_world() -> Any:
-    """A fresh twin with a Slurm controller group (whose agent reports usage)."""
+    """A fresh twin with a Slurm controller group (whose agent reports usage) and an alarm e-mail."""
     from hpops_twin.world import TwinWorld
 
-    return TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)})
+    return TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)}, parameters={"AlarmEmail": ALARM_EMAIL})

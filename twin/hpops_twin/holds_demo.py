@@ -51,16 +51,22 @@ def run_holds_chapter(main: Demo) -> None:
 
         demo.step(f"budget holds: budget sweep at {first:%b %d %H:%M}", lambda: sweep(first),
                   "alice (over her limit) is held: the holds parameter names her, she gets one 'held' alert",
-                  lambda: held_users() == ["alice"] and len(hold_subjects("alice")) == 1 and not hold_subjects("bob"))
+                  lambda: held_users() == ["alice"] and len(hold_subjects("alice")) == 1 and not hold_subjects("bob"),
+                  targets=False)
         for row in decided[-1]["decisions"]:
             demo.say(f"          {row['user']}: {'HOLD' if row['hold'] else 'no hold'}: {row['reason']}")
+        jobs = {user: slurm.submit(user) for user in ("alice", "bob")}  # queued before the agent's poll
+
         def poll() -> list[str]:
             run_holds(month.controller, first + dt.timedelta(minutes=1))
             return []
 
         demo.step("budget holds: the controller's agent polls", poll,
                   "alice's associations in QOS hpopshold, her pending jobs too (they pend QOSMaxJobsPerUserLimit); bob's, carol's untouched",
-                  lambda: slurm.limits("alice") == HELD and slurm.limits("bob") == slurm.limits("carol") == FREE)
+                  lambda: slurm.limits("alice") == HELD and slurm.limits("bob") == slurm.limits("carol") == FREE
+                  and slurm.squeue(jobs["alice"]).startswith("PENDING"), targets=False)
+        for user, job in jobs.items():
+            demo.say(f"          {user}'s job {job}: squeue -o %T|%r -> {slurm.squeue(job)}")
 
         def release() -> list[str]:
             release_user(world.aws.client("dynamodb"), world.resolver.physical_ids["SyncStateTable"], world.cluster_name,
@@ -71,6 +77,8 @@ def run_holds_chapter(main: Demo) -> None:
 
         demo.step("budget holds: `hpops cost release` alice, then the next sweep and poll", release,
                   "alice released (one 'released' alert naming who and why), her QOS restored",
-                  lambda: held_users() == [] and slurm.limits("alice") == FREE and len(hold_subjects("alice")) == 2)
+                  lambda: held_users() == [] and slurm.limits("alice") == FREE and len(hold_subjects("alice")) == 2
+                  and slurm.squeue(jobs["alice"]).startswith("RUNNING"), targets=False)
+        demo.say(f"          alice's job {jobs['alice']}: squeue -o %T|%r -> {slurm.squeue(jobs['alice'])}")
         for subject in hold_subjects("alice"):
             demo.say(f"          alice's inbox: {subject}")

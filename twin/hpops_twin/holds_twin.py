@@ -130,6 +130,14 @@ class FakeSlurmLimits:
         """(QOS, DefaultQOS) the user's association reads: HELD or, unheld in the twin, FREE."""
         return self.effective(user)
 
+    def squeue(self, job_id: str) -> str:
+        """What `squeue -o %T|%r` shows for a pending job: held in the hold QOS (no job of it may run) it
+        waits with the QOS's reason; back in its own QOS nothing holds it, and it starts (the twin has
+        no scheduler: tests/slurm/test_holds_real_slurm.py shows both on the real slurmctld)."""
+        if self.jobs[job_id]["qos"] == slurm_holds.HOLD_QOS:
+            return "PENDING|QOSMaxJobsPerUserLimit"
+        return "RUNNING|None"
+
 
 def attach(controller: Any, users: Iterable[str], enforce: str = "associations,limits,qos") -> FakeSlurmLimits:
     """The controller node's agent holds users in ``FakeSlurmLimits`` (returned)."""

@@ -119,6 +119,17 @@ class NodeHosts:
                 self.tick(node.instance_id)
         return installed
 
+    def install_agent(self, instance_id: str) -> bool:
+        """install.sh run on a node that already runs (`hpops adopt`): its agent, and its first cycle.
+        False when the node is not a Running login node (the twin's agents are login nodes')."""
+        node = self._node_by_instance(instance_id)
+        if node is None or node.status != "Running" or node not in self._running_login_nodes():
+            return False
+        if instance_id not in self.agents:
+            self.agents[instance_id] = self._make_agent(node, self._agent_settings())
+        self.tick(instance_id)
+        return True
+
     def tick(self, instance_id: str) -> Any:
         """One poll of that node's agent (nothing if it has none or it is stopped)."""
         agent = self.agents.get(instance_id)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 USERS = 500
 SESSIONS = 10_000
@@ -50,7 +50,7 @@ def _measure(world: TwinWorld, scenario: str, start) -> SessionRow:
 
 def session_limits_rows() -> list[SessionRow]:
     rows = []
-    with TwinWorld() as world:
+    with TwinWorld(parameters=ENFORCING) as world:
         sessions = world.sessions
         small = sessions.start_session("early-bird")
         rows.append(_measure(world, "StartSession, user under limit (1 session in account)",

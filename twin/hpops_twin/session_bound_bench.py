@@ -34,7 +34,7 @@ from hpops_node_agent.agent import JITTER
 from hpops_twin.cost_model import HOURS_PER_MONTH, per_month
 from hpops_twin.ssh_logins import SshLogins
 from hpops_twin.template_model import REPO_ROOT, TemplateModel
-from hpops_twin.world import TwinWorld
+from hpops_twin.world import ENFORCING, TwinWorld
 
 KEY = "session_limit_bound"
 REPORT_CHECK_RULE = "SessionsChanged"  # CheckReportedSessionsFunction's event in template.yaml
@@ -163,11 +163,11 @@ def measure_ssm(world: TwinWorld, logins: SshLogins, user: str) -> BoundRow:
 
 def bound_rows() -> list[BoundRow]:
     rows = []
-    with TwinWorld(login_count=LOGIN_NODES) as world, SshLogins(world).installed() as logins:
+    with TwinWorld(login_count=LOGIN_NODES, parameters=ENFORCING) as world, SshLogins(world).installed() as logins:
         rows.append(measure_ssh(world, logins, "alice", "worst", "node report and sweep"))
         rows.append(measure_ssh(world, logins, "bob", "typical", "node report and sweep"))
         rows.append(measure_ssm(world, logins, "carol"))
-    with TwinWorld(login_count=LOGIN_NODES) as world, SshLogins(world).installed() as logins:
+    with TwinWorld(login_count=LOGIN_NODES, parameters=ENFORCING) as world, SshLogins(world).installed() as logins:
         world.function_rules.pop(REPORT_CHECK_RULE)  # the stack before node reports started checks
         rows.append(measure_ssh(world, logins, "alice", "worst", "sweep only"))
         rows.append(measure_ssh(world, logins, "bob", "typical", "sweep only"))

@@ -52,7 +52,8 @@ def session_limit_steps(demo: Demo) -> None:
         )
 
     demo.step(f"alice opens {limit + 1} sessions (limit {limit})", alice_opens_three_sessions,
-              "the newest ends; the alert names alice, the limit and the session", newest_ended_and_alice_told)
+              "the newest ends; the alert names alice, the limit and the session", newest_ended_and_alice_told,
+              targets=False)
     for started in opened:
         demo.say(f"          {started.session_id} on {started.instance_id}: {sessions.store.status(started.session_id)}")
     for alert in sessions.alerts()[alerts_before:]:
@@ -90,4 +91,4 @@ def ssh_and_session_manager_steps(demo: Demo, limit: int) -> None:
     demo.step(f"bob: {limit} SSH logins on two login nodes, then a Session Manager shell (limit {limit})",
               bob_logs_in_with_ssh_then_opens_a_shell,
               "SSH and Session Manager count together: the shell is bob's third session and ends",
-              the_shell_ended_as_bobs_third_session)
+              the_shell_ended_as_bobs_third_session, targets=False)

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from unittest import mock
 
 import boto3
@@ -42,9 +42,6 @@ from moto.sns.models import sns_backends
 from moto.ssm.exceptions import SSMException
 from moto.ssm.responses import SimpleSystemManagerResponse
 from moto.sts.models import sts_backends
-
-if TYPE_CHECKING:
-    from hpops_twin.world import TwinWorld
 
 RUN_AS_TAG = "SSMSessionRunAs"
 ACTIVE_STATUSES = frozenset({"Connected", "Connecting", "Disconnected", "Terminating"})
@@ -278,7 +275,8 @@ class StartedSession:
 class SessionManagerTwin:
     """The world's Session Manager: its session store, its users, their CloudTrail events."""
 
-    def __init__(self, world: TwinWorld):
+    def __init__(self, world: Any):
+        # world: the TwinWorld that owns this; world.py imports this module, so it is not imported back.
         self.world = world
         self.store = SessionStore()
         self._roles: dict[str, str] = {}

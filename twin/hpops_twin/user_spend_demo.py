@@ -174,7 +174,7 @@ def run_user_spend_chapter(main: Demo) -> None:
 
         demo.step(f"per-user spend: the controller's agent reports Nov 1 to {first_collection:%b %d %H:%M} (node-report bus)",
                   deliver, "every window stored by RecordUsageReport, none refused",
-                  lambda: spend.stored_windows(month=MONTH) > 0 and not spend.rejected_reports())
+                  lambda: spend.stored_windows(month=MONTH) > 0 and not spend.rejected_reports(), targets=False)
         demo.say(f"        {len(month.agent_runs)} agent runs, {sent[0]} window reports sent, "
                  f"{spend.stored_windows(MONTH)} window parts stored for {MONTH}")
 
@@ -188,7 +188,7 @@ def run_user_spend_chapter(main: Demo) -> None:
 
         demo.step(f"per-user spend: a login node ({login.instance_id}) sends a usage report", impostor_reports,
                   "refused (ReportRoleError: its key is enrolled for a login node; event to the DLQ), nothing stored",
-                  lambda: bool(spend.rejected_reports()) and spend.stored_windows(MONTH) == stored_before)
+                  lambda: bool(spend.rejected_reports()) and spend.stored_windows(MONTH) == stored_before, targets=False)
         for text in dict.fromkeys(f"{f['error']}: {f['message']}" for f in spend.rejected_reports()):
             demo.say(f"          {len(spend.rejected_reports())} report(s) refused, {text}")
 
@@ -201,14 +201,14 @@ def run_user_spend_chapter(main: Demo) -> None:
         demo.step(f"per-user spend: budget sweep at {SWEEPS[0]:%b %d %H:%M}",
                   lambda: [month.start_sweep(SWEEPS[0])],
                   "one alert, for alice: AlertTopic + her filtered subscription (attribute user=alice) + one event",
-                  one_alert_for_alice)
+                  one_alert_for_alice, targets=False)
         for message in spend.user_inbox("alice"):
             demo.say(f"          alice's inbox: {message['Subject']}")
             demo.say(f"            {message['Message'].splitlines()[0]}")
         demo.step(f"per-user spend: agent at {SWEEPS[1] - AGENT_BEFORE_SWEEP:%H:%M}, budget sweep at {SWEEPS[1]:%H:%M}",
                   lambda: [month.start_sweep(SWEEPS[1])], "no second alert",
                   lambda: len(spend.platform_messages()) == 1 and len(spend.user_inbox("alice")) == 1
-                  and len(spend.alert_events()) == 1)
+                  and len(spend.alert_events()) == 1, targets=False)
         for result in world.wait(world.budget.executions([r.execution_arn for r in world.routes])[-1:]):
             demo.say(f"          CheckUserSpend: {((result.output or {}).get('userSpend') or {}).get('reason')}")
 
@@ -226,7 +226,7 @@ def run_user_spend_chapter(main: Demo) -> None:
             return figures["users"] + figures["idle"] + figures["other"] == figures["cluster cost"]
 
         demo.step(f"per-user spend: operator runs `hpops cost` (as of {SWEEPS[-1]:%Y-%m-%d %H:%M} UTC)",
-                  operator_runs_hpops_cost, "users + idle + other = the cluster's cost, to the cent", lines_add_up)
+                  operator_runs_hpops_cost, "users + idle + other = the cluster's cost, to the cent", lines_add_up, targets=False)
         for line in printed:
             demo.say("          " + line)
 

@@ -79,6 +79,9 @@ NOT_PROVISIONED = {
 
 # moto 5.2.1 checks deregistration_delay with range(0, 3600) and so rejects 3600, which AWS accepts.
 MOTO_PARAMETER_WORKAROUNDS = {"DeregistrationDelaySeconds": "3599"}
+# A new stack's session limits start in dry run (template.yaml); a twin that shows or tests enforcement
+# passes this, the one step docs/session-limits.md tells an operator to take.
+ENFORCING = {"SessionLimitsDryRun": "false"}
 
 
 def _clone_state_machine_without_history(machine: Any, memo: dict) -> Any:
@@ -296,6 +299,8 @@ class TwinWorld:
         region: str = REGION,
         # Change a principal's policies before enforcement uses them: (principal, {name: document}).
         iam_policy_edit: Any = None,
+        # False: the cluster's nodes were created before on_create.sh had the install line (no agents).
+        agents_installed: bool = True,
     ):
         if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
@@ -315,6 +320,7 @@ class TwinWorld:
         self.template = template or TemplateModel()
         self.dispatcher = LambdaDispatcher()
         self.iam_policy_edit = iam_policy_edit
+        self.agents_installed = agents_installed
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
@@ -409,6 +415,7 @@ class TwinWorld:
             self.install_host_certificate_authority(generate_ca())
         # The cluster existed before the stack: its lifecycle scripts already installed the agents,
         # which have reported once. Measurements start after that.
+        self.hosts.lifecycle_installs_agent = self.agents_installed
         self.hosts.ensure_agents()
         self.counter.reset()
         return self
@@ -512,7 +519,8 @@ class TwinWorld:
         self._record(logical_id, name, Arn=table["TableArn"])
 
     def _provision_Key(self, logical_id: str, props: dict) -> None:
-        key = self.aws.client("kms").create_key(Description=props.get("Description", ""))["KeyMetadata"]
+        policy = {"Policy": json.dumps(props["KeyPolicy"])} if props.get("KeyPolicy") else {}
+        key = self.aws.client("kms").create_key(Description=props.get("Description", ""), **policy)["KeyMetadata"]
         self._record(logical_id, key["KeyId"], Arn=key["Arn"])
 
     def _provision_Secret(self, logical_id: str, props: dict) -> None:
@@ -526,8 +534,15 @@ class TwinWorld:
         self._record(logical_id, props["Name"], Arn=arn, Name=props["Name"])
 
     def _provision_SecurityGroup(self, logical_id: str, props: dict) -> None:
-        group = self.aws.client("ec2").create_security_group(
+        ec2 = self.aws.client("ec2")
+        group = ec2.create_security_group(
             GroupName=self._physical_name(logical_id), Description=props["GroupDescription"], VpcId=props["VpcId"])
+        for key, authorize in (("SecurityGroupIngress", ec2.authorize_security_group_ingress),
+                               ("SecurityGroupEgress", ec2.authorize_security_group_egress)):
+            for rule in props.get(key, []):
+                authorize(GroupId=group["GroupId"], IpPermissions=[{
+                    "IpProtocol": rule["IpProtocol"], "FromPort": int(rule["FromPort"]), "ToPort": int(rule["ToPort"]),
+                    "IpRanges": [{"CidrIp": rule["CidrIp"], "Description": rule.get("Description", "")}]}])
         self._record(logical_id, group["GroupId"], GroupId=group["GroupId"])
 
     def _provision_Queue(self, logical_id: str, props: dict) -> None:
@@ -556,6 +571,7 @@ class TwinWorld:
         lb = self.aws.client("elbv2").create_load_balancer(
             Name=self._physical_name(logical_id, 32).rstrip("-"), Subnets=props["Subnets"],
             Scheme=props.get("Scheme", "internal"), Type=props.get("Type", "network"),
+            SecurityGroups=props.get("SecurityGroups", []),
         )["LoadBalancers"][0]
         self._record(logical_id, lb["LoadBalancerArn"], DNSName=lb["DNSName"])
 
@@ -580,6 +596,10 @@ class TwinWorld:
             LoadBalancerArn=props["LoadBalancerArn"], Protocol=props["Protocol"], Port=int(props["Port"]),
             DefaultActions=props["DefaultActions"],
         )["Listeners"][0]
+        if props.get("ListenerAttributes"):
+            self.aws.client("elbv2").modify_listener_attributes(
+                ListenerArn=listener["ListenerArn"],
+                Attributes=[{"Key": a["Key"], "Value": str(a["Value"])} for a in props["ListenerAttributes"]])
         self._record(logical_id, listener["ListenerArn"])
 
     def _twin_role(self) -> str:

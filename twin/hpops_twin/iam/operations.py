@@ -110,6 +110,12 @@ def _function(params: dict, lookup: Lookup) -> list[str]:
     return [f"arn:aws:lambda:{lookup.region}:{lookup.account}:function:{name}"]
 
 
+def _key(params: dict, lookup: Lookup) -> list[str]:
+    """A KMS key named by id or ARN (doctor passes the stack resource's physical id: the key id)."""
+    key = params["KeyId"]
+    return [key if key.startswith("arn:") else f"arn:aws:kms:{lookup.region}:{lookup.account}:key/{key}"]
+
+
 TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
 TARGET_GROUP = "{TargetGroupArn}"
 BUDGET = "arn:aws:budgets::{account}:budget/"
@@ -127,6 +133,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("elastic-load-balancing-v2", "DeregisterTargets"): ("elasticloadbalancing:DeregisterTargets", TARGET_GROUP),
     ("elastic-load-balancing-v2", "DescribeTargetHealth"): ("elasticloadbalancing:DescribeTargetHealth", "*"),
     ("elastic-load-balancing-v2", "DescribeTargetGroups"): ("elasticloadbalancing:DescribeTargetGroups", "*"),
+    ("elastic-load-balancing-v2", "DescribeLoadBalancers"): ("elasticloadbalancing:DescribeLoadBalancers", "*"),
     # EC2 Describe* have no resource-level permissions (the reference lists "*" only)
     ("ec2", "DescribeVpcs"): ("ec2:DescribeVpcs", "*"),
     ("ec2", "DescribeSubnets"): ("ec2:DescribeSubnets", "*"),
@@ -155,6 +162,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ssm", "PutParameter"): ("ssm:PutParameter", _parameters("Name")),
     ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
     ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
+    # `hpops adopt`: a sagemaker-cluster: target is none of StartSession's resource types in the reference
+    # (document, instance, managed-instance, task); how AWS authorizes it is UNCONFIRMED, so "*".
+    ("ssm", "StartSession"): ("ssm:StartSession", "*"),
     ("ssm", "TerminateSession"): ("ssm:TerminateSession", "arn:aws:ssm:{region}:{account}:session/{SessionId}"),
     ("ssm", "GetDocument"): ("ssm:GetDocument", "arn:aws:ssm:{region}:{account}:document/{Name}"),
     # Secrets Manager (the KMS permission each needs is added in `checks`)
@@ -184,6 +194,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("eventbridge", "PutEvents"): ("events:PutEvents", _event_buses),
     ("sns", "Publish"): ("sns:Publish", "{TopicArn}"),
     ("sns", "Subscribe"): ("sns:Subscribe", "{TopicArn}"),
+    ("sns", "ListSubscriptionsByTopic"): ("sns:ListSubscriptionsByTopic", "{TopicArn}"),
+    # doctor: the host identity key's policy
+    ("kms", "GetKeyPolicy"): ("kms:GetKeyPolicy", _key),
     ("sqs", "SendMessage"): ("sqs:SendMessage", _queue),
     # Lambda and Step Functions
     ("lambda", "Invoke"): ("lambda:InvokeFunction", _function),

@@ -198,6 +198,14 @@ def check_instance_id(instance_id: object, what: str = "instance id") -> str:
     return validation.check_event_instance_id(instance_id, what)
 
 
+def login_slots_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/login-slots"
+
+
+def ssh_keepalive_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/ssh-keepalive"
+
+
 def user_caps_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/user-caps"
 

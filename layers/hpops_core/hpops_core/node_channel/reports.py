@@ -77,6 +77,17 @@ class ImdsReport:
 
 
 @dataclass(frozen=True)
+class SshKeepaliveReport:
+    """sshd's keepalives as the agent set them under the listener's idle timeout (sshd_keepalive.py)."""
+
+    result: str
+    reason: str = ""
+    clientAliveInterval: int | None = None
+    clientAliveCountMax: int | None = None
+    idleTimeoutSeconds: int | None = None
+
+
+@dataclass(frozen=True)
 class SessionsReport:
     """The node's interactive sessions (contract: "sessions"); each entry already validated."""
 
@@ -100,6 +111,7 @@ class NodeReport:
     sessions: SessionsReport | None = None
     userCaps: UserCapsReport | None = None
     imds: ImdsReport | None = None
+    sshKeepalive: SshKeepaliveReport | None = None
 
     def to_json(self) -> str:
         """The report as stored: fields that are None left out."""
@@ -214,6 +226,17 @@ def _imds(data: Any, bad: list[str]) -> ImdsReport | None:
                       reason=f.short("reason", _MAX_REASON, default="", required=False))
 
 
+def _ssh_keepalive(data: Any, bad: list[str]) -> SshKeepaliveReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "sshKeepalive", tuple(SshKeepaliveReport.__dataclass_fields__), bad)
+    return SshKeepaliveReport(result=f.one_of("result", contract.RESULTS),
+                              reason=f.short("reason", _MAX_REASON, default="", required=False),
+                              clientAliveInterval=f.count("clientAliveInterval", 6000, default=None, required=False),
+                              clientAliveCountMax=f.count("clientAliveCountMax", 100, default=None, required=False),
+                              idleTimeoutSeconds=f.count("idleTimeoutSeconds", 6000, default=None, required=False))
+
+
 def _report(detail: Any, bad: list[str]) -> NodeReport:
     f = validation.JsonFields(detail, "", tuple(NodeReport.__dataclass_fields__), bad)
     return NodeReport(
@@ -230,6 +253,7 @@ def _report(detail: Any, bad: list[str]) -> NodeReport:
         sessions=_sessions(f.data.get("sessions"), bad),
         userCaps=_user_caps(f.data.get("userCaps"), bad),
         imds=_imds(f.data.get("imds"), bad),
+        sshKeepalive=_ssh_keepalive(f.data.get("sshKeepalive"), bad),
     )
 
 

@@ -208,8 +208,6 @@ class LoginLimitsConfig:
     def from_env(cls, env: Mapping[str, str] | None = None) -> LoginLimitsConfig:
         from hpops_core.node_channel.login_limits import BadInput, parse_limits
 
-        from .login_limits import document_text
-
         env = environment(env)
         trigger = SessionTriggerConfig.from_env(env)
         wanted = {
@@ -247,3 +245,17 @@ def _user_caps(env: Mapping[str, str]) -> dict | None:
 
 _LIMITS_SOURCES = {"default": "MAX_SESSIONS_PER_USER", "overrides": "SESSION_LIMIT_OVERRIDES",
                    "exempt": "SESSION_EXEMPT_USERS"}
+
+
+def document_text(limits: dict) -> str:
+    """The parameter value for these limits; ConfigurationError when it would not fit the standard tier."""
+    from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
+    from hpops_core.node_channel.login_limits import canonical_json, desired_document
+
+    text = canonical_json(desired_document(limits))
+    if len(text.encode()) > MAX_STANDARD_PARAMETER_BYTES:
+        raise ConfigurationError(
+            f"login node limits: the published document would be {len(text.encode())} bytes, over the "
+            f"{MAX_STANDARD_PARAMETER_BYTES} a standard SSM parameter holds; use fewer entries in "
+            "SESSION_LIMIT_OVERRIDES / SESSION_EXEMPT_USERS")
+    return text

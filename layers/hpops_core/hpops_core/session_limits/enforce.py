@@ -164,23 +164,26 @@ class EnforcementReport:
             "api_calls": dict(self.api_calls),
         }
 
-    def notification(self) -> Notification | None:
-        """SNS-ready summary, or None when nothing worth telling anyone happened."""
+    def notification(self, cluster_name: str = "") -> Notification | None:
+        """SNS-ready summary, or None when nothing worth telling anyone happened. ``cluster_name``: how
+        people know the cluster (the id, what session targets carry, otherwise)."""
         if not self.planned and not self.failed:
             return None
         verb = "would end" if self.dry_run else "ended"
         count = len(self.planned) if self.dry_run else len(self.ended)
         users = ", ".join(v.user for v in self.users_over_limit)
-        subject = f"HyperPod {self.cluster_id}: {verb} {count} login session(s) over limit ({users})"
+        name = cluster_name or self.cluster_id
+        subject = f"HyperPod {name}: {verb} {count} login session(s) over limit ({users})"
         if self.failed:
-            subject = f"HyperPod {self.cluster_id}: {len(self.failed)} session termination(s) FAILED"
+            subject = f"HyperPod {name}: {len(self.failed)} session termination(s) FAILED"
         subject = _sns_subject(subject)
 
         planned_by_id = {s.session_id: s for s in self.planned}
         ended_ids = set(self.ended_ids)
         failed_by_id = {f.session_id: f for f in self.failed}
         lines = [
-            f"Login-node session limit on HyperPod cluster {self.cluster_id} "
+            f"Login-node session limit on HyperPod cluster {name}"
+            f"{f' (id {self.cluster_id})' if name != self.cluster_id else ''} "
             f"(instance group '{self.login_group}') checked at {_iso(self.checked_at)} ({self.trigger}).",
         ]
         if self.dry_run:

@@ -25,18 +25,16 @@ from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.cluster.login_group import list_login_group
-from hpops_core.common.errors import ConfigurationError
 from hpops_core.node_channel import contract
-from hpops_core.node_channel.desired_state import MAX_STANDARD_PARAMETER_BYTES
-from hpops_core.node_channel.login_limits import canonical_json, desired_document
+from hpops_core.node_channel.login_limits import canonical_json
 from hpops_core.node_channel.user_caps import caps_document
 from hpops_core.common.state_table import node_report_partition
 from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
 
+from .config import LoginLimitsConfig, document_text
 from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
 
 if TYPE_CHECKING:
-    from .config import LoginLimitsConfig
     from .request import SessionLimitsRequest
 
 DEFAULT_GRACE = timedelta(seconds=180)  # several 30 s agent polls, with their jitter
@@ -104,17 +102,6 @@ def judge_login_limits(version: str, running: list[Mapping], reports: Mapping[st
                                                         f"last report received {report.get('receivedAt') or 'unknown'}")
         verdicts.append(NodeLimits(verdict.instance_id, verdict.state, verdict.reason[:300]))
     return verdicts
-
-
-def document_text(limits: dict) -> str:
-    """The parameter value for these limits; ConfigurationError when it would not fit the standard tier."""
-    text = canonical_json(desired_document(limits))
-    if len(text.encode()) > MAX_STANDARD_PARAMETER_BYTES:
-        raise ConfigurationError(
-            f"login node limits: the published document would be {len(text.encode())} bytes, over the "
-            f"{MAX_STANDARD_PARAMETER_BYTES} a standard SSM parameter holds; use fewer entries in "
-            "SESSION_LIMIT_OVERRIDES / SESSION_EXEMPT_USERS")
-    return text
 
 
 def read_reports(table: str, cluster: str) -> dict[str, dict]:

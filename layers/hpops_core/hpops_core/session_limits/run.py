@@ -149,7 +149,7 @@ def _record_and_notify(
     Returns (records written, whether SNS took the notification, what failed)."""
     problems: list[str] = []
     written = 0
-    notification = report.notification()
+    notification = report.notification(config.cluster_name)
     try:
         if report.ended:
             written = ledger.record_sessions(

@@ -1,0 +1,50 @@
+"""`make demo`'s chapters in order: the login-node story (demo.py's Demo), session limits, budgets,
+certificate mode, per-user spend and holds. The chapters build on demo.py's Demo; this module, not
+demo.py, imports them, so the imports run one way."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+
+from hpops_twin.budget_demo import budget_steps
+from hpops_twin.certificate_demo import run_certificate_chapter
+from hpops_twin.demo import Demo, fitted, say_now, spread_line
+from hpops_twin.holds_demo import run_holds_chapter
+from hpops_twin.iam.enforce import SUITE_DENIALS
+from hpops_twin.session_demo import session_limit_steps
+from hpops_twin.user_spend_demo import run_user_spend_chapter
+from hpops_twin.world import ENFORCING, TwinWorld
+
+
+def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now) -> int:
+    random.seed(7)
+    out = fitted(out)  # every line fits the screen
+    started = time.perf_counter()
+    denials_before = len(SUITE_DENIALS)
+    out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
+        "a node agent per login node")
+    with TwinWorld(parameters=ENFORCING) as world:  # the demo shows limits enforced
+        demo = Demo(world, out, started)
+        steps = demo.run()
+        demo.say(spread_line(world))
+        session_limit_steps(demo)
+        budget_steps(demo)
+    run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
+    run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
+    run_holds_chapter(demo)  # its own twin: holds are a stack parameter
+    out("")
+    out(demo.table())
+    denials = SUITE_DENIALS[denials_before:]  # every chapter's twin enforces IAM (hpops_twin/iam)
+    for denial in denials:
+        out(str(denial))
+    all_ok = all(s.ok for s in steps) and not denials
+    out("")
+    out("all steps converged" if all_ok else "SOME STEPS FAILED")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"ok": all_ok, "steps": [asdict(s) | {"ok": s.ok} for s in steps]}, handle, indent=2)
+    return 0 if all_ok else 1
