@@ -20,6 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hpops import doctor_checks as checks
 from hpops.doctor_checks import SKIPPED, UNKNOWN, Finding
 from hpops.errors import explain
+from hpops.node_reports import read_node_reports
 from hpops_core.common.errors import HpopsError
 
 DOCTOR_FORMAT = "hpops.doctor.v1"
@@ -412,7 +413,6 @@ def _load_balancer_facts(session: Any, target: Target, cluster: dict, groups: di
 
 
 def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
-    from hpops.node_reports import read_node_reports
     from hpops_core.host_identity.identity_record import read_expected
     from hpops_node_agent import __version__ as agent_version
 
@@ -482,8 +482,6 @@ def _decide_usage(session: Any, target: Target, now: dt.datetime) -> Finding:
 def _decide_imds(session: Any, target: Target, groups: Mapping[str, dict],
                  guarded: Callable[[str, Callable[[], Finding]], Finding]) -> list[Finding]:
     """One line per instance group: its nodes' last IMDS probe and what its execution role allows."""
-    from hpops.main import _node_reports
-
     stack = target.stack
     iam, sagemaker = session.client("iam"), session.client("sagemaker")
     lockdown = (stack.parameters.get("ImdsLockdown") or "off")
@@ -492,7 +490,7 @@ def _decide_imds(session: Any, target: Target, groups: Mapping[str, dict],
     exposures: dict[str, checks.RoleExposure] = {}
 
     def facts() -> None:
-        reports.update(_node_reports(session.client("dynamodb"), stack.outputs["SyncStateTableName"], target.cluster))
+        reports.update(read_node_reports(session.client("dynamodb"), stack.outputs["SyncStateTableName"], target.cluster))
         pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=target.cluster)
         for page in pages:
             for node in page["ClusterNodeSummaries"]:

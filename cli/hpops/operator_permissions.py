@@ -127,12 +127,12 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("s3", "ListObjectsV2", "s3:ListBucket", "arn:aws:s3:::{lifecycle-bucket}"),
         Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies",
              "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
-        # imds-exposure: what the role allows (inline policies, and each attached policy's document: the
-        # stack's NodeAgentPolicy, AWS-managed and the account's own policies alike)
-        Call("iam", "ListRolePolicies", "iam:ListRolePolicies",
-             "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
-        Call("iam", "GetRolePolicy", "iam:GetRolePolicy",
-             "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
+        # imds-exposure: what each instance group's role allows (inline policies, and each attached policy's
+        # document: the stack's NodeAgentPolicy, AWS-managed and the account's own policies alike); the
+        # cluster names the compute groups' roles, not the stack, so these reads take any role of the account
+        Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies", "arn:aws:iam::{account}:role/*"),
+        Call("iam", "ListRolePolicies", "iam:ListRolePolicies", "arn:aws:iam::{account}:role/*"),
+        Call("iam", "GetRolePolicy", "iam:GetRolePolicy", "arn:aws:iam::{account}:role/*"),
         Call("iam", "GetPolicy", "iam:GetPolicy", "arn:aws:iam::*:policy/*"),
         Call("iam", "GetPolicyVersion", "iam:GetPolicyVersion", "arn:aws:iam::*:policy/*"),
         Call("ec2", "DescribeSubnets", "ec2:DescribeSubnets", "*"),

@@ -42,7 +42,9 @@ def record_usage_report(event: dict, context: LambdaContext) -> dict:
     if isinstance(event, dict) and event.get("detail-type") == HOLDS_DETAIL_TYPE:
         return _record_holds_report(config, event, parse_holds_event(stripped))
     report = parse_usage_event(stripped)
-    sequence = _signed(config, event, report.instance_id, [report.window_start, report.window_end, report.collected_at])
+    # An open window's end lies ahead by design (the agent reports it while it runs); a final one has ended.
+    ended = [report.window_end] if report.final else []
+    sequence = _signed(config, event, report.instance_id, [report.window_start, report.collected_at] + ended)
     origin = check_usage_origin(report, config.cluster_name, config.controller_group,
                                 describe_node(config.cluster_name, report.instance_id))
     if not origin.accepted:

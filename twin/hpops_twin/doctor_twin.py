@@ -149,6 +149,10 @@ class DoctorAccount:
         trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                          "Principal": {"Service": "sagemaker.amazonaws.com"}}]}
         iam.create_role(RoleName=EXECUTION_ROLE, AssumeRolePolicyDocument=json.dumps(trust))
+        # The compute group's own role: what its users reach through IMDS (S3 reads, as sites give them).
+        iam.create_role(RoleName=COMPUTE_ROLE, AssumeRolePolicyDocument=json.dumps(trust))
+        iam.put_role_policy(RoleName=COMPUTE_ROLE, PolicyName="datasets", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
         properties = self.world.resolver.resolve(self.world.template.resources["NodeAgentPolicy"]["Properties"])
         self.policy_arn = iam.create_policy(PolicyName="hpops-twin-NodeAgentPolicy",
                                             PolicyDocument=json.dumps(properties["PolicyDocument"]))["Policy"]["Arn"]
