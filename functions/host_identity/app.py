@@ -32,7 +32,8 @@ from hpops_core.common.clients import client
 from hpops_core.cluster.login_group import describe_private_ip
 from hpops_core.host_identity.config import HostIdentityConfig, node_of
 from hpops_core.common.errors import MalformedEventError
-from hpops_core.host_identity import certificate_delivery, notices
+from hpops_core.common import notices
+from hpops_core.host_identity import certificate_delivery
 from hpops_core.host_identity.gate import gate_registrations
 from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
 from hpops_core.node_channel import contract, desired_state, enrollment_store, report_store
@@ -143,7 +144,7 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     notice = _notice(gated, config.cluster_name)
     if notice is not None:
         subject, message = notice
-        # The same message at most once an hour, however many executions see it (host_identity.notices).
+        # The same message at most once an hour, however many executions see it (common/notices.py).
         key, now = notices.notice_key(config.cluster_name, subject, message), int(time.time())
         if not notices.sent_recently(config.state_table, key, now):
             client("sns").publish(TopicArn=config.alert_topic_arn, Subject=subject, Message=message)

@@ -3,7 +3,7 @@
 The answer goes back over the invoke response to the caller only; nothing secret is logged. Each
 action is a thin step: parse, verify the proof, decide (pure, node_channel/*), then write. A
 refused request gets a named error answer ({"ok": false, "error": <class name>, "message"}) and
-changes nothing; enrollment conflicts are counted and alarmed (template.yaml).
+changes nothing; enrollment conflicts are counted and sent to the AlertTopic (enrollment_alert.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster.login_group import describe_node
 from hpops_core.common.errors import HpopsError, TransientAwsError
-from hpops_core.node_channel import enrollment_store, fetch_serve, node_proof
+from hpops_core.node_channel import enrollment_alert, enrollment_store, fetch_serve, node_proof
 from hpops_core.node_channel.config import NodeChannelConfig
 from hpops_core.node_channel.enrollment import (
     EnrollmentConflictError,
@@ -37,9 +37,9 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
     node_proof.verify(request.get("proof"), statement.public_key, node_proof.namespace("enroll", config.cluster_name),
                       node_proof.canonical(body))
     fingerprint = node_proof.fingerprint(statement.public_key)
+    existing = enrollment_store.get_enrollment(config.state_table, config.cluster_name, statement.instance_id)
     decision = decide_enrollment(
-        statement, fingerprint, describe_node(config.cluster_name, statement.instance_id),
-        enrollment_store.get_enrollment(config.state_table, config.cluster_name, statement.instance_id),
+        statement, fingerprint, describe_node(config.cluster_name, statement.instance_id), existing,
         enrollment_store.get_approval(config.state_table, config.cluster_name, statement.instance_id, int(now.timestamp())),
         now, config.cluster_name, config.login_group, config.controller_group,
         timedelta(minutes=config.enrollment_window_minutes))
@@ -52,12 +52,12 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
         raise EnrollmentRefusedError(f"the operator's approval for {statement.instance_id} was used or replaced")
     if decision.outcome == "contest":
         enrollment_store.mark_contested(config.state_table, config.cluster_name, statement.instance_id, fingerprint)
-        # One metric (and alarm) for both kinds of conflict: each custom metric is billed monthly.
+    if decision.outcome in ("contest", "conflict"):
+        # Counted in the log line, and the team told (once an hour per node): the attempt is the signal.
         metrics.add_metric(name="EnrollmentConflict", unit=MetricUnit.Count, value=1)
-        logger.warning("enrollment contested", extra=log)
-        raise EnrollmentConflictError(decision.reason)
-    if decision.outcome == "conflict":
-        metrics.add_metric(name="EnrollmentConflict", unit=MetricUnit.Count, value=1)
+        log["alerted"] = enrollment_alert.alert_conflict(
+            config.alert_topic_arn, config.state_table, config.cluster_name, statement.instance_id, decision.outcome,
+            fingerprint, existing.fingerprint if existing else None, int(now.timestamp()))
         logger.warning("enrollment conflict", extra=log)
         raise EnrollmentConflictError(decision.reason)
     if decision.outcome == "await-approval":

@@ -139,6 +139,7 @@ MENTIONS = {
     "hpops status": AWS,
     "hpops node approve-enrollment": AWS,
     "hpops adopt": AWS,
+    "hpops lifecycle": f"{AWS}; the parameter table names it, `hpops lifecycle --stack-name S ...` is above",
     "hpops iam-policy": AWS,
     "hpops host-keys ca-generate": AWS,
     "hpops host-keys generate": AWS,

@@ -48,7 +48,7 @@ def fetch_nonce_partition(cluster: str) -> str:
 
 
 def notice_partition(cluster: str) -> str:
-    """When each "kept out" notice was last sent (host_identity/notices.py)."""
+    """When each "kept out" notice was last sent (common/notices.py)."""
     return f"notice#{cluster}"
 
 

@@ -33,6 +33,7 @@ class NodeChannelConfig:
     controller_group: str
     state_table: str
     enrollment_window_minutes: int
+    alert_topic_arn: str = ""  # where enrollment conflicts go (NodeChannel); the report handlers send none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeChannelConfig:
@@ -41,4 +42,5 @@ class NodeChannelConfig:
                    env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
                    env_str(env, "CONTROLLER_GROUP_NAME", validation.INSTANCE_GROUP_RE),
                    env_str(env, "STATE_TABLE_NAME"),
-                   env_int(env, "ENROLLMENT_WINDOW_MINUTES", 5, 24 * 60, default=60))
+                   env_int(env, "ENROLLMENT_WINDOW_MINUTES", 5, 24 * 60, default=60),
+                   env.get("ALERT_TOPIC_ARN", "").strip())

@@ -1,4 +1,6 @@
-"""Once an hour per message: a login node kept out stays out until it is fixed, and every
+"""Once an hour per message (shared: the gate's "kept out" notices, NodeChannel's enrollment conflicts).
+
+A login node kept out stays out until it is fixed, and every
 LoginNodeSync execution in between (the several events of one replacement, sweeps) would send the
 operator the same "kept out" message again within seconds.
 
