@@ -20,6 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from hpops import doctor_checks as checks
 from hpops.doctor_checks import SKIPPED, UNKNOWN, Finding
 from hpops.errors import explain
+from hpops.node_reports import read_node_reports
 from hpops_core.common.errors import HpopsError
 
 DOCTOR_FORMAT = "hpops.doctor.v1"
@@ -34,11 +35,16 @@ DOCTOR_IAM_ACTIONS = (
     "s3:GetObject",  # on_create.sh and the bundle in the lifecycle prefix
     "s3:ListBucket",  # so that a missing bundle file reads as missing (404), not as access denied (403)
     "iam:ListAttachedRolePolicies",
+    "iam:ListRolePolicies",  # imds-exposure: what the role a user can take from IMDS allows
+    "iam:GetRolePolicy",
+    "iam:GetPolicy",
+    "iam:GetPolicyVersion",
     "ec2:DescribeSubnets",
     "ec2:DescribeRouteTables",
     "ec2:DescribeVpcEndpoints",
     "ec2:DescribeSecurityGroups",
     "elasticloadbalancing:DescribeTargetGroups",
+    "elasticloadbalancing:DescribeLoadBalancers",  # the NLB's security groups and subnets
     "dynamodb:GetItem",
     "dynamodb:Query",
     "cloudtrail:DescribeTrails",
@@ -50,8 +56,8 @@ DOCTOR_IAM_ACTIONS = (
     "kms:GetKeyPolicy",  # the host identity key's policy
 )
 # Lines for checks that need what only a deployed stack has.
-NEEDS_STACK = ("node-agent-policy", "verifier-path", "host-identity", "kms-key-policy", "agent-reports",
-               "alert-subscription", "slurm-usage", "accounting-enforce")
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports",
+               "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
 # The controller collects usage every DEFAULT_USAGE_SECONDS (15 min); three missed windows is silence.
@@ -180,6 +186,8 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
             for _, name in present]
     if check == "verifier-path":
         return [guarded("", lambda: checks.decide_verifier(_verifier_facts(session, target, cluster, groups)))]
+    if check == "nlb-path":
+        return [guarded("", lambda: checks.decide_load_balancer_path(_load_balancer_facts(session, target, cluster, groups)))]
     if check == "agent-reports":
         return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
     if check == "cloudtrail":
@@ -190,6 +198,8 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
         return [guarded("", lambda: _decide_cost_tag(session, target, cluster))]
     if check == "slurm-usage":
         return [guarded(target.controller_group, lambda: _decide_usage(session, target, now))]
+    if check == "imds-exposure":
+        return _decide_imds(session, target, groups, guarded)
     raise ValueError(f"unknown check {check}")
 
 
@@ -379,8 +389,30 @@ def _verifier_facts(session: Any, target: Target, cluster: dict, groups: dict) -
         cluster_subnet_cidrs=[s["CidrBlock"] for s in cluster_subnets], target_group_vpc=target_group["VpcId"])
 
 
+def _load_balancer_facts(session: Any, target: Target, cluster: dict, groups: dict) -> checks.LoadBalancerFacts:
+    """The load balancers in front of the stack's target group (created or existing), their security
+    groups and subnets, and the login nodes' groups."""
+    ec2, elbv2 = session.client("ec2"), session.client("elbv2")
+    target_group = elbv2.describe_target_groups(TargetGroupArns=[target.stack.outputs["TargetGroupArn"]])["TargetGroups"][0]
+    arns = list(target_group.get("LoadBalancerArns", []))
+    balancers = elbv2.describe_load_balancers(LoadBalancerArns=arns)["LoadBalancers"] if arns else []
+    nlb_ids = sorted({g for lb in balancers for g in lb.get("SecurityGroups", [])})
+    subnet_ids = [z["SubnetId"] for lb in balancers for z in lb.get("AvailabilityZones", []) if z.get("SubnetId")]
+    login_vpc = _vpc_config(cluster, groups.get(target.login_group) or {})
+    cluster_ids = list(login_vpc.get("SecurityGroupIds", []))
+    described = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=cluster_ids + nlb_ids)[
+        "SecurityGroups"]} if cluster_ids + nlb_ids else {}
+
+    def cidrs(ids: list[str]) -> list[str]:
+        return [s["CidrBlock"] for s in ec2.describe_subnets(SubnetIds=ids)["Subnets"]] if ids else []
+
+    return checks.LoadBalancerFacts(
+        ssh_port=target.ssh_port, load_balancers=balancers, nlb_groups=[described[i] for i in nlb_ids if i in described],
+        nlb_subnet_cidrs=cidrs(subnet_ids), cluster_groups=[described[i] for i in cluster_ids if i in described],
+        cluster_subnet_cidrs=cidrs(list(login_vpc.get("Subnets", []))))
+
+
 def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
-    from hpops.node_reports import read_node_reports
     from hpops_core.host_identity.identity_record import read_expected
     from hpops_node_agent import __version__ as agent_version
 
@@ -445,6 +477,80 @@ def _decide_usage(session: Any, target: Target, now: dt.datetime) -> Finding:
     facts = None if status is None else checks.UsageFacts(status.status, status.reason, status.collected_at,
                                                           status.instance_id)
     return checks.decide_usage(target.controller_group, facts, now, USAGE_MAX_AGE, GPU_NOT_TRACKED)
+
+
+def _decide_imds(session: Any, target: Target, groups: Mapping[str, dict],
+                 guarded: Callable[[str, Callable[[], Finding]], Finding]) -> list[Finding]:
+    """One line per instance group: its nodes' last IMDS probe and what its execution role allows."""
+    stack = target.stack
+    iam, sagemaker = session.client("iam"), session.client("sagemaker")
+    lockdown = (stack.parameters.get("ImdsLockdown") or "off")
+    reports: dict[str, dict] = {}
+    running: dict[str, list[str]] = {}
+    exposures: dict[str, checks.RoleExposure] = {}
+
+    def facts() -> None:
+        reports.update(read_node_reports(session.client("dynamodb"), stack.outputs["SyncStateTableName"], target.cluster))
+        pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=target.cluster)
+        for page in pages:
+            for node in page["ClusterNodeSummaries"]:
+                if node["InstanceStatus"]["Status"] == "Running":
+                    running.setdefault(node["InstanceGroupName"], []).append(node["InstanceId"])
+
+    def decide(name: str) -> Finding:
+        if not reports and not running:
+            facts()
+        role = checks.role_name(groups[name]["ExecutionRole"])
+        if role not in exposures:
+            exposures[role] = _role_exposure(iam, role)
+        probed = {i: (r.get("imds") or {}).get("nonRoot") for i, r in reports.items() if r.get("imds")}
+        return checks.decide_imds_exposure(name, running.get(name, []), probed, lockdown, exposures[role], stack.name)
+
+    return [guarded(name, lambda n=name: decide(n)) for name in sorted(groups)]
+
+
+def _role_exposure(iam: Any, role: str) -> checks.RoleExposure:
+    policies: dict[str, list[str]] = {}
+    unreadable: list[str] = []
+    for arn in _attached(iam, role):
+        name = arn.rsplit("/", 1)[-1]
+        try:
+            version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+            document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+        except ClientError:
+            unreadable.append(name)
+            continue
+        policies[name] = _allowed_actions(document)
+    for page in iam.get_paginator("list_role_policies").paginate(RoleName=role):
+        for name in page["PolicyNames"]:
+            try:
+                document = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+            except ClientError:
+                unreadable.append(name)
+                continue
+            policies[f"{name} (inline)"] = _allowed_actions(document)
+    return checks.RoleExposure(role, policies, tuple(unreadable))
+
+
+def _allowed_actions(document: Any) -> list[str]:
+    """The Allow statements' actions of a policy document (IAM returns it URL-encoded JSON or parsed)."""
+    if isinstance(document, str):
+        from urllib.parse import unquote
+
+        document = json.loads(unquote(document))
+    statements = document.get("Statement", [])
+    if isinstance(statements, dict):
+        statements = [statements]
+    actions: set[str] = set()
+    for statement in statements:
+        if statement.get("Effect") != "Allow":
+            continue
+        listed = statement.get("Action", [])
+        actions.update([listed] if isinstance(listed, str) else listed)
+        if "NotAction" in statement:
+            actions.add("all but " + ",".join(statement["NotAction"] if isinstance(statement["NotAction"], list)
+                                               else [statement["NotAction"]]))
+    return sorted(actions)
 
 
 # ---------------------------------------------------------------------------- output

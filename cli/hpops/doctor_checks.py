@@ -13,11 +13,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 OK, PROBLEM, UNKNOWN, SKIPPED = "OK", "PROBLEM", "UNKNOWN", "SKIPPED"
+# A fact the operator should know and may accept (exit status unchanged): the node role reachable to users.
+NOTE = "NOTE"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
-CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path",
+CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path", "nlb-path",
           "host-identity", "kms-key-policy", "agent-reports", "alert-subscription", "cloudtrail", "run-as",
-          "cost-allocation-tag", "slurm-usage", "accounting-enforce")
+          "cost-allocation-tag", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Checks with one line per agent group (login, controller).
 PER_GROUP = ("lifecycle-script", "node-agent-policy", "node-network", "node-endpoints")
 # What the node agent calls from a node: desired state, the canonical keys, its reports.
@@ -235,6 +237,46 @@ def decide_verifier(facts: VerifierFacts) -> Finding:
         return Finding("verifier-path", PROBLEM, "; ".join(problems), "; ".join(fixes))
     return Finding("verifier-path", OK, f"the cluster's security group admits TCP {port} from the verifier's "
                    f"{', '.join(verifier_ids)}, in the target group's VPC {facts.target_group_vpc}")
+
+
+# ---------------------------------------------------------------------------- 4b. load balancer path
+
+
+@dataclass(frozen=True)
+class LoadBalancerFacts:
+    ssh_port: int
+    load_balancers: Sequence[Mapping[str, Any]]  # DescribeLoadBalancers items in front of the target group
+    nlb_groups: Sequence[Mapping[str, Any]]  # DescribeSecurityGroups items of their security groups
+    nlb_subnet_cidrs: Sequence[str]  # their subnets' CIDRs (where an NLB without a group connects from)
+    cluster_groups: Sequence[Mapping[str, Any]]  # ... of the login nodes' groups
+    cluster_subnet_cidrs: Sequence[str]
+
+
+def decide_load_balancer_path(facts: LoadBalancerFacts) -> Finding:
+    """Users' connections and the health checks reach the login nodes from the NLB's security group
+    (or, for an NLB without one, from its subnets): the nodes' group must admit the SSH port from it."""
+    port = facts.ssh_port
+    if not facts.load_balancers:
+        return Finding("nlb-path", PROBLEM, "no load balancer forwards to the target group",
+                       "add a TCP listener that forwards to it (or let the stack create the NLB)")
+    names = ", ".join(lb.get("LoadBalancerName", lb.get("LoadBalancerArn", "?")) for lb in facts.load_balancers)
+    nlb_ids = [g["GroupId"] for g in facts.nlb_groups]
+    cluster_ids = [g["GroupId"] for g in facts.cluster_groups]
+    source = f"security group {', '.join(nlb_ids)}" if nlb_ids else f"subnets {', '.join(facts.nlb_subnet_cidrs)}"
+    if not any(admits(g.get("IpPermissions", []), port, nlb_ids, [] if nlb_ids else facts.nlb_subnet_cidrs)
+               for g in facts.cluster_groups):
+        fix = (f"aws ec2 authorize-security-group-ingress --group-id {cluster_ids[0] if cluster_ids else 'SG'} "
+               f"--protocol tcp --port {port} " + (f"--source-group {nlb_ids[0]}" if nlb_ids
+                                                  else f"--cidr {facts.nlb_subnet_cidrs[0] if facts.nlb_subnet_cidrs else 'CIDR'}"))
+        return Finding("nlb-path", PROBLEM, f"the login nodes' security group {', '.join(cluster_ids) or '(none)'} does not "
+                       f"admit TCP {port} from {names}'s {source}: health checks fail, so every target is unhealthy "
+                       "and the NLB fails open", fix)
+    if nlb_ids and not any(admits(g.get("IpPermissionsEgress", []), port, cluster_ids, facts.cluster_subnet_cidrs)
+                           for g in facts.nlb_groups):
+        return Finding("nlb-path", PROBLEM, f"{names}'s security group {', '.join(nlb_ids)} allows no TCP {port} out to "
+                       "the login nodes", f"allow egress TCP {port} from {nlb_ids[0]} to the login nodes' subnets")
+    note = "" if nlb_ids else " (the NLB has no security group: anything routed to it reaches its listener)"
+    return Finding("nlb-path", OK, f"the login nodes' security group admits TCP {port} from {names}'s {source}{note}")
 
 
 # ---------------------------------------------------------------------------- 5. agent reports
@@ -613,3 +655,50 @@ def decide_accounting_enforce(group: str, holds_on: bool, agent: Mapping[str, An
                        "a hold is recorded but Slurm still starts the held user's jobs", fix, group)
     return Finding("accounting-enforce", UNKNOWN, f"the controller cannot tell: {agent.get('enforceReason')}",
                    "on the controller: scontrol show config | grep AccountingStorageEnforce", group)
+
+
+# ---------------------------------------------------------------------------- 16. IMDS exposure
+
+
+@dataclass(frozen=True)
+class RoleExposure:
+    """What a process holding an instance group's execution role may call, as far as the operator can read."""
+
+    role: str
+    policies: Mapping[str, Sequence[str]]  # policy name -> its Allow actions ("*" = everything)
+    unreadable: Sequence[str] = ()  # policies whose document the operator could not read
+
+
+def decide_imds_exposure(group: str, nodes: Sequence[str], reported: Mapping[str, str], lockdown: str,
+                         exposure: RoleExposure, stack_name: str | None) -> Finding:
+    """``nodes``: the group's Running instance ids; ``reported``: instance id -> the agent's last probe
+    result (reachable | blocked | no-imds | unknown); nodes without an agent report are taken as reachable
+    unless the stack's ImdsLockdown is on (then: applied by the installer, not verified)."""
+    if not nodes:
+        return Finding("imds-exposure", OK, "no Running node", subject=group)
+    open_nodes: dict[str, list[str]] = {}
+    unverified = []
+    for instance in sorted(nodes):
+        result = reported.get(instance)
+        if result in ("blocked", "no-imds"):
+            continue
+        if result is None and lockdown == "on":
+            unverified.append(instance)
+        else:
+            open_nodes.setdefault(result or "no agent report", []).append(instance)
+    grants = "; ".join(f"{name}: {', '.join(sorted(actions)) or 'no Allow'}" for name, actions
+                       in sorted(exposure.policies.items()))
+    unread = f"; not readable by you: {', '.join(exposure.unreadable)}" if exposure.unreadable else ""
+    if not open_nodes:
+        said = f"; {len(unverified)} without an agent report rely on the installer's rules" if unverified else ""
+        return Finding("imds-exposure", OK, f"no node leaves role {exposure.role} to non-root users{said}",
+                       subject=group)
+    count = sum(len(ids) for ids in open_nodes.values())
+    shown = "; ".join(f"{said}: {', '.join(ids[:5])}{f' and {len(ids) - 5} more' if len(ids) > 5 else ''}"
+                      for said, ids in sorted(open_nodes.items()))
+    return Finding("imds-exposure", NOTE,
+                   f"{count} of {len(nodes)} node(s) leave role {exposure.role} reachable to every "
+                   f"user ({shown}); it allows {grants or 'nothing readable'}{unread}",
+                   "accept it (the stack trusts only the enrolled agent's key, not the role), or set the stack's "
+                   f"ImdsLockdown=on, run hpops lifecycle --stack-name {stack_name or 'S'} and re-install "
+                   "(users' own aws calls then need credentials of their own)", group)

@@ -49,6 +49,7 @@ from hpops.errors import EXIT_USAGE, CliError, explain
 from hpops.event_files import load_event_files
 from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
+from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
 
 TWIN_ENTRY_POINTS = "hpops.twin"  # group twin/pyproject.toml registers its commands module in
@@ -138,6 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             raise CliError("--json needs --stack-name (the twin's status is text only)")
         return _twin("status", args)
     from hpops_core.host_identity.identity_record import read_expected
+    from hpops_core.session_limits.cluster_sessions import session_spread
 
     now = _utc_now()
     outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -161,6 +163,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     running_reports = {n["instanceId"]: reports[n["instanceId"]] for n in login_nodes if reports.get(n["instanceId"])}
     document["loginSessions"] = _login_sessions(parameters, running_reports)
+    document["spread"] = session_spread(running_reports, [n["instanceId"] for n in login_nodes])
     print_status(document, as_json=args.json)
     return document["exitStatus"]
 
@@ -355,7 +358,8 @@ def cmd_host_keys(args: argparse.Namespace) -> int:
         outputs["SyncStateTableName"], parameters["ClusterName"], bundle,
     )
     print("canonical host keys installed; users should trust:")
-    for line in bundle.known_hosts_lines(outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")):
+    host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
+    for line in bundle.known_hosts_lines(host_patterns(host, int(parameters.get("LoginNodeSlots") or 0))):
         print("  " + line)
     for key_type, value in fingerprints.items():
         print(f"{key_type:<22} {value}")
@@ -408,7 +412,9 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
         public_line, fingerprint = record["caPublic"], record["caFingerprint"]
     host = outputs.get("LoadBalancerDnsName", "<load-balancer-dns-name>")
     print(f"CA fingerprint {fingerprint}\nusers add this one line to ~/.ssh/known_hosts:")
-    print(f"  @cert-authority {host},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} {public_line}")
+    slots = int(parameters.get("LoginNodeSlots") or 0)
+    print(f"  @cert-authority {host_patterns(host, slots)},{parameters.get('HostCertificatePrincipals') or '<your-alias>'} "
+          f"{public_line}")
     return 0
 
 
@@ -423,15 +429,22 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     if args.patch and not wants_bundle:
         return _patch_on_create(args.patch)
     _output_folder(args.out, "--out")
+    imds = {}
+    channel = args.node_channel
     if args.stack_name:
         outputs, parameters, session = _stack(args.stack_name, args.region)
         cluster, bus, region = parameters["ClusterName"], outputs["NodeReportBusName"], session.region_name
+        channel = outputs["NodeChannelFunctionName"]
+        # An older stack has neither parameter: the lockdown stays off.
+        imds = {"imds_lockdown": parameters.get("ImdsLockdown") or "off",
+                "imds_allowed_groups": parameters.get("ImdsAllowedGroups") or ""}
     elif args.cluster and args.report_bus and args.region:
         cluster, bus, region = args.cluster, args.report_bus, args.region
     else:
         raise CliError("give --stack-name S, or all of --cluster, --report-bus and --region (or only --patch FILE)")
     try:
-        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor)
+        folder = build_bundle(Path(args.out), cluster, region, bus, vendor=not args.no_vendor, node_channel=channel,
+                              **imds)
     except ValueError as error:  # a cluster name or region the agent would refuse
         raise CliError(f"{error} ({cluster!r}, {region!r}): give the HyperPod cluster's name and region") from None
     print(f"wrote {folder}")
@@ -640,6 +653,22 @@ def _cost_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node(args: argparse.Namespace) -> int:
+    """Enrollment of the node agents' keys: list them, or approve one key for one instance."""
+    from . import enrollments
+
+    outputs, parameters, session = _stack(args.stack_name, args.region)
+    table, cluster = outputs["SyncStateTableName"], parameters["ClusterName"]
+    dynamodb = session.client("dynamodb")
+    if args.node_command == "approve-enrollment":
+        print(enrollments.approve(dynamodb, session.client("sagemaker"), table, cluster, parameters["LoginGroupName"],
+                                  parameters["ControllerGroupName"], args.node, args.fingerprint))
+        return 0
+    for line in enrollments.listing(dynamodb, table, cluster):
+        print(line)
+    return 0
+
+
 def cmd_iam_policy(args: argparse.Namespace) -> int:
     """Print the operator's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
     from hpops.operator_permissions import operator_policy, policy_json
@@ -712,6 +741,8 @@ def build_parser() -> argparse.ArgumentParser:
     lifecycle.add_argument("--region")
     lifecycle.add_argument("--cluster", help="without a stack: the HyperPod cluster name")
     lifecycle.add_argument("--report-bus", help="without a stack: the stack's NodeReportBusName output")
+    lifecycle.add_argument("--node-channel", help="without a stack: the stack's NodeChannelFunctionName output "
+                                                  "(where agents enroll their key)")
     lifecycle.add_argument("--out", default="dist/lifecycle", help="folder to write (default dist/lifecycle)")
     lifecycle.add_argument("--patch", metavar="ON_CREATE_SH",
                            help="put the install line into this on_create.sh, before its final exit")
@@ -772,6 +803,19 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="the checks as one JSON document")
     doctor.set_defaults(func=cmd_doctor)
 
+    node = commands.add_parser("node", help="node agents' enrolled keys: enrollments | approve-enrollment")
+    node_commands = node.add_subparsers(dest="node_command", required=True)
+    listed = node_commands.add_parser("enrollments", help="which agent key speaks for each node, and pending approvals")
+    approval = node_commands.add_parser(
+        "approve-enrollment", help="let one instance's agent enroll exactly this key (upgrade, lost key, contested)")
+    approval.add_argument("--node", required=True, metavar="INSTANCE_ID")
+    approval.add_argument("--fingerprint", required=True, metavar="SHA256:...",
+                          help="what `sudo python3 -m hpops_node_agent identity` prints on that node")
+    for sub in (listed, approval):
+        sub.add_argument("--stack-name", required=True)
+        sub.add_argument("--region")
+        sub.set_defaults(func=cmd_node)
+
     iam_policy = commands.add_parser(
         "iam-policy", help="the least-privilege IAM policy the operator's commands need on a stack (JSON)",
         description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
@@ -793,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _label(args: argparse.Namespace) -> str:
     """`hpops cost subscribe`, `hpops host-keys adopt`, `hpops twin send`: what an error line starts with."""
     words = ["hpops", args.command]
-    for name in ("twin_command", "action", "cost_command"):
+    for name in ("twin_command", "action", "cost_command", "node_command"):
         if getattr(args, name, None):
             words.append(getattr(args, name))
     return " ".join(words)

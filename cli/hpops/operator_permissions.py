@@ -44,6 +44,7 @@ LEASE = ("cluster#{parameter:ClusterName}",)  # the sync lease, with the publish
 NODE_REPORTS = ("node-report#{parameter:ClusterName}",)
 SPEND_ITEMS = ("usage#{parameter:ClusterName}", "usage#{parameter:ClusterName}#*", "budget#{parameter:ClusterName}")
 BUDGET_ITEMS = ("budget#{parameter:ClusterName}",)  # a release is a budget item
+ENROLLMENTS = ("enroll#{parameter:ClusterName}",)  # agent keys and operator approvals
 
 READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
 SPEND = (
@@ -102,6 +103,11 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
+    "node enrollments": READ_STACK + (Call("dynamodb", "Query", "dynamodb:Query", TABLE, ENROLLMENTS),),
+    "node approve-enrollment": READ_STACK + (
+        Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
+    ),
     # Session Manager into each running node of the cluster, then a repair.
     "adopt": READ_STACK + (
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
@@ -121,11 +127,20 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("s3", "ListObjectsV2", "s3:ListBucket", "arn:aws:s3:::{lifecycle-bucket}"),
         Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies",
              "arn:aws:iam::{account}:role/{parameter:ClusterExecutionRoleName}"),
+        # imds-exposure: what each instance group's role allows (inline policies, and each attached policy's
+        # document: the stack's NodeAgentPolicy, AWS-managed and the account's own policies alike); the
+        # cluster names the compute groups' roles, not the stack, so these reads take any role of the account
+        Call("iam", "ListAttachedRolePolicies", "iam:ListAttachedRolePolicies", "arn:aws:iam::{account}:role/*"),
+        Call("iam", "ListRolePolicies", "iam:ListRolePolicies", "arn:aws:iam::{account}:role/*"),
+        Call("iam", "GetRolePolicy", "iam:GetRolePolicy", "arn:aws:iam::{account}:role/*"),
+        Call("iam", "GetPolicy", "iam:GetPolicy", "arn:aws:iam::*:policy/*"),
+        Call("iam", "GetPolicyVersion", "iam:GetPolicyVersion", "arn:aws:iam::*:policy/*"),
         Call("ec2", "DescribeSubnets", "ec2:DescribeSubnets", "*"),
         Call("ec2", "DescribeRouteTables", "ec2:DescribeRouteTables", "*"),
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
+        Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
         # The published host identity, the agents' reports, the usage collector's status.
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
@@ -147,6 +162,7 @@ WILDCARD_REASONS = {
     "pricing:GetProducts": "PriceListHasNoResourceType",
     "elasticloadbalancing:DescribeTargetHealth": "ElbDescribeActionsHaveNoResourceType",
     "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
+    "elasticloadbalancing:DescribeLoadBalancers": "ElbDescribeActionsHaveNoResourceType",
     "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
     # A sagemaker-cluster: target is none of the reference's StartSession resource types (UNCONFIRMED how
     # AWS authorizes it).

@@ -335,6 +335,7 @@ def status_text(document: Mapping) -> list[str]:
         lines += ["", f"sessions: {sessions['active']} active on login nodes; by {sessions['groupedBy']}: {top}"]
         if sessions.get("runAs"):
             lines.append(f"  Session Manager: {sessions['runAs']}")
+    lines += spread_text(d.get("spread"))
     lines += login_sessions_text(d.get("loginSessions"))
     spend = d["spend"]
     if not spend.get("available"):
@@ -348,6 +349,19 @@ def status_text(document: Mapping) -> list[str]:
         if not spend["topUsers"]:
             lines.append("  (no Slurm usage this month)")
         lines += hold_lines(spend.get("holds"))
+    return lines
+
+
+def spread_text(spread: Mapping | None) -> list[str]:
+    """`hpops status` lines: sessions and distinct users per Running login node, and the busiest over the mean."""
+    if not spread or not spread["nodes"]:
+        return []
+    ratio = "no sessions" if spread["maxOverMean"] is None else f"busiest {spread['maxOverMean']:.2f}x the mean"
+    lines = [f"spread: {spread['sessions']} sessions on {spread['reporting']} reporting login node(s), "
+             f"{spread['meanPerNode']:g} per node, {ratio}"]
+    for node in spread["nodes"]:
+        lines.append(f"  {node['instanceId']:<21} " + ("no report" if node["sessions"] is None else
+                                                       f"{node['sessions']} sessions, {node['users']} users"))
     return lines
 
 

@@ -35,7 +35,7 @@ from hpops_core.common.errors import MalformedEventError
 from hpops_core.host_identity import certificate_delivery, notices
 from hpops_core.host_identity.gate import gate_registrations
 from hpops_core.host_identity.identity_record import HostIdentityNotConfigured
-from hpops_core.node_channel import contract, desired_state, report_store
+from hpops_core.node_channel import contract, desired_state, enrollment_store, report_store
 from hpops_core.host_identity.acknowledgement import judge_acknowledgement
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
@@ -135,7 +135,9 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     """{plan, verdicts, mode} -> the changes allowed to go ahead; rejected nodes are reported."""
     config = HostIdentityConfig.from_env()
     plan, verdicts = event.get("plan") or {}, event.get("verdicts") or []
-    gated = gate_registrations(plan, verdicts, repair=event.get("mode") == "repair")
+    enrollments, contested = _enrollments(config)
+    gated = gate_registrations(plan, verdicts, repair=event.get("mode") == "repair", enrollments=enrollments,
+                               contested_ips=contested)
     metrics.add_metric(name="HostIdentityRejected", unit=MetricUnit.Count, value=len(gated.rejected))
     metrics.add_metric(name="HostCertificateRenewalFailed", unit=MetricUnit.Count, value=len(gated.renewal_failed))
     notice = _notice(gated, config.cluster_name)
@@ -149,6 +151,17 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
         logger.warning("host identity problems", extra={"rejected": list(gated.rejected),
                                                          "renewalFailed": list(gated.renewal_failed)})
     return gated.to_state()
+
+
+def _enrollments(config) -> tuple[dict[str, str], set[str]]:
+    """(instance id -> enrollment status, IPs whose latest enrollment is contested): only enrolled,
+    uncontested agents' nodes are admitted."""
+    records, _ = enrollment_store.list_enrollments(config.state_table, config.cluster_name)
+    latest_by_ip = {}
+    for record in sorted(records, key=lambda r: r.enrolled_at):
+        latest_by_ip[record.ip] = record
+    return ({r.instance_id: r.status for r in records},
+            {ip for ip, r in latest_by_ip.items() if r.status == "contested"})
 
 
 def _notice(gated, cluster: str) -> tuple[str, str] | None:

@@ -12,16 +12,18 @@ load it on a cold start: parse_trigger.py (ParseTrigger) and ended_sync.py (Rele
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster import login_group as login_nodes
-from hpops_core.login_sync import sync_lease, target_group
+from hpops_core.login_sync import slots, sync_lease, target_group
 from hpops_core.login_sync.config import SyncConfig
 from hpops_core.common.errors import EmptyListingGuardError, LoginGroupError, MalformedEventError
 from hpops_core.login_sync.target_plan import LoginNode, plan_targets, still_to_apply
+from hpops_core.node_channel import contract
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
 
@@ -108,7 +110,17 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
         # The alarm on this metric pages the operator; the failed execution says why.
         metrics.add_metric(name="SafetyGuardTripped", unit=MetricUnit.Count, value=1)
         raise EmptyListingGuardError(plan.guard)
+    if config.slot_target_group_arns and not event.get("dryRun"):
+        # Slots follow the nodes that stay registered; a new node gets one once ApplyTargetChanges registers it.
+        _reconcile_slots(config, plan.keep)
     return plan.to_state() | {"verify": [{"ip": ip, "instanceId": instance_of[ip]} for ip in to_verify]}
+
+
+def _reconcile_slots(config: SyncConfig, eligible: Iterable[str]) -> None:
+    outcome = slots.reconcile_slots(config.slot_target_group_arns, eligible, config.ssh_port, config.target_group_vpc_id,
+                                    contract.login_slots_parameter(config.cluster_name), config.load_balancer_dns_name)
+    if outcome.has_changes:
+        logger.info("login-node slots updated", extra={"reasons": list(outcome.reasons), "slots": outcome.assignment})
 
 
 @logger.inject_lambda_context
@@ -134,4 +146,8 @@ def apply_target_changes(event: dict, context: LambdaContext) -> dict:
     metrics.add_metric(name="TargetsRegistered", unit=MetricUnit.Count, value=len(register))
     metrics.add_metric(name="TargetsDeregistered", unit=MetricUnit.Count, value=len(deregister))
     logger.info("target group updated", extra={"registered": register, "deregistered": deregister})
+    if config.slot_target_group_arns:
+        live = [t.ip for t in target_group.describe_targets(config.target_group_arn)
+                if t.port == config.ssh_port and t.state != slots.DRAINING]
+        _reconcile_slots(config, live)
     return {"registered": register, "deregistered": deregister}

@@ -1,6 +1,7 @@
 """CheckReportedSessions: a login node's session list changed (RecordNodeReport's announcement, after
 its origin check) -> the stored reports and the ledger (one Query each); when someone is over their limit cluster-wide,
-start a SessionLimits execution at once (hpops_core.session_limits.report_check says when and why).
+start a SessionLimits execution at once (hpops_core.session_limits.report_check says when and why). It also logs
+how evenly the login nodes carry sessions ("login spread"), which the dashboard graphs.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ def check_reported_sessions(event: dict, context: LambdaContext) -> dict:
     check = report_check.decide_report_check(config.cluster_name, state, config.policy)
     # No custom metric: the checks it starts are SessionLimits executions (AWS/States counts them).
     started = report_check.start_check(config.state_machine_arn, check) if check.start else False
+    # The dashboard's spread graph reads this line (a Logs Insights query: no custom metric).
+    logger.info("login spread", extra=report_check.login_spread(state.nodes))
     logger.info("reported sessions checked", extra={"node": node, "start": check.start, "started": started,
                                                     "execution": check.name, "reason": check.reason})
     return {"start": check.start, "started": started, "name": check.name, "users": list(check.users),

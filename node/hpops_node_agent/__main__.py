@@ -1,5 +1,6 @@
 """python3 -m hpops_node_agent [--config PATH] [--once] [--print-role]
 python3 -m hpops_node_agent usage --once [--print [--since ISO-TIME]] [--config PATH]
+python3 -m hpops_node_agent identity [--config PATH]
 
 Kept to syntax old Pythons can parse, so that on an unsupported interpreter the user gets one
 clear line (and exit 78, EX_CONFIG) instead of a traceback.
@@ -10,6 +11,9 @@ loop (unless usageSeconds is 0); compute nodes have nothing to do.
 `usage --once --print` prints the Slurm usage reports (a JSON list, one per hourly window from the
 one holding --since, default now, to the current one) and touches neither AWS nor the agent's
 state; `usage --once` collects the due windows and sends them, as one turn of the controller loop.
+
+`identity` (as root) makes the agent's key if it is missing and prints its fingerprint: what the
+operator approves with `hpops node approve-enrollment --fingerprint` (needs no boto3).
 
 Exit codes: 0 ok (also compute nodes, and --once with host identity unchanged, changed or
 waiting; usage with every report's status "ok"); 1 --once and the host identity failed, or a
@@ -39,13 +43,16 @@ def parse_args(argv):
         description="Keep this HyperPod node's SSH host identity and login limits as the hpops stack wants them "
                     "(login nodes); report per-user Slurm usage from accounting (the controller node).",
     )
-    parser.add_argument("command", nargs="?", choices=("usage",),
-                        help="usage: Slurm usage from accounting (with --once)")
+    parser.add_argument("command", nargs="?", choices=("usage", "identity"),
+                        help="usage: Slurm usage from accounting (with --once); identity: the agent key's fingerprint")
     parser.add_argument("--config", default="/etc/hpops/node-agent.json", help="agent config file (JSON)")
     parser.add_argument("--once", action="store_true", help="run one poll/apply/report cycle and exit")
     parser.add_argument("--print-role", action="store_true",
                         help="print this node's role (login, controller, compute) and exit; needs boto3 only "
                              "where no provisioning_parameters.json names the groups (DescribeCluster)")
+    parser.add_argument("--imds-lockdown", action="store_true",
+                        help="apply the config's imdsLockdown (on: only root and imdsAllowedGroups reach IMDS; "
+                             "off: remove the rules) and exit 0 whatever happens; needs no boto3")
     parser.add_argument("--print", dest="print_reports", action="store_true",
                         help="usage: print the reports as JSON instead of sending them; needs no boto3")
     parser.add_argument("--since", help="usage --print: first window is the one holding this UTC time "
@@ -85,6 +92,32 @@ def print_usage(config, since):
     return 0 if all(report["status"] == "ok" for report in reports) else 1
 
 
+def imds_lockdown(config):
+    """The installer's and the boot unit's step: never fails, so it never stops a node's provisioning."""
+    from . import imds_guard
+
+    if config.imds_lockdown == "on":
+        result = imds_guard.apply_lockdown(config.imds_groups)
+    else:
+        result = imds_guard.remove_lockdown()
+    print("IMDS lockdown {}: {}".format("applied" if result.applied else "not in place", result.reason))
+    return 0
+
+
+def print_identity(config):
+    import os
+
+    from . import agent_key, node_identity
+
+    try:
+        line = agent_key.ensure_key(os.path.join(config.under_root(config.state_dir), node_identity.KEY_FILE),
+                                    config.ssh_keygen_cmd)
+    except (agent_key.AgentKeyError, OSError) as error:
+        return fail("agent key: " + str(error))
+    sys.stdout.write(agent_key.fingerprint(line) + "\n")
+    return 0
+
+
 def boto3_problem():
     try:
         import boto3
@@ -120,6 +153,10 @@ def main(argv=None):
         return fail(str(error))
     if args.command == "usage" and args.print_reports:
         return print_usage(config, args.since)
+    if args.command == "identity":
+        return print_identity(config)
+    if args.imds_lockdown:
+        return imds_lockdown(config)
     def new_session():
         import boto3
 

@@ -8,7 +8,8 @@ One tick:
      installs it through host_keys' transaction (self-test, backup, atomic write, sshd -t, reload,
      rollback). Certificate mode reports the node's own public keys (for the signer) and installs
      its certificate bundle when the parameter's version is new.
-  3. Login limits: pam_limits maxlogins file from the login-limits parameter.
+  3. Login limits: pam_limits maxlogins file from the login-limits parameter; sshd keepalives
+     under the load balancer's idle timeout from the ssh-keepalive parameter (sshd_keepalive.py).
   4. events:PutEvents, one entry, when something changed, the outcome differs from the last report
      sent, on start, or when the heartbeat is due. A failed send is retried on the next tick.
   5. State (installed certificate version, last report digest, failure backoff) persisted as
@@ -33,6 +34,7 @@ import json
 import os
 import random
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -45,12 +47,15 @@ from typing import Any, Callable, Dict, Optional
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops_core.node_channel import contract, user_holds
+from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_holds
 
-from . import __version__, host_keys, login_limits, slurm_holds, ssh_sessions, usage, user_caps
+from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions,
+               sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
+from .node_identity import AgentIdentity, NodeIdentityError
 
+LOGIN_SLOT_SCRIPT = "etc/profile.d/hpops-login-slot.sh"
 FAILURE_RETRY_SECONDS = 600  # a failed install of one desired version is retried at most this often
 JITTER = 0.2
 STATE_FILE = "state.json"
@@ -165,8 +170,12 @@ def backoff_active(state: Dict[str, Any], key: str, now: float) -> Optional[str]
 
 class NodeAgent:
     def __init__(self, config: AgentConfig, session: Any, clock: Callable[[], float] = time.time,
-                 identity: Optional[NodeIdentity] = None) -> None:
+                 identity: Optional[NodeIdentity] = None,
+                 imds_probe: Callable[[str], tuple] = imds_guard.probe) -> None:
         self.config = config
+        self._imds_probe = imds_probe
+        self._imds: Optional[Dict[str, Any]] = None
+        self._imds_at = float("-inf")
         self.session = session
         self.clock = clock
         self._identity = identity
@@ -181,6 +190,13 @@ class NodeAgent:
         self._last_logged: Dict[str, Any] = {}
         self._usage: Optional[usage.UsageCollector] = None
         self._holds: Optional[slurm_holds.SlurmHolds] = None
+        self.proof: Optional[AgentIdentity] = None
+        # Instructions for this node only, fetched with the enrolled key when their public marker moves.
+        self._end_sessions = fetch_client.Instructions(fetch_client.END_SESSIONS, lambda item: self._fetch(item))
+        self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, lambda item: self._fetch(item))
+        if config.node_channel:
+            self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
+                                       lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -199,6 +215,58 @@ class NodeAgent:
     def _call(self, service: str, operation: str, method: str, **kwargs: Any) -> Dict[str, Any]:
         self._calls["{}:{}".format(service, operation)] += 1
         return getattr(self._client(service), method)(**kwargs)
+
+    def _invoke_channel(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """One synchronous NodeChannel call; the answer is for this caller only (never logged whole)."""
+        response = self._call("lambda", "Invoke", "invoke", FunctionName=self.config.node_channel,
+                              Payload=json.dumps(request).encode("utf-8"))
+        payload = response["Payload"].read()
+        if response.get("FunctionError"):
+            raise NodeIdentityError("NodeChannel failed ({})".format(response["FunctionError"]))
+        answer = json.loads(payload.decode("utf-8"))
+        if not isinstance(answer, dict):
+            raise NodeIdentityError("NodeChannel answered something other than an object")
+        return answer
+
+    def signed(self, detail: Dict[str, Any], instance_id: Optional[str], ip: str) -> Optional[Dict[str, Any]]:
+        """The detail as the stack accepts it: enrolled and signed; None (do not send) while this agent
+        cannot prove itself. Without a configured NodeChannel the detail goes unsigned, as before."""
+        if self.proof is None:
+            return detail
+        try:
+            if instance_id is None or not self.proof.ensure_enrolled(instance_id, ip):
+                return None
+            return self.proof.sign_report(detail)
+        except AWS_ERRORS as error:
+            log("enrollment-failed", reason=aws_reason("lambda:Invoke", error))
+        except (agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
+            log("enrollment-failed", reason=short(str(error)))
+        return None
+
+    def _fetch(self, item: str) -> Optional[dict]:
+        """One NodeChannel fetch of ``item`` for this node, signed by the enrolled key (fetch_client)."""
+        if self.proof is None:
+            raise fetch_client.FetchFailed("no NodeChannel configured (agent.json nodeChannel): secrets and "
+                                           "instructions reach only an enrolled agent")
+        try:
+            node = self.identity()
+            instance_id = node.instance_id if node.role == "login" else self.usage_collector().instance_id
+            if instance_id is None or not self.proof.ensure_enrolled(instance_id, node.ip):
+                raise fetch_client.FetchFailed("this agent's key is not enrolled yet")
+        except (IdentityError, agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
+            raise fetch_client.FetchFailed(short(str(error))) from None
+        except AWS_ERRORS as error:
+            raise fetch_client.FetchFailed(aws_reason("lambda:Invoke", error)) from None
+        # The wall clock, as for enrollment: NodeChannel compares issuedAt with its own.
+        return fetch_client.fetch(self.proof, instance_id, [item], self.proof.clock())[item]
+
+    def _instruction(self, kind: fetch_client.Instructions, marker: Optional[dict]) -> Optional[str]:
+        """The instruction to act on: fetched when the marker moved; the last one fetched if that failed."""
+        try:
+            return kind.current(marker["Value"] if marker else None)
+        except fetch_client.FetchFailed as error:
+            self._log_once("fetch:" + kind.item, "fetch-failed", {"item": kind.item, "reason": short(str(error))})
+            return kind.value
 
     def _install_args(self, mode: str) -> Namespace:
         return Namespace(mode=mode, ssh_keygen_cmd=self.config.ssh_keygen_cmd, sshd_cmd=self.config.sshd_cmd,
@@ -294,8 +362,10 @@ class NodeAgent:
             "host": contract.host_identity_parameter(cluster),
             "limits": contract.login_limits_parameter(cluster),
             "certificate": contract.certificate_parameter(cluster, node.instance_id),
-            "endSessions": contract.end_sessions_parameter(cluster, node.instance_id),
+            "endSessions": contract.instruction_marker_parameter(contract.end_sessions_parameter(cluster, node.instance_id)),
             "userCaps": contract.user_caps_parameter(cluster),
+            "keepalive": contract.ssh_keepalive_parameter(cluster),
+            "slots": contract.login_slots_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -311,15 +381,23 @@ class NodeAgent:
         self._log_once("limits", "login-limits", limits)
 
         report = self._report(node, host, limits)
-        end = found.get(names["endSessions"])
+        end = self._instruction(self._end_sessions, found.get(names["endSessions"]))
         sessions, self.state["sessionsEnded"] = ssh_sessions.report_section(
-            end["Value"] if end else None, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
+            end, self.state.get("sessionsEnded") or {}, Path(self.config.under_root("/proc")))
         if sessions is not None:
             report["sessions"] = sessions
+        imds = self.imds_section(now)
+        if imds is not None:
+            report["imds"] = imds
         caps = self._user_caps(found.get(names["userCaps"]))
         if caps is not None:
             report["userCaps"] = caps
             self._log_once("caps", "user-caps", caps)
+        keepalive = self._ssh_keepalive(found.get(names["keepalive"]))
+        if keepalive is not None:
+            report["sshKeepalive"] = keepalive
+            self._log_once("keepalive", "ssh-keepalive", keepalive)
+        self._log_once("slot", "login-slot", self._login_slot(found.get(names["slots"]), node.ip))
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -387,14 +465,14 @@ class NodeAgent:
         held = backoff_active(self.state, key, now)
         if held:
             return section("keys", version, "failed", held, fingerprints=local)
+        # The node role cannot read the secret: only this node's enrolled agent gets it, from NodeChannel.
         try:
-            secret_text = self._call("secretsmanager", "GetSecretValue", "get_secret_value",
-                                     SecretId=secret_arn)["SecretString"]
-        except AWS_ERRORS as error:
-            return section("keys", version, "failed", aws_reason("secretsmanager:GetSecretValue", error),
-                           fingerprints=local)
-        except KeyError:
-            return self._failed("keys", version, key, now, "the secret has no SecretString", local)
+            fetched = self._fetch(fetch_client.HOST_KEYS)
+        except fetch_client.FetchFailed as error:
+            return section("keys", version, "failed", short(str(error)), fingerprints=local)
+        secret_text = fetched.get("value") if isinstance(fetched, dict) else None
+        if not isinstance(secret_text, str):
+            return self._failed("keys", version, key, now, "NodeChannel returned no host keys", local)
         try:
             entries = host_keys.parse_key_bundle(secret_text)
         except host_keys.InstallError as error:
@@ -552,6 +630,54 @@ class NodeAgent:
                 Path(self.config.under_root("/sys/fs/cgroup")), self.state.get("capCounters") or {})
         return section
 
+    # ------------------------------------------------------------------ IMDS exposure
+
+    def imds_section(self, now: float) -> Optional[Dict[str, Any]]:
+        """Can a non-root process on this node take the role from IMDS? Probed once per heartbeat."""
+        if not self.config.imds_probe:
+            return None
+        if self._imds is None or now - self._imds_at >= self.config.heartbeat_seconds:
+            result, reason = self._imds_probe(self.config.imds_probe)
+            self._imds = {"nonRoot": result, "reason": short(reason), "lockdown": self.config.imds_lockdown}
+            self._imds_at = now
+            self._log_once("imds", "imds-exposure", self._imds)
+        return dict(self._imds)
+
+    def _ssh_keepalive(self, parameter: Optional[dict]) -> Optional[Dict[str, Any]]:
+        """sshd keepalives under the listener's idle timeout; None before a stack publishes one."""
+        if parameter is None:
+            return None
+        try:
+            timeout = ssh_keepalive.parse_document(parameter["Value"])
+        except ssh_keepalive.BadKeepalive as error:
+            return {"result": "failed", "reason": short("keepalive refused: {}".format(error))}
+        outcome = sshd_keepalive.apply(self.config.root, timeout, self.config.sshd_cmd, self.config.reload_cmd)
+        return dict(outcome, reason=short(outcome["reason"]))
+
+    def _login_slot(self, parameter: Optional[dict], ip: str) -> Dict[str, Any]:
+        """The login message naming this node's slot (LoginNodeSlots); removed when it has none."""
+        try:
+            found = login_slots.slot_of(parameter["Value"], ip) if parameter else None
+        except login_slots.BadSlots as error:
+            return {"result": "failed", "reason": short("slots refused: {}".format(error))}
+        path = Path(self.config.under_root("/" + LOGIN_SLOT_SCRIPT))
+        if found is None:
+            if path.exists():
+                path.unlink()
+                return {"result": "changed", "reason": "no slot: login message removed"}
+            return {"result": "unchanged", "reason": "no slot"}
+        line = login_slots.login_line(*found)
+        wanted = ("# Managed by hpops-node-agent: this login node's slot (LoginNodeSlots).\n"
+                  "case $- in *i*) echo {} ;; esac\n".format(shlex.quote(line))).encode()
+        try:
+            if path.exists() and path.read_bytes() == wanted:
+                return {"result": "unchanged", "reason": line}
+            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            host_keys.atomic_write(str(path), wanted, 0o644)
+        except OSError as error:
+            return {"result": "failed", "reason": short("cannot write {}: {}".format(path, error.strerror))}
+        return {"result": "changed", "reason": line}
+
     # ------------------------------------------------------------------ report
 
     def _report(self, node: NodeIdentity, host: Dict[str, Any], limits: Dict[str, Any]) -> Dict[str, Any]:
@@ -570,7 +696,12 @@ class NodeAgent:
         }
 
     def _send(self, report: Dict[str, Any]) -> bool:
-        detail = json.dumps(report, sort_keys=True, separators=(",", ":"))
+        node = self.identity()
+        signed = self.signed(report, node.instance_id, node.ip)
+        if signed is None:
+            log("report-not-sent", trigger=report["trigger"], reason="this agent's key is not enrolled yet")
+            return False
+        detail = json.dumps(signed, sort_keys=True, separators=(",", ":"))
         if len(detail.encode("utf-8")) > contract.MAX_REPORT_BYTES:
             log("report-too-large", bytes=len(detail.encode("utf-8")))
         entry = {"Source": contract.REPORT_SOURCE, "DetailType": contract.REPORT_DETAIL_TYPE,
@@ -649,6 +780,10 @@ class NodeAgent:
         batches: list = []
         batch_bytes = 0
         for part in parts:
+            part = self._signed_controller_report(part)
+            if part is None:
+                log("usage-not-sent", windowStart=parts[0]["windowStart"], reason="this agent's key is not enrolled yet")
+                return False
             entry = {"Source": contract.REPORT_SOURCE, "DetailType": contract.USAGE_DETAIL_TYPE,
                      "Detail": usage.encoded(part), "EventBusName": self.config.report_bus}
             size = sum(len(entry[key].encode("utf-8")) for key in ("Source", "DetailType", "Detail"))
@@ -671,6 +806,16 @@ class NodeAgent:
                 return False
         return True
 
+    def _signed_controller_report(self, detail: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        if self.proof is None:
+            return detail
+        try:
+            ip = self.identity().ip
+        except IdentityError as error:
+            log("identity-failed", reason=short(str(error)))
+            return None
+        return self.signed(detail, detail.get("instanceId"), ip)
+
     # ------------------------------------------------------------------ Slurm holds (controller)
 
     def slurm_holds(self) -> Optional[slurm_holds.SlurmHolds]:
@@ -689,15 +834,22 @@ class NodeAgent:
         holds = self.slurm_holds()
         if holds is None:
             return None
-        name = user_holds.user_holds_parameter(self.config.cluster)
+        name = contract.instruction_marker_parameter(user_holds.user_holds_parameter(self.config.cluster))
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=[name])
         except AWS_ERRORS as error:
             log("holds-poll-failed", reason=aws_reason("ssm:GetParameters", error))
             return None
         found = [p for p in response.get("Parameters", []) if p.get("Name") == name]
+        try:
+            # Only a list this agent fetched with its key counts; the marker just says when to fetch.
+            document = self._user_holds.current(found[0]["Value"] if found else None)
+        except fetch_client.FetchFailed as error:
+            # Not fetched: change no hold this pass (a failed fetch must neither hold nor lift anyone).
+            self._log_once("fetch:holds", "fetch-failed", {"item": "userHolds", "reason": short(str(error))})
+            return None
         now = self.clock()
-        body = holds.converge(found[0]["Value"] if found else None, now)
+        body = holds.converge(document, now)
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
         sent_at = float(holds.state.get("lastReportAt") or 0)
         if digest == holds.state.get("lastReportDigest") and now - sent_at < self.config.heartbeat_seconds:
@@ -709,6 +861,10 @@ class NodeAgent:
                       instanceId=instance_id, agentVersion=__version__,
                       reportedAt=datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
                       .strftime("%Y-%m-%dT%H:%M:%SZ"))
+        report = self._signed_controller_report(report)
+        if report is None:
+            log("holds-report-not-sent", reason="this agent's key is not enrolled yet")
+            return body
         entry = {"Source": contract.REPORT_SOURCE, "DetailType": user_holds.HOLDS_DETAIL_TYPE,
                  "Detail": json.dumps(report, sort_keys=True, separators=(",", ":")),
                  "EventBusName": self.config.report_bus}

@@ -20,20 +20,24 @@ from pathlib import Path
 
 from hpops_core.node_channel import contract
 
+from . import imds_guard
 from .__main__ import MIN_PYTHON
+from .config import AgentConfig
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # install.sh and the systemd unit: package data, so an installed `hpops lifecycle` finds them too.
 LIFECYCLE_DIR = PACKAGE_DIR / "lifecycle"
 # Modules only the operator's machine needs.
 NOT_SHIPPED = {"bundle.py"}
+UNITS = ("hpops-node-agent.service", "hpops-imds-lockdown.service")
 # The oldest Python the agent accepts (the HyperPod Slurm AMI's, 3.10); wheels are resolved for it,
 # not for the operator's Python.
 NODE_PYTHON_VERSION = "{}.{}".format(*MIN_PYTHON)
 
 
 # The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
-SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py", "user_caps.py", "user_holds.py")
+SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py", "login_slots.py", "proof_format.py",
+                           "ssh_keepalive.py", "user_caps.py", "user_holds.py")
 # Standard-library modules of hpops_core.common that the channel modules import (the name and id rules,
 # and the error root their exceptions derive from).
 SHIPPED_COMMON_MODULES = ("__init__.py", "errors.py", "validation.py")
@@ -49,11 +53,18 @@ def _core_dir() -> Path:
     return _node_channel_dir().parent
 
 
-def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True) -> Path:
+def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vendor: bool = True,
+                 node_channel: str | None = None, imds_lockdown: str = "off", imds_allowed_groups: str = "") -> Path:
     """Write out_dir/hpops/ and return its path (replacing an older one)."""
     contract.parameter_prefix(cluster)  # raises ValueError for a name the agent would refuse
     if not region or not report_bus:
         raise ValueError("region and report bus are required")
+    agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus,
+                    "imdsLockdown": imds_lockdown, "imdsAllowedGroups": imds_allowed_groups,
+                    "imdsProbe": imds_guard.IMDS_V4}
+    if node_channel:  # the stack's NodeChannelFunctionName: where the agent enrolls its key
+        agent_config["nodeChannel"] = node_channel
+    AgentConfig.from_dict(agent_config)  # raises ConfigError (a ValueError) for a value the agent would refuse
     bundle = Path(out_dir) / "hpops"
     if bundle.exists():
         shutil.rmtree(bundle)
@@ -62,8 +73,8 @@ def build_bundle(out_dir: Path, cluster: str, region: str, report_bus: str, vend
     installer = (LIFECYCLE_DIR / "install.sh").read_text()
     (bundle / "install.sh").write_text(installer.replace("@MIN_PYTHON@", "{}.{}".format(*MIN_PYTHON)))
     (bundle / "install.sh").chmod(0o755)
-    shutil.copy2(LIFECYCLE_DIR / "hpops-node-agent.service", bundle / "hpops-node-agent.service")
-    agent_config = {"cluster": cluster, "region": region, "reportBus": report_bus}
+    for unit in UNITS:
+        shutil.copy2(LIFECYCLE_DIR / unit, bundle / unit)
     (bundle / "agent.json").write_text(json.dumps(agent_config, indent=2, sort_keys=True) + "\n")
 
     package = bundle / "hpops_node_agent"
@@ -109,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", required=True)
     parser.add_argument("--region", required=True)
     parser.add_argument("--report-bus", required=True)
+    parser.add_argument("--node-channel", help="the stack's NodeChannelFunctionName output (agents enroll their key)")
     parser.add_argument("--no-vendor", action="store_true", help="skip lib/ (nodes must have boto3 >= 1.28)")
     args = parser.parse_args(argv)
     try:
-        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor)
+        path = build_bundle(args.out, args.cluster, args.region, args.report_bus, vendor=not args.no_vendor,
+                            node_channel=args.node_channel)
     except (ValueError, RuntimeError) as error:
         print("hpops bundle: {}".format(error), file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from hpops_core.common import validation
 from hpops_core.node_channel import contract
 
 DEFAULT_CONFIG_PATH = "/etc/hpops/node-agent.json"
@@ -49,10 +50,22 @@ OPTIONAL = {
     # ("": PATH, then /opt/slurm/bin where HyperPod installs Slurm).
     "usageSeconds": ("usage_seconds", (int, float), contract.DEFAULT_USAGE_SECONDS),
     "sacctCmd": ("sacct_cmd", str, ""),
+    # Optional IMDS lockdown (imds_guard.py): "on" lets only root and imdsAllowedGroups (comma-separated
+    # group names) reach IMDS; imdsProbe is the address whose reachability by non-root processes every
+    # report states ("": not probed; the bundle writes IMDS's address).
+    "imdsLockdown": ("imds_lockdown", str, "off"),
+    "imdsAllowedGroups": ("imds_allowed_groups", str, ""),
+    "imdsProbe": ("imds_probe", str, ""),
+    # The stack's NodeChannel function (name or ARN): enrollment of the agent's key. Absent (an agent.json
+    # from before enrollment existed): reports go unsigned, and a stack that checks them refuses them.
+    "nodeChannel": ("node_channel", str, None),
 }
 MIN_POLL_SECONDS = 1
 MAX_POLL_SECONDS = 3600
 MIN_USAGE_SECONDS = 60
+IMDS_LOCKDOWN_VALUES = contract.IMDS_LOCKDOWN_VALUES
+# Where the probe may connect: IMDS (IPv4, IPv6), or the loopback a test serves a stand-in on.
+IMDS_ADDRESSES = ("169.254.169.254", "fd00:ec2::254", "127.0.0.1")
 
 
 class ConfigError(ValueError):
@@ -79,6 +92,14 @@ class AgentConfig:
     role: Optional[str] = None
     usage_seconds: float = contract.DEFAULT_USAGE_SECONDS
     sacct_cmd: str = ""
+    node_channel: Optional[str] = None
+    imds_lockdown: str = "off"
+    imds_allowed_groups: str = ""
+    imds_probe: str = ""
+
+    @property
+    def imds_groups(self) -> tuple:
+        return tuple(name.strip() for name in self.imds_allowed_groups.split(",") if name.strip())
 
     @classmethod
     def from_dict(cls, document: object) -> "AgentConfig":
@@ -119,6 +140,13 @@ class AgentConfig:
                 MIN_USAGE_SECONDS))
         if values["sacct_cmd"] and not os.path.isabs(values["sacct_cmd"]):
             raise ConfigError("config key 'sacctCmd' must be an absolute path")
+        if values["imds_lockdown"] not in IMDS_LOCKDOWN_VALUES:
+            raise ConfigError("config key 'imdsLockdown' must be one of {}".format(", ".join(IMDS_LOCKDOWN_VALUES)))
+        groups = [name.strip() for name in values["imds_allowed_groups"].split(",") if name.strip()]
+        if not all(validation.is_posix_user(name) for name in groups):
+            raise ConfigError("config key 'imdsAllowedGroups' must be comma-separated group names")
+        if values["imds_probe"] and values["imds_probe"] not in IMDS_ADDRESSES:
+            raise ConfigError("config key 'imdsProbe' must be \"\" or one of {}".format(", ".join(IMDS_ADDRESSES)))
         if values["role"] is not None and values["role"] not in contract.ROLES:
             raise ConfigError("config key 'role' must be one of {}".format(", ".join(contract.ROLES)))
         if values["instance_id"] is not None:

@@ -475,6 +475,11 @@ def test_status_shows_each_users_sessions_by_path_and_node_against_the_limit(dep
         f"  bob              1 of limit 2  ssh: {first_id} 1; ssm: none",
         f"  caps on {first_id}: unchanged: per-user caps MemoryMax=8G; 0 override(s), 0 exempt",
         f"  at a cap: alice ({first_id}: memory)"]
+    # The spread: 3 sessions of 2 users on one node, 1 on the other: mean 2, busiest 1.5x.
+    assert _section(out, "spread:")[:3] == [
+        "spread: 4 sessions on 2 reporting login node(s), 2 per node, busiest 1.50x the mean",
+        *sorted([f"  {first_id:<21} 3 sessions, 2 users", f"  {second_id:<21} 1 sessions, 1 users"],
+                key=lambda line: line.split()[0])]
 
 
 def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):
@@ -831,8 +836,10 @@ def test_lifecycle_configures_the_agent_from_the_stack(region, capsys, tmp_path)
     other = "eu-west-1"  # not the default region: --region must pick both the stack and agent.json's region
     with mock_aws():
         bus = boto3.client("events", region_name=other).create_event_bus(Name=f"{STACK_NAME}-node-reports")["EventBusArn"]
-        create_stack(parameters={"ClusterName": CLUSTER, "ReportBus": bus.rsplit("/", 1)[1]},
-                     outputs={"NodeReportBusName": {"Ref": "ReportBus"}}, region=other)
+        create_stack(parameters={"ClusterName": CLUSTER, "ReportBus": bus.rsplit("/", 1)[1],
+                                 "Channel": f"{STACK_NAME}-NodeChannelFunction-1AB"},
+                     outputs={"NodeReportBusName": {"Ref": "ReportBus"}, "NodeChannelFunctionName": {"Ref": "Channel"}},
+                     region=other)
         status, out, _ = run(capsys, "lifecycle", "--stack-name", STACK_NAME, "--region", other,
                              "--out", str(tmp_path / "dist"), "--no-vendor")
 
@@ -840,7 +847,10 @@ def test_lifecycle_configures_the_agent_from_the_stack(region, capsys, tmp_path)
     folder = tmp_path / "dist" / "hpops"
     assert f"wrote {folder}" in out.splitlines()
     assert json.loads((folder / "agent.json").read_text()) == {
-        "cluster": CLUSTER, "region": other, "reportBus": f"{STACK_NAME}-node-reports"}
+        "cluster": CLUSTER, "region": other, "reportBus": f"{STACK_NAME}-node-reports",
+        "nodeChannel": f"{STACK_NAME}-NodeChannelFunction-1AB",
+        # the stack's ImdsLockdown (off by default, or a stack from before it), and the probe every node runs
+        "imdsLockdown": "off", "imdsAllowedGroups": "", "imdsProbe": "169.254.169.254"}
     assert (folder / "install.sh").is_file() and not (folder / "lib").exists()
 
 

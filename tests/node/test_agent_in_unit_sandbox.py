@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import channel_stand_in
 import real_tools
 from real_tools import free_port
 from test_agent_real_process import BUS, CLUSTER, CREDENTIALS, REGION, SSH_KEYGEN, SSHD, LoginNode, Stack, stop_process
@@ -104,7 +105,26 @@ def install(root: Path, stack: Stack, agent: dict, work: Path) -> Path:
 def agent_env(stack: Stack) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "PYTHON"))}
     env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, HPOPS_PYTHON=sys.executable)
+    if getattr(stack, "channel", None) is not None:  # NodeChannel (host keys, end-sessions) on loopback
+        env["AWS_ENDPOINT_URL_LAMBDA"] = stack.channel.endpoint
     return env
+
+
+@pytest.fixture
+def channel(stack):
+    """NodeChannel for the agent: its enrolled key fetches the host keys and its end-sessions list."""
+    def read(item: str, instance: str) -> dict | None:
+        if item == "hostKeys":
+            return {"value": stack.secrets.get_secret_value(SecretId=stack.secret_arn)["SecretString"], "version": "v"}
+        parameter = stack.ssm.get_parameter(Name=contract.end_sessions_parameter(CLUSTER, instance))["Parameter"]
+        return {"value": parameter["Value"], "version": parameter["Version"]}
+
+    stack.channel = channel_stand_in.ChannelStandIn(free_port(), CLUSTER, read)
+    try:
+        yield stack.channel
+    finally:
+        stack.channel.close()
+        stack.channel = None
 
 
 def unit_command(root: Path, unit: Path) -> tuple[list[str], dict[str, str]]:
@@ -175,7 +195,7 @@ def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
     assert set(devices.stdout.split()) == {"full", "null", "pts", "random", "shm", "tty", "urandom", "zero"}
 
 
-def test_login_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
+def test_login_node_every_feature_on_under_the_unit(node_root, stack, channel, tmp_path):
     bundle = keys.generate_bundle()
     node = LoginNode(node_root, free_port())
     shutil.rmtree(node.ssh_dir)
@@ -184,7 +204,8 @@ def test_login_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
     node.start()
     try:
         unit = install(node_root, stack, identity("login", LOGIN_ID) | {
-            "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN}, tmp_path)
+            "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN,
+            "nodeChannel": channel_stand_in.FUNCTION}, tmp_path)
         # Published after install.sh's first cycle: what follows is the service's work, in its sandbox.
         stack.publish_keys(bundle, "s1")
         stack.put(contract.login_limits_parameter(CLUSTER), {
@@ -197,8 +218,10 @@ def test_login_node_every_feature_on_under_the_unit(node_root, stack, tmp_path):
                                                           "exempt": ["daemon"]}})
         # A handle that names no process: the agent reads the node's processes and answers "gone".
         stale = f"{Path('/proc/sys/kernel/random/boot_id').read_text().strip().replace('-', '')[:8]}:4194000:1"
-        stack.put(contract.end_sessions_parameter(CLUSTER, LOGIN_ID), {
-            "format": contract.END_SESSIONS_FORMAT, "sessions": [{"handle": stale, "user": "nobody"}]})
+        end = contract.end_sessions_parameter(CLUSTER, LOGIN_ID)
+        version = stack.put(end, {"format": contract.END_SESSIONS_FORMAT, "sessions": [{"handle": stale, "user": "nobody"}]})
+        stack.put(contract.instruction_marker_parameter(end), {"format": contract.INSTRUCTION_MARKER_FORMAT,
+                                                               "version": version})
         seen = len(stack.drain())
 
         def reported():

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+import channel_stand_in
 import real_tools
 from real_tools import free_port
 from moto.server import ThreadedMotoServer
@@ -245,9 +246,14 @@ def agent(tmp_path_factory, stack, node, bundles):
         "cluster": CLUSTER, "region": REGION, "reportBus": BUS, "pollSeconds": POLL_SECONDS,
         "root": str(node.root), "role": "login", "ip": "127.0.0.1", "instanceId": INSTANCE_ID,
         "sshdCmd": SSHD, "reloadCmd": f"kill -HUP {node.process.pid}", "sshKeygenCmd": SSH_KEYGEN,
+        "stateDir": str(work / "state"), "nodeChannel": channel_stand_in.FUNCTION,
     }))
+    # The node role reads no host keys: the agent enrolls its key and fetches them from NodeChannel.
+    channel = channel_stand_in.ChannelStandIn(free_port(), CLUSTER, lambda item, instance: {
+        "value": stack.secrets.get_secret_value(SecretId=stack.secret_arn)["SecretString"], "version": "v"})
     env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
-    env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1")
+    env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.endpoint, AWS_DEFAULT_REGION=REGION, PYTHONUNBUFFERED="1",
+               AWS_ENDPOINT_URL_LAMBDA=channel.endpoint)
     stdout, stderr = work / "agent.out", work / "agent.err"
     with stdout.open("wb") as out, stderr.open("wb") as err:
         process = subprocess.Popen([sys.executable, "-m", "hpops_node_agent", "--config", str(config)],
@@ -256,6 +262,7 @@ def agent(tmp_path_factory, stack, node, bundles):
         yield AgentProcess(process, stdout, stderr)
     finally:
         stop_process(process)
+        channel.close()
         print(f"\nagent output (tail):\n{stdout.read_text()[-3000:]}\n{stderr.read_text()[-2000:]}")
         print(f"measured: {json.dumps(MEASURED)}")
 
@@ -444,9 +451,10 @@ def test_7_no_private_key_material_in_output_or_reports(stack, agent, bundles):
     # Every line the agent wrote is one JSON object (journald-friendly), and every report is well-formed.
     for line in agent.stdout.read_text().splitlines():
         assert isinstance(json.loads(line), dict)
+    from hpops_core.node_channel.report_proof import unsigned_event
     from hpops_core.node_channel.reports import parse_report_event
     for event in stack.events:
-        parse_report_event(event)
+        parse_report_event(unsigned_event(event)[0])
     assert re.fullmatch(r"i-[a-f0-9]{17}", INSTANCE_ID)
 
 

@@ -293,7 +293,19 @@ def make_agent(aws: Aws, root: Path, clock: Clock | None = None, **overrides) ->
     document = minimal(root=str(root), role="login", ip="10.1.0.5", instanceId=INSTANCE_ID,
                        sshdCmd="true", reloadCmd="true", sshKeygenCmd=SSH_KEYGEN)
     document.update(overrides)
-    return NodeAgent(AgentConfig.from_dict(document), aws.session, clock=clock or Clock())
+    agent = NodeAgent(AgentConfig.from_dict(document), aws.session, clock=clock or Clock())
+    # NodeChannel's answer to this (enrolled) agent, as the stack gives it: the secret the desired state names.
+    # The signed request and the function itself: tests/node/test_enrollment_real_process.py, the twin.
+    agent._fetch = lambda item: _channel_answer(aws, agent, item)
+    return agent
+
+
+def _channel_answer(aws: Aws, agent: NodeAgent, item: str) -> dict:
+    assert item == "hostKeys"
+    document = json.loads(aws.session.client("ssm").get_parameter(
+        Name=contract.host_identity_parameter(agent.config.cluster))["Parameter"]["Value"])
+    secret = aws.session.client("secretsmanager").get_secret_value(SecretId=document["secretArn"])
+    return {"value": secret["SecretString"], "version": secret["VersionId"]}
 
 
 def on_disk_fingerprints(root: Path) -> dict[str, str]:
@@ -333,7 +345,8 @@ def test_keys_mode_tick_installs_canonical_keys_and_reports_once(aws, node_root,
     assert private.read_text() == canonical.ed25519.private_openssh and stat.S_IMODE(private.stat().st_mode) == 0o600
     limits = (node_root / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf").read_text()
     assert "*  hard  maxlogins  2" in limits and "alice  hard  maxlogins  4" in limits
-    assert first.api_calls == {"ssm:GetParameters": 1, "secretsmanager:GetSecretValue": 1, "events:PutEvents": 1}
+    # The keys came from NodeChannel (stood in above): the node role made no secret read.
+    assert first.api_calls == {"ssm:GetParameters": 1, "events:PutEvents": 1}
     events = aws.reports()
     assert len(events) == 1
     event = events[0]
@@ -559,3 +572,35 @@ def test_agent_config_refuses_an_instance_id_naming_the_key():
     with pytest.raises(ConfigError, match=r"config key 'instanceId': 'i-\.\./x' is not an instance id"):
         AgentConfig.from_dict(minimal(instanceId="i-../x"))
     assert AgentConfig.from_dict(minimal(instanceId="i-12345678abcdefghi")).instance_id == "i-12345678abcdefghi"
+
+
+def test_keepalive_and_login_slot_from_the_published_documents(aws, node_root):
+    aws.put(contract.ssh_keepalive_parameter(CLUSTER), {"format": "hpops.node.ssh-keepalive.v1",
+                                                         "listenerIdleTimeoutSeconds": 350})
+    aws.put(contract.login_slots_parameter(CLUSTER), {"format": "hpops.node.login-slots.v1", "host": "login.example.edu",
+                                                      "portBase": 2200, "slots": {"10.1.0.5": 2}})
+    agent = make_agent(aws, node_root)
+    agent.tick()
+    (report,) = [r["detail"] for r in aws.reports()]
+    assert report["sshKeepalive"]["clientAliveInterval"] == 120 and report["sshKeepalive"]["result"] == "changed"
+    assert (node_root / "etc/ssh/sshd_config").read_text().startswith("# BEGIN hpops keepalive")
+    message = (node_root / "etc/profile.d/hpops-login-slot.sh").read_text()
+    assert "you are on login-02; come back to this node with: ssh -p 2202 login.example.edu" in message
+
+    aws.put(contract.login_slots_parameter(CLUSTER), {"format": "hpops.node.login-slots.v1", "host": "login.example.edu",
+                                                      "portBase": 2200, "slots": {}})
+    agent.tick()
+    assert not (node_root / "etc/profile.d/hpops-login-slot.sh").exists()  # this node no longer has a slot
+
+
+def test_a_bad_keepalive_or_slot_document_changes_nothing(aws, node_root):
+    before = (node_root / "etc/ssh/sshd_config").read_text()
+    aws.put(contract.ssh_keepalive_parameter(CLUSTER), {"format": "hpops.node.ssh-keepalive.v1",
+                                                         "listenerIdleTimeoutSeconds": 1})
+    aws.put(contract.login_slots_parameter(CLUSTER), {"format": "hpops.node.login-slots.v1", "host": "$(reboot)",
+                                                      "slots": {"10.1.0.5": 1}})
+    make_agent(aws, node_root).tick()
+    (report,) = [r["detail"] for r in aws.reports()]
+    assert report["sshKeepalive"]["result"] == "failed" and "refused" in report["sshKeepalive"]["reason"]
+    assert (node_root / "etc/ssh/sshd_config").read_text() == before
+    assert not (node_root / "etc/profile.d").exists()

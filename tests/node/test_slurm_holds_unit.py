@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from hpops_core.node_channel import user_holds
+from hpops_core.node_channel import contract, user_holds
 from hpops_node_agent.agent import NodeAgent
 from hpops_node_agent.config import AgentConfig
 from hpops_twin.holds_twin import FREE, HELD, FakeSlurmLimits
@@ -13,16 +13,38 @@ from hpops_twin.holds_twin import FREE, HELD, FakeSlurmLimits
 CLUSTER, INSTANCE_ID = "ml-research", "i-0123456789abcdef0"
 
 
+def instructions_marker(version: int) -> str:
+    return json.dumps({"format": contract.INSTRUCTION_MARKER_FORMAT, "version": version})
+
+
 class FakeAws:
+    """The holds list as the stack keeps it: private, its version in the public marker the agent polls;
+    ``fetch`` is NodeChannel's answer to the enrolled agent (the function itself: the twin)."""
+
     def __init__(self) -> None:
-        self.value: str | None = None
+        self._value: str | None = None
+        self.version = 0
         self.sent: list[dict] = []
+
+    @property
+    def value(self) -> str | None:
+        return self._value
+
+    @value.setter
+    def value(self, text: str | None) -> None:
+        self._value, self.version = text, self.version + 1
 
     def client(self, service: str, **_: object) -> "FakeAws":
         return self
 
     def get_parameters(self, Names: list[str]) -> dict:
-        return {"Parameters": [{"Name": Names[0], "Value": self.value}] if self.value is not None else []}
+        assert Names == [contract.instruction_marker_parameter(user_holds.user_holds_parameter(CLUSTER))]
+        marker = instructions_marker(self.version)
+        return {"Parameters": [{"Name": Names[0], "Value": marker}] if self._value is not None else []}
+
+    def fetch(self, item: str) -> dict:
+        assert item == "userHolds"
+        return {"value": self._value, "version": self.version}
 
     def put_events(self, Entries: list[dict]) -> dict:
         self.sent += [json.loads(entry["Detail"]) for entry in Entries]
@@ -38,6 +60,7 @@ def agent_with_slurm(tmp_path):
                                     "instanceId": INSTANCE_ID, "root": str(tmp_path), "sacctCmd": str(sacct)})
     aws, now = FakeAws(), [1_800_000_000.0]
     agent = NodeAgent(config, aws, clock=lambda: now[0])
+    agent._fetch = aws.fetch
     slurm = FakeSlurmLimits(["alice", "bob"])
     agent.slurm_holds().run = slurm
     return agent, aws, slurm, now

@@ -63,3 +63,11 @@ def test_timeout_mid_apply_and_concurrent_sweeps_keep_the_lease_and_targets_righ
     assert timeout.failed_executions == []
     bad = [(o.scenario, o.problems, o.duplicates) for o in outcomes if not o.survived]
     assert not bad, bad
+
+
+def test_a_user_with_the_node_role_cannot_act_as_a_node_and_changes_nothing():
+    from hpops_twin.chaos_attacker import part_attacker
+
+    part = part_attacker()
+    assert part["ok"], part["findings"]
+    assert part["tried"] == part["survived"] >= 13 and part["side_effects"] == 0

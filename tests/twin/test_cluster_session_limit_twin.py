@@ -202,7 +202,7 @@ def _report(world: TwinWorld, sender, claimed_instance: str, sessions: list[dict
 
 def test_forged_reports_start_nothing(world, logins):
     """Another node's sessions sent from this node, a huge list, an announcement nobody stored: the
-    origin check (or the parse) refuses them before any announcement, and an announcement alone is
+    signature check (or the parse) refuses them before any announcement, and an announcement alone is
     never counted: no check is started, no node is told anything."""
     nodes = sorted((n for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running"),
                    key=lambda n: n.instance_id)
@@ -220,7 +220,8 @@ def test_forged_reports_start_nothing(world, logins):
                                 "Detail": json.dumps({"cluster": world.cluster_name, "instanceId": victim.instance_id,
                                                       "reportedAt": "x", "receivedAt": "x"})}])
 
-    assert sorted(f["error"] for f in world.delivery_failures) == ["MalformedNodeReport", "NodeReportRejected"]
+    # The forged one carries no signature by the victim's enrolled agent key; the huge one fails the parse first.
+    assert sorted(f["error"] for f in world.delivery_failures) == ["MalformedNodeReport", "NodeProofMalformedError"]
     assert [c["start"] for c in report_checks(world)[checks_before:]] == [False], "only the bare announcement, counted from the stored reports"
     assert checks_started_by_reports(world) == []
     parameters = world.aws.client("ssm").describe_parameters()["Parameters"]

@@ -66,9 +66,10 @@ def test_replaced_node_installs_the_keys_at_creation_and_is_verified_before_it_i
                 and i.event["instanceId"] == new.instance_id]
     assert verified and verified[-1].result["ok"]
     assert node_reports(world)[new.instance_id]["trigger"] == "start"
-    # the lifecycle's first agent run fetched the keys itself: one secret read, no Lambda read any secret
-    assert world.hosts.agent_calls["secrets-manager.GetSecretValue"] == 1
-    assert "secrets-manager.GetSecretValue" not in world.counter.calls
+    # the lifecycle's first agent run fetched the keys through NodeChannel with its enrolled key: the node
+    # role read no secret, and NodeChannel read it once, for this agent
+    assert "secrets-manager.GetSecretValue" not in world.hosts.agent_calls
+    assert world.counter.calls["secrets-manager.GetSecretValue"] == 1
 
 
 def test_node_that_already_presents_the_keys_costs_its_agent_nothing(synced_world):
@@ -161,7 +162,8 @@ def test_a_forged_report_is_refused_recorded_nowhere_and_lands_in_the_dlq(synced
     world.aws.client("events").put_events(Entries=[{
         "Source": "hpops.node", "DetailType": "HyperPod Login Node Report", "EventBusName": world.output("NodeReportBusName"),
         "Detail": json.dumps(forged)}])
-    assert world.delivery_failures[-1]["error"] == "NodeReportRejected"
+    # Sent with the node role alone: it carries no signature by the node's enrolled agent key.
+    assert world.delivery_failures[-1]["error"] == "NodeProofMalformedError"
     assert node_reports(world)[node.instance_id] == before
     dlq = world.aws.client("sqs").receive_message(QueueUrl=world.output("EventDeliveryDLQUrl"), MaxNumberOfMessages=10)
     assert any("10.9.9.9" in m["Body"] for m in dlq.get("Messages", []))
@@ -203,7 +205,13 @@ def test_private_keys_never_leave_secrets_manager_and_the_node(synced_world):
 
     history = json.dumps([world.history(r.execution_arn) for r in world.routes], default=str)
     logs = "".join(i.logs for i in world.dispatcher.invocations)
-    lambda_io = json.dumps([[i.event, i.result] for i in world.dispatcher.invocations], default=str)
+    # The one designed path: NodeChannel's fetch answer, over the synchronous invoke, to the enrolled agent.
+    fetches = [i for i in world.dispatcher.invocations if i.function.endswith("NodeChannelFunction")
+               and isinstance(i.event, dict) and i.event.get("action") == "fetch"]
+    assert fetches and all(i.event["request"]["what"] == ["hostKeys"] for i in fetches
+                           if any(f in json.dumps(i.result) for f in fragments))
+    lambda_io = json.dumps([[i.event, i.result] for i in world.dispatcher.invocations if i not in fetches]
+                           + [[i.event] for i in fetches], default=str)
     ssm = world.aws.client("ssm")
     parameters = json.dumps([ssm.get_parameters_by_path(Path="/hpops", Recursive=True)["Parameters"]], default=str)
     reports = json.dumps(node_reports(world))

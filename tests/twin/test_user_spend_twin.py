@@ -155,8 +155,10 @@ def test_a_usage_report_from_a_login_node_is_refused_and_stores_nothing(month):
     assert sent >= 1, "EventBridge took the events: the refusal is the stack's"
     refused = spend.rejected_reports()
     assert len(refused) == sent
+    # The login node's own agent, enrolled as a login node (AWS's group): its key does not speak for the controller.
     assert {(r["error"], r["message"]) for r in refused} == {
-        ("UsageReportRejected", f"{login.instance_id} is in group login, not the controller group controller-machine")}
+        ("ReportRoleError", f"{login.instance_id} is enrolled as a login node (group login); controller reports come "
+                            "only from the controller group")}
     sqs = world.aws.client("sqs")
     dead = sqs.receive_message(QueueUrl=world.output("EventDeliveryDLQUrl"), MaxNumberOfMessages=10)["Messages"]
     assert {json.loads(m["Body"])["detail"]["instanceId"] for m in dead} == {login.instance_id}

@@ -109,3 +109,13 @@ def test_without_per_user_spend_the_per_user_widgets_are_gone_and_the_budget_sta
     assert len(tables(on)) == 1 and not tables(off)
     assert figures_queried(on) - figures_queried(off) == {"ClusterCostUsd", "UsersUsd", "IdleUsd", "UsersHeld", "UserSpendAlerts"}
     assert {"ClusterBudgetUsd", "BudgetProjectionAlerts"} <= figures_queried(off)
+
+
+def test_the_spread_graph_reads_the_line_check_reported_sessions_logs():
+    [graph] = [w for w in substituted()["widgets"] if w["type"] == "log" and "login spread" in w["properties"]["query"]]
+    query = graph["properties"]["query"]
+    handler = (REPO_ROOT / "functions" / "session_limits" / "check_reported_sessions.py").read_text()
+    assert 'logger.info("login spread", extra=report_check.login_spread(state.nodes))' in handler
+    core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "session_limits" / "cluster_sessions.py").read_text()
+    for field in ("maxOverMean", "meanPerNode"):
+        assert f"max({field})" in query and f'"{field}"' in core

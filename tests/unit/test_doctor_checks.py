@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from hpops import doctor_checks as checks
-from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, Endpoint, SubnetPath, TrailFacts, VerifierFacts
+from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, Endpoint, LoadBalancerFacts, SubnetPath, TrailFacts, VerifierFacts
 
 REGION = "us-east-1"
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc)
@@ -166,6 +166,58 @@ def test_a_trail_doctor_may_not_read_is_unknown_unless_another_logs_start_sessio
     hidden = TrailFacts("org-trail", REGION, True, False, unreadable="access denied to cloudtrail:GetTrailStatus")
     assert checks.decide_trail(REGION, [hidden]).status == UNKNOWN
     assert checks.decide_trail(REGION, [hidden, TrailFacts("own", REGION, False, True)]).status == OK
+
+
+EXPOSURE = checks.RoleExposure("exec", {"NodeAgentPolicy": ["events:PutEvents", "ssm:GetParameters"]}, ("Vendor",))
+
+
+def test_imds_exposure_names_reachable_and_silent_nodes_and_what_the_role_allows():
+    finding = checks.decide_imds_exposure("login", ["i-1", "i-2", "i-3"], {"i-1": "reachable", "i-2": "blocked"},
+                                          "off", EXPOSURE, "S")
+    assert finding.status == checks.NOTE and finding.message.startswith("2 of 3 node(s)")
+    assert "reachable: i-1" in finding.message and "no agent report: i-3" in finding.message
+    assert "NodeAgentPolicy: events:PutEvents, ssm:GetParameters" in finding.message
+    assert "not readable by you: Vendor" in finding.message and checks.exit_status([finding]) == 0
+
+
+def test_imds_exposure_is_ok_when_every_node_is_blocked_or_the_lockdown_covers_the_silent_ones():
+    blocked = checks.decide_imds_exposure("login", ["i-1"], {"i-1": "blocked"}, "off", EXPOSURE, "S")
+    covered = checks.decide_imds_exposure("gpu", ["i-7"], {}, "on", EXPOSURE, "S")
+    reachable_anyway = checks.decide_imds_exposure("login", ["i-1"], {"i-1": "reachable"}, "on", EXPOSURE, "S")
+    assert blocked.status == OK and covered.status == OK and "rely on the installer" in covered.message
+    assert reachable_anyway.status == checks.NOTE  # a node's own probe outweighs the stack's setting
+
+
+NLB = {"LoadBalancerName": "hpops-nlb", "SecurityGroups": ["sg-nlb"]}
+
+
+def _nlb_path(cluster_ingress, nlb_groups=("sg-nlb",), balancers=(NLB,), nlb_egress=None) -> LoadBalancerFacts:
+    groups = [_group(g) if nlb_egress is None else _group(g, egress=nlb_egress) for g in nlb_groups]
+    return LoadBalancerFacts(ssh_port=22, load_balancers=list(balancers), nlb_groups=groups,
+                             nlb_subnet_cidrs=["10.1.0.0/24", "10.1.1.0/24"],
+                             cluster_groups=[_group("sg-cluster", cluster_ingress)], cluster_subnet_cidrs=["10.1.0.0/24"])
+
+
+FROM_NLB = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "UserIdGroupPairs": [{"GroupId": "sg-nlb"}]}
+FROM_VPC = {"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": "10.1.0.0/16"}]}
+
+
+def test_the_nodes_group_must_admit_ssh_from_the_nlbs_group():
+    assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB])).status == OK
+    refused = checks.decide_load_balancer_path(_nlb_path([FROM_VPC]))  # an NLB with a group connects from it
+    assert refused.status == PROBLEM and "--source-group sg-nlb" in refused.fix and "fails open" in refused.message
+
+
+def test_an_nlb_without_a_group_needs_its_subnets_admitted_and_is_noted():
+    ok = checks.decide_load_balancer_path(_nlb_path([FROM_VPC], nlb_groups=(), balancers=({"LoadBalancerName": "old"},)))
+    assert ok.status == OK and "has no security group" in ok.message
+    narrow = dict(FROM_VPC, IpRanges=[{"CidrIp": "10.1.0.0/24"}])  # one of its two subnets only
+    assert checks.decide_load_balancer_path(_nlb_path([narrow], nlb_groups=(), balancers=({"LoadBalancerName": "old"},))).status == PROBLEM
+
+
+def test_no_load_balancer_or_no_egress_is_a_problem():
+    assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], balancers=())).status == PROBLEM
+    assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], nlb_egress=[])).status == PROBLEM
 
 
 # ---------------------------------------------------------------------------- the first day's checks

@@ -24,6 +24,7 @@ SAMPLE_REQUEST = {
     "executionArn": f"arn:aws:states:us-east-1:{ACCOUNT}:execution:sync:run-1", "StackName": "hpops", "RequestItems": {"hpops-state": []},
     "Key": {"pk": {"S": "cluster#ml-research"}, "sk": {"S": "sync-lease"}}, "Bucket": "sagemaker-lifecycle",
     "TrailName": "management-events", "AlarmNames": ["hpops-SyncExecutionsFailed-1AB2C3"],
+    "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/hpops-NodeAgentPolicy-1AB2C3", "Path": "/hpops/ml-research/instructions/",
     "KeyId": "0f1e2d3c-1111-2222-3333-444455556666", "Target": "sagemaker-cluster:abc123_login-i-0123456789abcdef0",
     "DocumentName": "AWS-StartNonInteractiveCommand",
     # what provisioning the stack sends

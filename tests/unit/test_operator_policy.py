@@ -22,7 +22,8 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "executionArn": "arn:aws:states:us-east-1:1:execution:m:e", "StackName": "hpops-ml",
                "FunctionName": "f", "TopicArn": "arn:aws:sns:us-east-1:1:t", "Name": "SSM-SessionManagerRunShell",
                "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg",
-               "Bucket": "lifecycle", "RoleName": "hyperpod-exec", "KeyId": "0f1e2d3c-1111-2222-3333-444455556666",
+               "Bucket": "lifecycle", "RoleName": "hyperpod-exec", "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/p",
+               "KeyId": "0f1e2d3c-1111-2222-3333-444455556666",
                "TrailName": f"arn:aws:cloudtrail:us-east-1:{ACCOUNT}:trail/management-events"}
     if call.service == "s3":
         request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)
@@ -78,8 +79,9 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     assert kinds == {
         "dynamodb:GetItem": ["budget#ml-research", "ce-cache#ml-research", "cluster#ml-research", "usage#ml-research",
                              "usage#ml-research#*"],
-        "dynamodb:Query": ["budget#ml-research", "node-report#ml-research", "usage#ml-research", "usage#ml-research#*"],
-        "dynamodb:PutItem": ["budget#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
+        "dynamodb:Query": ["budget#ml-research", "enroll#ml-research", "node-report#ml-research", "usage#ml-research",
+                           "usage#ml-research#*"],
+        "dynamodb:PutItem": ["budget#ml-research", "enroll#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])

@@ -80,7 +80,11 @@ SKIPPED = {
     "make checkov": "installs checkov into its own venv and scans the template; part of make test",
     "make lifecycle STACK=S": AWS,
     "hpops demo [--json FILE]": f"{TOO_LONG}: it is make demo",
-    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3]": f"{TOO_LONG}: it is make chaos",
+    "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
+    "hpops node enrollments --stack-name S": AWS,
+    "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
+    "python3 -m hpops_node_agent identity": f"{ON_A_NODE}, as root: prints the agent key's fingerprint",
+    "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
     "hpops host-keys rotate --stack-name S": AWS,
@@ -133,6 +137,7 @@ MENTIONS = {
     "hpops repair": AWS,
     "hpops doctor": f"{AWS}; `hpops doctor --twin` runs above",
     "hpops status": AWS,
+    "hpops node approve-enrollment": AWS,
     "hpops adopt": AWS,
     "hpops iam-policy": AWS,
     "hpops host-keys ca-generate": AWS,
@@ -634,3 +639,31 @@ def test_hold_bound(bench):
         (before,) = claim(page, r"hourly sweep: (?:up to )?([\d.]+) minutes")
         assert float(before) == bound["before_minutes"]
     assert bound["sweeps"] == 0
+
+
+# docs row label -> (stickiness, access path) of the bench's balance rows
+BALANCE_ROWS = {
+    "campus NAT, no stickiness": ("none", "nat"),
+    "Client VPN (2 subnets), no stickiness": ("none", "client-vpn"),
+    "routed (Site-to-Site VPN, Direct Connect), no stickiness": ("none", "routed"),
+    "campus NAT, `source_ip` (before)": ("source_ip", "nat"),
+    "Client VPN (2 subnets), `source_ip` (before)": ("source_ip", "client-vpn"),
+    "routed, `source_ip` (before)": ("source_ip", "routed"),
+}
+
+
+def test_balance_table(bench):
+    """How evenly users spread per access path, as `make bench` measured it (key `balance`)."""
+    measured = {(r["setting"], r["path"]): r for r in bench["balance"]}
+    rows = table(docs_text(), "balance")
+    assert [r[0] for r in rows] == list(BALANCE_ROWS), "a row was added or renamed: map it in BALANCE_ROWS"
+    for label, source_ips, median, worst, example in rows:
+        r = measured[BALANCE_ROWS[label]]
+        assert (int(source_ips), float(median), float(worst)) == (
+            r["source_ips"], round(r["median_max_over_mean"], 2), round(r["worst_max_over_mean"], 2)), label
+        assert [int(n) for n in example.split(",")] == r["example_sessions"], label
+    text = section("Performance (`make bench`)")
+    nodes, users, seeds = claim(text, r"\(key `balance`; (\d+) login nodes .*?, (\d+) users .*?median over (\d+) seeds")
+    first = bench["balance"][0]
+    assert (int(nodes), int(users)) == (first["login_nodes"], first["users"]) and int(seeds) == 20
+    assert all(r["median_max_over_mean"] <= 1.25 for r in bench["balance"] if r["setting"] == "none")

@@ -135,9 +135,11 @@ def _who_may(action: str, resource_ref: str) -> set[str]:
     return holders
 
 
-def test_only_the_signer_reads_the_host_ca_and_only_nodes_read_the_host_keys():
+def test_only_the_signer_reads_the_host_ca_and_only_nodechannel_reads_the_host_keys_for_enrolled_agents():
     assert _who_may("secretsmanager:GetSecretValue", "HostCertificateAuthoritySecret") == {"SignHostCertificatesFunction"}
-    assert _who_may("secretsmanager:GetSecretValue", "HostIdentitySecret") == {"NodeAgentPolicy"}
+    # Not the node role (every user on a node holds it): NodeChannel answers the enrolled agent's signed fetch.
+    assert _who_may("secretsmanager:GetSecretValue", "HostIdentitySecret") == {"NodeChannelFunction"}
+    assert _who_may("kms:Decrypt", "HostIdentityKey") == {"NodeChannelFunction", "SignHostCertificatesFunction"}  # the CA shares the key
     verifier = TEMPLATE.raw["Resources"]["VerifyNodeIdentityFunction"]["Properties"]
     # SAM attaches AWSLambdaVPCAccessExecutionRole for VpcConfig; no statement of its own repeats it.
     assert "VpcConfig" in verifier and "Policies" not in verifier, "the verifier reads nothing but the network"
@@ -153,13 +155,17 @@ def test_certificate_parameters_are_scoped_to_the_clusters_path():
 def test_the_node_agent_policy_names_only_this_clusters_resources():
     statements = _statements("NodeAgentPolicy")
     actions = sorted(a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"]))
-    assert actions == ["events:PutEvents", "kms:Decrypt", "sagemaker:DescribeCluster", "secretsmanager:GetSecretValue",
-                       "ssm:GetParameters"]
+    # No secret, no key, no instruction: a user on the node holds this role.
+    assert actions == ["events:PutEvents", "lambda:InvokeFunction", "sagemaker:DescribeCluster", "ssm:GetParameters"]
+    # The agent may invoke its NodeChannel and no other function.
+    assert [s["Resource"] for s in statements if s["Action"] == "lambda:InvokeFunction"] == [
+        {"Fn::GetAtt": ["NodeChannelFunction", "Arn"]}]
     resources = json.dumps([s["Resource"] for s in statements])
     # API-driven Slurm configuration: the agent reads its own cluster's SlurmConfig, no other.
     assert [s["Resource"] for s in statements if s["Action"] == "sagemaker:DescribeCluster"] == [{"Ref": "ClusterArn"}]
     assert "*\"" not in resources.replace("/*", ""), "no bare wildcard resource"
     assert "parameter/hpops/${ClusterName}/node/*" in resources and "NodeReportBus" in resources
+    assert "/instructions/" not in resources.replace("/node/*", ""), "instructions are under no path the role reads"
     assert "NodeAgentPolicyArn" in TEMPLATE.raw["Outputs"] and "NodeReportBusName" in TEMPLATE.raw["Outputs"]
 
 

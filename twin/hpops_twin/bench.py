@@ -12,6 +12,8 @@ Footprint (hpops_twin/footprint.py): each Lambda function's cold-start imports a
 in fresh interpreters (target <= 1.5x), and each layer's unzipped size (target <= 40 MB).
 Slurm usage (hpops_twin/usage_bench.py): one collection sweep over a synthetic month of 10,000 jobs.
 Budget holds (hpops_twin/holds_bench.py): usage reports and agent polls from the crossing usage report to the hold.
+Balance (hpops_twin/balance_bench.py): 200 users' sessions over the login nodes through NAT, Client
+VPN and routed paths, the NLB's target choice modelled on the target group the twin's sync produced.
 Session-limit bound (hpops_twin/session_bound_bench.py): agent polls from an SSH login over the
 cluster-wide limit to the session ended, on a simulated clock.
 
@@ -233,7 +235,7 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
 
 
 def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
-    progress = Progress(total=len(sizes) + 8)
+    progress = Progress(total=len(sizes) + 9)
     rows = []
     for size in sizes:
         with progress.section(f"LoginNodeSync at {size:,} cluster nodes: idle sweep, replacement, 20-event burst"):
@@ -294,6 +296,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section("budget holds: usage reports, sweeps and agent polls from the crossing to the hold, and a release"):
         hold_rows, hold_verdicts = holds_section()
     verdicts |= hold_verdicts
+    from hpops_twin.balance_bench import KEY as BALANCE_KEY, USERS as BALANCE_USERS, balance_section
+
+    with progress.section(f"balance: {BALANCE_USERS} users through NAT, Client VPN and routed paths, with and without stickiness"):
+        balance_rows, balance_verdicts = balance_section()
+    verdicts |= balance_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
@@ -307,6 +314,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        "budget_guard": [asdict(r) for r in budget_rows],
                        "footprint": asdict(footprint), "usage": asdict(usage_result),
                        "budget_holds": [asdict(r) for r in hold_rows], HOLD_BOUND_KEY: hold_bound_record(hold_rows),
+                       BALANCE_KEY: [asdict(r) for r in balance_rows],
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)

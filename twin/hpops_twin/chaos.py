@@ -26,6 +26,12 @@ and budget events. The target group must end equal to the running login nodes, e
 cluster must be reconciled by a pass that started after it, nothing applied twice, the lease
 item free at the end.
 
+Part 5, a cluster user with only the node role's credentials (chaos_secrets.py) goes after the host
+private keys, other nodes' instructions and the holds list, and NodeChannel fetch without the
+agent's key (own key, made-up proof, none, a node never enrolled, a captured request replayed or
+late, a login key asking for the controller's list): each refused with a named error, nothing
+secret handed back, nothing stored.
+
 Exit status 0 only if every case survived with no side effect. No timing is asserted; wall time
 per part is reported.
 """
@@ -78,14 +84,21 @@ def show(value: Any, limit: int = 150) -> str:
 
 def rejection_errors() -> frozenset[str]:
     """The error names that mean "input rejected, nothing changed": MalformedEventError,
-    UnknownClusterError and their subclasses, NodeReportRejected, and the usage reports' two."""
+    UnknownClusterError and their subclasses, NodeReportRejected, the usage reports' two, and the
+    refusals of reports not signed by an enrolled agent (NodeProofError, NodeChannelError, capacity)."""
     import hpops_core.node_channel.reports as reports  # noqa: F401  (defines subclasses)
     import hpops_core.session_limits.trigger  # noqa: F401
     from hpops_core.budget_guard.usage_reports import MalformedUsageReport, UsageReportRejected
     from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 
+    from hpops_core.budget_guard.usage_capacity import UsageExceedsCapacityError
+    from hpops_core.node_channel.enrollment import NodeChannelError
+    from hpops_core.node_channel.node_proof import NodeProofError
+    import hpops_core.node_channel.report_proof  # noqa: F401  (defines subclasses)
+
     names, todo = set(), [MalformedEventError, UnknownClusterError, reports.NodeReportRejected,
-                          MalformedUsageReport, UsageReportRejected]
+                          MalformedUsageReport, UsageReportRejected, NodeProofError, NodeChannelError,
+                          UsageExceedsCapacityError]
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)
@@ -1073,6 +1086,10 @@ def render(parts: list[dict]) -> str:
             for entry in p["entry_points"]:
                 mine = [o for o in p["outcomes"] if o["entry"] == entry]
                 lines.append(f"{entry:<56} {len(mine):>6} {sum(o['survived'] for o in mine):>9}")
+        if "attacks" in p:
+            lines += ["", f"{'attacks by a user with the node role (part 4)':<84} {'refused':>8}"]
+            for attack in p["attacks"]:
+                lines.append(f"{attack['what'][:84]:<84} {attack['error'] or 'ACCEPTED':>8}"[:120])
         if "injected" in p:
             lines += ["", f"{'injected faults (part 2)':<28} {'throttle':>9} {'500':>6} {'503':>6} {'requests':>9}"]
             for service, kinds in sorted(p["injected"].items()):
@@ -1095,7 +1112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="fault-injection runs (part 2)")
     parser.add_argument("--backoff-scale", type=float, default=1.0,
                         help="multiply botocore's computed retry delays (1 = real delays)")
-    parser.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 1,3")
+    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run, e.g. 1,3")
     args = parser.parse_args(argv)
     quiet()
     wanted = {p.strip() for p in args.parts.split(",")}
@@ -1113,6 +1130,16 @@ def main(argv: list[str] | None = None) -> int:
     if "3" in wanted:
         print("== part 3: duplicate, reordered, burst delivery, timeouts", flush=True)
         parts.append(part_delivery(progress))
+    if "4" in wanted:
+        from hpops_twin.chaos_attacker import part_attacker
+
+        print("== part 4: a cluster user with the node role's credentials", flush=True)
+        parts.append(part_attacker(progress))
+    if "5" in wanted:
+        from hpops_twin.chaos_secrets import part_secret_attacker
+
+        print("== part 5: a user with the node role after secrets and other nodes' instructions", flush=True)
+        parts.append(part_secret_attacker(progress))
     print()
     print(render(parts))
     ok = all(p["ok"] for p in parts)

@@ -273,3 +273,19 @@ class Demo:
                 f"{s.seconds:5.2f}  {result:<10}  {s.title}"
             )
         return "\n".join(lines)
+
+
+def spread_line(world: TwinWorld, users: int = 200) -> str:
+    """200 users behind one campus NAT, placed by the NLB model over the target group the sync keeps:
+    with the former source_ip stickiness, and with the stack's setting."""
+    from hpops_twin import nlb_model
+    from hpops_twin.balance_bench import target_group_of
+
+    targets, sticky = target_group_of(world)
+
+    def spread(on: bool) -> str:
+        return "/".join(str(n) for n in sorted(nlb_model.place_users("nat", users, targets, on, seed=7).values(), reverse=True))
+
+    return (f"spread: {users} users behind one campus NAT over the {len(targets)} registered login nodes: "
+            f"before (source_ip stickiness) {spread(True)}; now ({'source_ip' if sticky else 'no stickiness'}) {spread(sticky)}")
+

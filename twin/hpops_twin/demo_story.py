@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 from hpops_twin.budget_demo import budget_steps
 from hpops_twin.certificate_demo import run_certificate_chapter
-from hpops_twin.demo import Demo, fitted, say_now
+from hpops_twin.demo import Demo, fitted, say_now, spread_line
 from hpops_twin.holds_demo import run_holds_chapter
 from hpops_twin.iam.enforce import SUITE_DENIALS
 from hpops_twin.session_demo import session_limit_steps
@@ -30,6 +30,7 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     with TwinWorld(parameters=ENFORCING) as world:  # the demo shows limits enforced
         demo = Demo(world, out, started)
         steps = demo.run()
+        demo.say(spread_line(world))
         session_limit_steps(demo)
         budget_steps(demo)
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time

@@ -95,6 +95,10 @@ class DoctorAccount:
         self.ssh_rule = [{"IpProtocol": "tcp", "FromPort": int(parameters["SshPort"]), "ToPort": int(parameters["SshPort"]),
                           "UserIdGroupPairs": [{"GroupId": self.verifier_group}]}]
         ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.ssh_rule)
+        # ... and from the NLB's security group: users' connections and the health checks come from it.
+        self.nlb_rule = [{"IpProtocol": "tcp", "FromPort": int(parameters["SshPort"]), "ToPort": int(parameters["SshPort"]),
+                          "UserIdGroupPairs": [{"GroupId": world.resolver.physical_ids["LoginLoadBalancerSecurityGroup"]}]}]
+        ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.nlb_rule)
         self._nat_route()
         world.sim.cluster(world.cluster_name).vpc_config = {"SecurityGroupIds": [self.cluster_group],
                                                             "Subnets": [self.subnets[0]]}
@@ -145,6 +149,10 @@ class DoctorAccount:
         trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                          "Principal": {"Service": "sagemaker.amazonaws.com"}}]}
         iam.create_role(RoleName=EXECUTION_ROLE, AssumeRolePolicyDocument=json.dumps(trust))
+        # The compute group's own role: what its users reach through IMDS (S3 reads, as sites give them).
+        iam.create_role(RoleName=COMPUTE_ROLE, AssumeRolePolicyDocument=json.dumps(trust))
+        iam.put_role_policy(RoleName=COMPUTE_ROLE, PolicyName="datasets", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
         properties = self.world.resolver.resolve(self.world.template.resources["NodeAgentPolicy"]["Properties"])
         self.policy_arn = iam.create_policy(PolicyName="hpops-twin-NodeAgentPolicy",
                                             PolicyDocument=json.dumps(properties["PolicyDocument"]))["Policy"]["Arn"]
@@ -289,11 +297,19 @@ def no_nat_route(account: DoctorAccount) -> Iterator[None]:
 
 
 @contextmanager
-def ssh_not_admitted(account: DoctorAccount) -> Iterator[None]:
+def _cluster_rule_revoked(account: DoctorAccount, rule: list[dict]) -> Iterator[None]:
     ec2 = account.aws.client("ec2")
-    ec2.revoke_security_group_ingress(GroupId=account.cluster_group, IpPermissions=account.ssh_rule)
+    ec2.revoke_security_group_ingress(GroupId=account.cluster_group, IpPermissions=rule)
     yield
-    ec2.authorize_security_group_ingress(GroupId=account.cluster_group, IpPermissions=account.ssh_rule)
+    ec2.authorize_security_group_ingress(GroupId=account.cluster_group, IpPermissions=rule)
+
+
+def ssh_not_admitted(account: DoctorAccount) -> Any:
+    return _cluster_rule_revoked(account, account.ssh_rule)
+
+
+def nlb_not_admitted(account: DoctorAccount) -> Any:
+    return _cluster_rule_revoked(account, account.nlb_rule)
 
 
 @contextmanager
@@ -469,6 +485,7 @@ BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
     ("node-network", "no NAT route and no VPC endpoints for the nodes' subnet", no_nat_route),
     ("node-endpoints", "interface endpoints whose security group refuses HTTPS", endpoints_refuse_https),
     ("verifier-path", "cluster security group does not admit SSH from the verifier", ssh_not_admitted),
+    ("nlb-path", "cluster security group does not admit SSH from the NLB's", nlb_not_admitted),
     ("host-identity", "a fresh stack: no host identity ever published", host_identity_never_published),
     ("kms-key-policy", "the key policy no longer lets IAM grant the key's use", key_policy_without_the_account),
     ("agent-reports", "a new login node whose agent was never installed", login_node_without_agent),

@@ -79,6 +79,7 @@ class AgentSettings:
     report_bus: str
     login_group: str
     controller_group: str = "controller"
+    node_channel: str | None = None  # the stack's NodeChannel function: the agents enroll their keys
 
 
 class NodeHosts:
@@ -165,6 +166,7 @@ class NodeHosts:
             # The twin has no sshd: `sshd -t` and the reload are the real sshd's job in tests/node.
             "sshdCmd": "true", "reloadCmd": "true", "sshKeygenCmd": ssh_keygen() or "ssh-keygen",
             "instanceId": node.instance_id, "ip": node.ip, "pollSeconds": 30,
+            **({"nodeChannel": settings.node_channel} if settings.node_channel else {}),
         })
         # A session per node, as each node has its own process; they share one model loader so
         # service models are parsed once, not once per node. Counted apart from the Lambdas' calls.

@@ -83,9 +83,18 @@ class Resolver:
     def condition(self, name: str) -> bool:
         return bool(self.resolve(self.template.get("Conditions", {})[name]))
 
+    def _no_value(self, value: Any) -> bool:
+        """`!Ref AWS::NoValue`, or an `!If` that picks it: in a list, CloudFormation drops the item."""
+        if value == {"Ref": "AWS::NoValue"}:
+            return True
+        if isinstance(value, dict) and list(value) == ["Fn::If"]:
+            condition, yes, no = value["Fn::If"]
+            return self._no_value(yes if self.condition(condition) else no)
+        return False
+
     def resolve(self, value: Any) -> Any:
         if isinstance(value, list):
-            return [self.resolve(v) for v in value]
+            return [self.resolve(v) for v in value if not self._no_value(v)]
         if not isinstance(value, dict):
             return value
         if len(value) == 1:

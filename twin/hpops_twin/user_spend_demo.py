@@ -187,7 +187,7 @@ def run_user_spend_chapter(main: Demo) -> None:
             return []
 
         demo.step(f"per-user spend: a login node ({login.instance_id}) sends a usage report", impostor_reports,
-                  "refused (UsageReportRejected, event to the DLQ), nothing stored",
+                  "refused (ReportRoleError: its key is enrolled for a login node; event to the DLQ), nothing stored",
                   lambda: bool(spend.rejected_reports()) and spend.stored_windows(MONTH) == stored_before, targets=False)
         for text in dict.fromkeys(f"{f['error']}: {f['message']}" for f in spend.rejected_reports()):
             demo.say(f"          {len(spend.rejected_reports())} report(s) refused, {text}")

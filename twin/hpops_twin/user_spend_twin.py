@@ -161,11 +161,17 @@ class ControllerNode:
             "version": "1.0.0", "workload_manager": "slurm", "controller_group": CONTROLLER_GROUP,
             "login_group": world.login_group,
             "worker_groups": [{"instance_group_name": g, "partition_name": p} for p, g in partitions.items()]}))
+        node = world._node_by_instance(instance_id)
+        # A login node's id: that node's own agent (its key, so enrolled as a login node) sending usage.
+        login = node is not None and node.instance_group_name == world.login_group
+        root = world.hosts.root(instance_id) if login else self._dir
+        state_dir = root / "var" / "lib" / "hpops-node-agent" if login else self._dir / "state"
         config = AgentConfig.from_dict({
             "cluster": world.cluster_name, "region": world.aws.region_name,
-            "reportBus": world.output("NodeReportBusName"), "root": str(self._dir),
-            "provisioningParameters": str(provisioning), "stateDir": str(self._dir / "state"),
+            "reportBus": world.output("NodeReportBusName"), "root": str(root),
+            "provisioningParameters": str(provisioning), "stateDir": str(state_dir),
             "instanceId": instance_id, "role": "controller", "sacctCmd": str(sacct),
+            "nodeChannel": world.output("NodeChannelFunctionName"), "ip": node.ip if node is not None else "10.0.0.1",
         })
         # Its own session, as the node is its own process: its calls are not our Lambdas'.
         session = boto3.session.Session(region_name=world.aws.region_name)

@@ -381,7 +381,8 @@ class TwinWorld:
             node_by_instance=self._node_by_instance, node_by_ip=self._node_by_ip,
             running_login_nodes=lambda: [n for n in self.sim.nodes(self.cluster_name, self.login_group) if n.status == "Running"],
             agent_settings=lambda: AgentSettings(cluster=self.cluster_name, region=self.region,
-                                                 report_bus=self.output("NodeReportBusName"), login_group=self.login_group),
+                                                 report_bus=self.output("NodeReportBusName"), login_group=self.login_group,
+                                                 node_channel=self.output("NodeChannelFunctionName")),
             exclusive=self.dispatcher.environment_lock,
         )
         # The node agent polls at least once between two reads of its report by a state machine.
@@ -540,8 +541,15 @@ class TwinWorld:
         self._record(logical_id, props["Name"], Arn=arn, Name=props["Name"])
 
     def _provision_SecurityGroup(self, logical_id: str, props: dict) -> None:
-        group = self.aws.client("ec2").create_security_group(
+        ec2 = self.aws.client("ec2")
+        group = ec2.create_security_group(
             GroupName=self._physical_name(logical_id), Description=props["GroupDescription"], VpcId=props["VpcId"])
+        for key, authorize in (("SecurityGroupIngress", ec2.authorize_security_group_ingress),
+                               ("SecurityGroupEgress", ec2.authorize_security_group_egress)):
+            for rule in props.get(key, []):
+                authorize(GroupId=group["GroupId"], IpPermissions=[{
+                    "IpProtocol": rule["IpProtocol"], "FromPort": int(rule["FromPort"]), "ToPort": int(rule["ToPort"]),
+                    "IpRanges": [{"CidrIp": rule["CidrIp"], "Description": rule.get("Description", "")}]}])
         self._record(logical_id, group["GroupId"], GroupId=group["GroupId"])
 
     def _provision_Queue(self, logical_id: str, props: dict) -> None:
@@ -570,6 +578,7 @@ class TwinWorld:
         lb = self.aws.client("elbv2").create_load_balancer(
             Name=self._physical_name(logical_id, 32).rstrip("-"), Subnets=props["Subnets"],
             Scheme=props.get("Scheme", "internal"), Type=props.get("Type", "network"),
+            SecurityGroups=props.get("SecurityGroups", []),
         )["LoadBalancers"][0]
         self._record(logical_id, lb["LoadBalancerArn"], DNSName=lb["DNSName"])
 
@@ -594,6 +603,10 @@ class TwinWorld:
             LoadBalancerArn=props["LoadBalancerArn"], Protocol=props["Protocol"], Port=int(props["Port"]),
             DefaultActions=props["DefaultActions"],
         )["Listeners"][0]
+        if props.get("ListenerAttributes"):
+            self.aws.client("elbv2").modify_listener_attributes(
+                ListenerArn=listener["ListenerArn"],
+                Attributes=[{"Key": a["Key"], "Value": str(a["Value"])} for a in props["ListenerAttributes"]])
         self._record(logical_id, listener["ListenerArn"])
 
     def _twin_role(self) -> str:

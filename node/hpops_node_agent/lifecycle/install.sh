@@ -106,6 +106,29 @@ agent() {
     PYTHONPATH="$install_dir/lib:$install_dir" PYTHONDONTWRITEBYTECODE=1 "$python" -m hpops_node_agent --config "$config" "$@"
 }
 
+# Optional IMDS lockdown (agent.json imdsLockdown "on"), on every node: a user on a compute node
+# holds the same role. The step never fails the install (a failure leaves IMDS open and says so);
+# a boot unit re-applies the rules before the network comes up, as iptables rules do not survive a
+# reboot. "off" removes rules and unit a previous install left (and touches nothing otherwise).
+unit_dir="$prefix/etc/systemd/system"
+lockdown="$("$python" -c 'import json, sys; print(json.load(open(sys.argv[1])).get("imdsLockdown", "off"))' "$config")"
+if [ "$lockdown" = on ] || [ -f "$unit_dir/hpops-imds-lockdown.service" ]; then
+    agent --imds-lockdown || say "warning: IMDS lockdown step failed (exit $?); IMDS left as it was"
+fi
+if [ "$lockdown" = on ]; then
+    mkdir -p "$unit_dir"
+    sed "s|@PYTHON@|$python|g" "$here/hpops-imds-lockdown.service" > "$unit_dir/hpops-imds-lockdown.service.tmp"
+    chmod 0644 "$unit_dir/hpops-imds-lockdown.service.tmp"
+    mv "$unit_dir/hpops-imds-lockdown.service.tmp" "$unit_dir/hpops-imds-lockdown.service"
+    if [ "$use_systemd" = 1 ]; then
+        systemctl daemon-reload && systemctl enable hpops-imds-lockdown.service \
+            || say "warning: could not enable hpops-imds-lockdown.service; the rules are lost at the next reboot"
+    fi
+elif [ -f "$unit_dir/hpops-imds-lockdown.service" ]; then
+    if [ "$use_systemd" = 1 ]; then systemctl disable hpops-imds-lockdown.service || true; fi
+    rm -f "$unit_dir/hpops-imds-lockdown.service"
+fi
+
 if ! role="$(agent --print-role)"; then
     say "cannot tell this node's role (the agent's line on stderr says why)"
     exit 78
@@ -122,6 +145,13 @@ fi
 
 # The unit names both directories in ReadWritePaths, which systemd needs to exist on every role.
 mkdir -p -m 0700 "$prefix/var/lib/hpops-node-agent" "$prefix/var/backups/hpops-host-keys"
+# The agent's own key (root-only): the stack trusts only what it signs. A failure here must not fail
+# provisioning: the agent makes the key at start if it is missing.
+if fingerprint="$(agent identity)"; then
+    say "agent key: $fingerprint"
+else
+    say "warning: could not make the agent key now (the agent's line on stderr says why); the service retries"
+fi
 if [ "$role" = "login" ]; then
     # A failed first cycle must not fail the node's provisioning: the service retries and reports.
     if agent --once; then
@@ -131,7 +161,6 @@ if [ "$role" = "login" ]; then
     fi
 fi
 
-unit_dir="$prefix/etc/systemd/system"
 mkdir -p "$unit_dir"
 sed "s|@PYTHON@|$python|g" "$here/hpops-node-agent.service" > "$unit_dir/hpops-node-agent.service.tmp"
 chmod 0644 "$unit_dir/hpops-node-agent.service.tmp"

@@ -151,6 +151,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("elastic-load-balancing-v2", "DeregisterTargets"): ("elasticloadbalancing:DeregisterTargets", TARGET_GROUP),
     ("elastic-load-balancing-v2", "DescribeTargetHealth"): ("elasticloadbalancing:DescribeTargetHealth", "*"),
     ("elastic-load-balancing-v2", "DescribeTargetGroups"): ("elasticloadbalancing:DescribeTargetGroups", "*"),
+    ("elastic-load-balancing-v2", "DescribeLoadBalancers"): ("elasticloadbalancing:DescribeLoadBalancers", "*"),
     # EC2 Describe* have no resource-level permissions (the reference lists "*" only)
     ("ec2", "DescribeVpcs"): ("ec2:DescribeVpcs", "*"),
     ("ec2", "DescribeSubnets"): ("ec2:DescribeSubnets", "*"),
@@ -174,6 +175,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # Systems Manager
     ("ssm", "GetParameter"): ("ssm:GetParameter", _parameters("Name")),
     ("ssm", "GetParameters"): ("ssm:GetParameters", _parameters("Names")),
+    # by path: IAM checks the path itself (arn:...:parameter/<path>), as the Service Authorization Reference lists it
+    ("ssm", "GetParametersByPath"): ("ssm:GetParametersByPath", _parameters("Path")),
     ("ssm", "PutParameter"): ("ssm:PutParameter", _parameters("Name")),
     ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
     ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
@@ -191,6 +194,10 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # doctor: what is attached to an instance group's execution role (role/{RoleNameWithPath}; the twin's
     # roles have no path)
     ("iam", "ListAttachedRolePolicies"): ("iam:ListAttachedRolePolicies", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "ListRolePolicies"): ("iam:ListRolePolicies", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "GetRolePolicy"): ("iam:GetRolePolicy", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "GetPolicy"): ("iam:GetPolicy", "{PolicyArn}"),
+    ("iam", "GetPolicyVersion"): ("iam:GetPolicyVersion", "{PolicyArn}"),
     # Budgets: create/update/delete are ModifyBudget, describe is ViewBudget
     ("budgets", "DescribeBudget"): ("budgets:ViewBudget", BUDGET + "{BudgetName}"),
     ("budgets", "DescribeBudgets"): ("budgets:ViewBudget", BUDGET + "*"),

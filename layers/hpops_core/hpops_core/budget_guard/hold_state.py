@@ -32,6 +32,7 @@ from hpops_core.budget_guard.usage_store import status_key
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import TransientAwsError
 from hpops_core.node_channel import desired_state, user_holds
+from hpops_core.node_channel.report_proof import ReportReplayError
 
 STATE_SK = "user-holds"
 RELEASE_PREFIX = "hold-release#"
@@ -109,18 +110,28 @@ def read_agent_report(table: str, cluster: str, dynamodb: Any = None,
     return dict(json.loads(item["report"]["S"]), receivedAt=item.get("receivedAt", {}).get("S"))
 
 
-def store_agent_report(table: str, report: Mapping[str, Any], received_at: str) -> bool:
-    """Kept only when newer than the one kept (a replayed older report changes nothing)."""
+def store_agent_report(table: str, report: Mapping[str, Any], received_at: str, sequence: int | None = None) -> bool:
+    """Kept only when newer than the one kept (a replayed older report changes nothing). With a
+    sequence (a signed report), an older one is refused by name: ReportReplayError."""
     item = {"pk": {"S": status_key(report["cluster"])}, "sk": {"S": AGENT_REPORT_SK},
             "reportedAt": {"S": report["reportedAt"]}, "receivedAt": {"S": received_at},
             "report": {"S": json.dumps(report, sort_keys=True)}}
+    condition, values, names = "attribute_not_exists(pk) OR reportedAt < :at", {":at": {"S": report["reportedAt"]}}, {}
+    if sequence is not None:
+        item["sequence"] = {"N": str(sequence)}
+        # Same second, newer sequence: a change reported within a second is still newer; the same
+        # sequence is the same report delivered again (EventBridge delivers at least once).
+        condition = "attribute_not_exists(pk) OR (reportedAt <= :at AND (attribute_not_exists(#s) OR #s <= :s))"
+        values[":s"], names["#s"] = {"N": str(sequence)}, "sequence"
     try:
         with transient_errors_named("dynamodb:PutItem"):
-            client("dynamodb").put_item(TableName=table, Item=item,
-                                        ConditionExpression="attribute_not_exists(pk) OR reportedAt < :at",
-                                        ExpressionAttributeValues={":at": {"S": report["reportedAt"]}})
+            client("dynamodb").put_item(TableName=table, Item=item, ConditionExpression=condition,
+                                        ExpressionAttributeValues=values, **({"ExpressionAttributeNames": names} if names else {}))
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            if sequence is not None:
+                raise ReportReplayError(f"holds report sequence {sequence} is older than the kept report "
+                                        "(replayed or reordered)") from None
             return False
         raise
     return True

@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 from hpops_core.budget_guard.usage_reports import UsageRecord, UsageReport
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.node_channel.contract import USAGE_OK
+from hpops_core.node_channel.report_proof import ReportReplayError
 
 # Kept a good year, so last year's same month can still be charged back.
 USAGE_TTL_SECONDS = 400 * 24 * 3600
@@ -51,22 +52,32 @@ class CollectorStatus:
     instance_id: str
 
 
-def _put_if_newer(table: str, item: dict[str, Any], collected_at: str) -> bool:
+def _put_if_newer(table: str, item: dict[str, Any], collected_at: str, sequence: int | None = None) -> bool:
+    """Store unless the kept item is newer. With a sequence (a signed window part), a kept part that is
+    newer (sequence or collection time) means a replayed or reordered report: ReportReplayError (the
+    same part again, an EventBridge redelivery, is stored again and changes nothing)."""
+    condition, values = "attribute_not_exists(pk) OR collectedAt <= :collected", {":collected": {"S": collected_at}}
+    if sequence is not None:
+        item = dict(item, sequence={"N": str(sequence)})
+        condition = f"({condition}) AND (attribute_not_exists(#sequence) OR #sequence <= :sequence)"
+        values[":sequence"] = {"N": str(sequence)}
     try:
         with transient_errors_named("dynamodb:PutItem"):
             client("dynamodb").put_item(
-                TableName=table, Item=item,
-                ConditionExpression="attribute_not_exists(pk) OR collectedAt <= :collected",
-                ExpressionAttributeValues={":collected": {"S": collected_at}},
+                TableName=table, Item=item, ConditionExpression=condition, ExpressionAttributeValues=values,
+                **({"ExpressionAttributeNames": {"#sequence": "sequence"}} if sequence is not None else {}),
             )
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            if sequence is not None:  # the agent's re-sends are newer in both: this one is old
+                raise ReportReplayError(f"usage report sequence {sequence} is older than the kept window part "
+                                        "(replayed or reordered)") from None
             return False
         raise
     return True
 
 
-def store_usage(table: str, report: UsageReport, now_epoch: int) -> dict[str, bool]:
+def store_usage(table: str, report: UsageReport, now_epoch: int, sequence: int | None = None) -> dict[str, bool]:
     """Two conditional writes: the window part, and the collector's status. Re-sending changes nothing.
 
     Only a report that read sacct stores its window: a collection that failed ("sacct failed",
@@ -92,7 +103,7 @@ def store_usage(table: str, report: UsageReport, now_epoch: int) -> dict[str, bo
         "instanceId": {"S": report.instance_id},
         "ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)},
     }
-    stored = report.status == USAGE_OK and _put_if_newer(table, window, report.collected_at)
+    stored = report.status == USAGE_OK and _put_if_newer(table, window, report.collected_at, sequence)
     return {"window": stored, "status": _put_if_newer(table, status, report.collected_at)}
 
 

@@ -35,6 +35,18 @@ def session_partition(cluster: str) -> str:
     return f"session#{cluster}"
 
 
+def enrollment_partition(cluster: str) -> str:
+    """Which agent key speaks for each login/controller instance, and operator approvals
+    (node_channel/enrollment_store.py)."""
+    return f"enroll#{cluster}"
+
+
+def fetch_nonce_partition(cluster: str) -> str:
+    """Nonces of NodeChannel fetch requests already served, kept (TTL) while such a request could still
+    be fresh, so none is served twice (node_channel/fetch.py)."""
+    return f"fetch-nonce#{cluster}"
+
+
 def notice_partition(cluster: str) -> str:
     """When each "kept out" notice was last sent (host_identity/notices.py)."""
     return f"notice#{cluster}"

@@ -27,17 +27,40 @@ class GatedPlan:
         }
 
 
-def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]], repair: bool) -> GatedPlan:
-    """Register only nodes whose presented host keys matched; in a repair, also drop registered ones that failed.
+def enrollment_problem(instance_id: str, enrollments: Mapping[str, str] | None) -> str | None:
+    """Why a node may not be admitted for its enrollment (None: it may). ``enrollments``: instance id ->
+    status (node_channel/enrollment.py); None when the caller does not check enrollment."""
+    if enrollments is None:
+        return None
+    status = enrollments.get(instance_id)
+    if status == "enrolled":
+        return None
+    if status is None:
+        return (f"{instance_id}'s agent has not enrolled its key (upgrade: `hpops node approve-enrollment`; "
+                "docs/node-agent.md)")
+    return f"{instance_id}'s enrollment is {status}: two keys claimed it; an operator must re-enroll it"
 
-    A registered node that fails a repair's re-verification is deregistered, unless that would
-    leave the target group empty (a broken canonical identity must not take the whole tier down).
+
+def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]], repair: bool,
+                       enrollments: Mapping[str, str] | None = None,
+                       contested_ips: Iterable[str] = ()) -> GatedPlan:
+    """Register only nodes whose presented host keys matched and whose agent is enrolled, uncontested;
+    in a repair, also drop registered ones that failed; always drop registered contested ones.
+
+    A registered node that fails a repair's re-verification, or became contested, is deregistered,
+    unless that would leave the target group empty (a broken canonical identity must not take the
+    whole tier down). A registered node that is merely not enrolled yet (a cluster upgraded to
+    enrollment) stays: its users are not disturbed, and its unsigned reports count for nothing.
     """
     by_ip = {v["ip"]: v for v in verdicts}
     register, rejected, reasons = [], [], []
     for ip in plan.get("register", []):
         verdict = by_ip.get(ip)
-        if verdict and verdict.get("ok"):
+        unenrolled = enrollment_problem(verdict["instanceId"], enrollments) if verdict and verdict.get("ok") else None
+        if unenrolled:
+            rejected.append({"ip": ip, "instanceId": verdict["instanceId"], "reason": unenrolled})
+            reasons.append(f"keep {ip} out: {unenrolled}")
+        elif verdict and verdict.get("ok"):
             register.append(ip)
             reasons.append(f"register {ip}: {verdict['instanceId']} presents the canonical host identity")
         else:
@@ -45,11 +68,13 @@ def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, 
             rejected.append({"ip": ip, "instanceId": verdict["instanceId"] if verdict else "", "reason": why})
             reasons.append(f"keep {ip} out: {why}")
     deregister = list(plan.get("deregister", []))
-    if repair:
-        failing = [ip for ip in plan.get("keep", []) if ip in by_ip and not by_ip[ip].get("ok")]
+    contested = set(contested_ips)
+    failing = [ip for ip in plan.get("keep", []) if ip in contested or (repair and ip in by_ip and not by_ip[ip].get("ok"))]
+    if failing:
         survivors = len(plan.get("keep", [])) - len(failing) + len(register)
         for ip in failing:
-            verdict = by_ip[ip]
+            verdict = by_ip.get(ip) if ip not in contested else None
+            verdict = verdict or {"instanceId": "", "reason": "its enrollment is contested: two keys claimed it"}
             rejected.append({"ip": ip, "instanceId": verdict["instanceId"], "reason": verdict["reason"]})
             if survivors > 0:
                 deregister.append(ip)

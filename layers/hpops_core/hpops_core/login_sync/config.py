@@ -28,6 +28,9 @@ class SyncConfig:
     # How the per-node wait for an agent's report is paced and bounded (read by the ASL map).
     node_report_poll_seconds: int = 10
     node_report_max_polls: int = 18
+    # Login-node slots (LoginNodeSlots): slot N's target group is the Nth; empty when off.
+    slot_target_group_arns: tuple[str, ...] = ()
+    load_balancer_dns_name: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
@@ -44,6 +47,8 @@ class SyncConfig:
             host_identity_mode=env_choice(env, "HOST_IDENTITY_MODE", ("keys", "certificate", "off")),
             node_report_poll_seconds=env_int(env, "NODE_REPORT_POLL_SECONDS", 0, 20),
             node_report_max_polls=env_int(env, "NODE_REPORT_MAX_POLLS", 1, 30),
+            slot_target_group_arns=tuple(a.strip() for a in env.get("SLOT_TARGET_GROUP_ARNS", "").split(",") if a.strip()),
+            load_balancer_dns_name=env.get("LOAD_BALANCER_DNS_NAME", "").strip(),
         )
 
 

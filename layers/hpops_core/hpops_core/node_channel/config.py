@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpops_core.common import validation
-from hpops_core.common.config import env_str
+from hpops_core.common.config import env_int, env_str
 
 
 @dataclass(frozen=True)
@@ -22,3 +22,23 @@ class NodeReportConfig:
         return cls(env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
                    env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
                    env_str(env, "STATE_TABLE_NAME"))
+
+
+@dataclass(frozen=True)
+class NodeChannelConfig:
+    """NodeChannel (enroll, fetch) and the report handlers' enrollment checks."""
+
+    cluster_name: str
+    login_group: str
+    controller_group: str
+    state_table: str
+    enrollment_window_minutes: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> NodeChannelConfig:
+        env = os.environ if env is None else env
+        return cls(env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+                   env_str(env, "LOGIN_GROUP_NAME", validation.INSTANCE_GROUP_RE),
+                   env_str(env, "CONTROLLER_GROUP_NAME", validation.INSTANCE_GROUP_RE),
+                   env_str(env, "STATE_TABLE_NAME"),
+                   env_int(env, "ENROLLMENT_WINDOW_MINUTES", 5, 24 * 60, default=60))

@@ -26,6 +26,9 @@ Report (sent by the agent with events:PutEvents to the stack's bus):
    "loginLimits": {"version": str|null, "result": str, "reason": str}}
 
 Everything in a report is public: versions, fingerprints, public keys, short reasons.
+Every report (login, usage, holds) also carries "sequence" and "proof": the agent's SSHSIG over the
+report without "proof" (proof_format.py), checked against the key enrolled for the instance
+(enrollment.py, report_proof.py); the parsers here see the report with both taken out.
 
 Interactive sessions (login nodes; in every report, so with the heartbeat and on change):
 
@@ -37,10 +40,13 @@ Interactive sessions (login nodes; in every report, so with the heartbeat and on
   A handle is <boot id, 8 hex>:<pid>:<start ticks>: it names one process on that node and is no
   credential, so a report lets nobody take a session over.
 
-End sessions (written by the stack for one login node, read by that node's agent):
+End sessions (written by the stack for one login node, fetched by that node's enrolled agent only
+through the NodeChannel function; the node role cannot read it):
 
-  /hpops/<cluster>/node/end-sessions/<instance id>
+  /hpops/<cluster>/instructions/end-sessions/<instance id>
       {"format": END_SESSIONS_FORMAT, "sessions": [{"handle": str, "user": POSIX user}]}
+  /hpops/<cluster>/node/instructions/end-sessions/<instance id>   (public marker: its version only)
+      {"format": INSTRUCTION_MARKER_FORMAT, "version": int}
 
   /hpops/<cluster>/node/user-caps          {"format": USER_CAPS_FORMAT, "caps": {...}} (node_channel/user_caps.py);
                                               absent: caps off (the agent removes what it wrote)
@@ -92,6 +98,7 @@ per Slurm user):
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 
 # Relative, so it resolves to hpops_core.common.validation in the layer and in the lifecycle bundle alike.
@@ -126,6 +133,10 @@ MAX_USAGE_REPORT_BYTES = 200 * 1024
 USAGE_MAX_PARTITION_GROUPS = 100
 
 END_SESSIONS_FORMAT = "hpops.node.end-sessions.v1"
+# Per-node instructions (end-sessions, user-holds) live under /hpops/<cluster>/instructions/, which the
+# node role cannot read; a public marker under node/instructions/ carries only their version.
+INSTRUCTIONS = "instructions/"
+INSTRUCTION_MARKER_FORMAT = "hpops.node.instruction-marker.v1"
 USER_CAPS_FORMAT = "hpops.node.user-caps.v1"
 SESSION_HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
 SESSION_PATHS = ("ssh", "ssm")
@@ -137,6 +148,11 @@ MAX_END_SESSIONS = 20
 # when an accepted login node's session list changed: features that count sessions react to it.
 SESSIONS_CHANGED_SOURCE = "hpops.node-reports"
 SESSIONS_CHANGED_DETAIL_TYPE = "HyperPod Login Node Sessions Changed"
+
+# A report's "imds" section: {"nonRoot": IMDS_PROBE_RESULTS, "lockdown": IMDS_LOCKDOWN_VALUES, "reason": str}
+# (node agent's imds_guard.py): could a non-root process reach IMDS, hence the node's role?
+IMDS_PROBE_RESULTS = ("reachable", "blocked", "no-imds", "unknown")
+IMDS_LOCKDOWN_VALUES = ("off", "on")
 
 MODES = ("keys", "certificate", "off")
 RESULTS = ("changed", "unchanged", "failed", "waiting")
@@ -182,12 +198,42 @@ def check_instance_id(instance_id: object, what: str = "instance id") -> str:
     return validation.check_event_instance_id(instance_id, what)
 
 
+def login_slots_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/login-slots"
+
+
+def ssh_keepalive_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/ssh-keepalive"
+
+
 def user_caps_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/user-caps"
 
 
 def end_sessions_parameter(cluster: str, instance_id: str) -> str:
-    return parameter_prefix(cluster) + "node/end-sessions/" + check_instance_id(instance_id)
+    """Private: outside the node role's node/* grant; the enrolled agent fetches it (node_channel/fetch.py)."""
+    return parameter_prefix(cluster) + INSTRUCTIONS + "end-sessions/" + check_instance_id(instance_id)
+
+
+def instruction_marker_parameter(instruction: str) -> str:
+    """The public marker of a private instruction parameter: /hpops/<c>/instructions/X -> /hpops/<c>/node/instructions/X.
+    Its value is {"format": INSTRUCTION_MARKER_FORMAT, "version": the instruction parameter's version}: the
+    agent polls it with the desired state and fetches only when the version moved (no names in it)."""
+    prefix, _, rest = instruction.partition("/" + INSTRUCTIONS)
+    if not rest or not prefix.startswith("/hpops/"):
+        raise ValueError("not an instruction parameter")
+    return prefix + "/node/" + INSTRUCTIONS + rest
+
+
+def marker_version(value: str) -> int | None:
+    """The version a marker parameter's value names (None: not a marker the stack writes)."""
+    try:
+        document = json.loads(value)
+    except ValueError:
+        return None
+    version = document.get("version") if isinstance(document, dict) else None
+    ok = isinstance(document, dict) and document.get("format") == INSTRUCTION_MARKER_FORMAT
+    return version if ok and isinstance(version, int) and not isinstance(version, bool) and version > 0 else None
 
 
 def certificate_parameter(cluster: str, instance_id: str) -> str:

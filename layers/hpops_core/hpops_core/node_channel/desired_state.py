@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.node_channel import contract
+from hpops_core.node_channel import contract, instructions
 
 MAX_STANDARD_PARAMETER_BYTES = 4096
 
@@ -44,7 +44,8 @@ def serialise(document: Mapping[str, Any]) -> str:
 
 
 def publish_if_changed(name: str, document: Mapping[str, Any], description: str) -> bool:
-    """Write the parameter when its value differs; True when it was written."""
+    """Write the parameter when its value differs; True when it was written. An instruction parameter
+    (contract.INSTRUCTIONS) gets its public marker written after it."""
     text = serialise(document)
     ssm = client("ssm")
     try:
@@ -56,6 +57,9 @@ def publish_if_changed(name: str, document: Mapping[str, Any], description: str)
         current = None
     if current == text:
         return False
+    if "/" + contract.INSTRUCTIONS in name:
+        instructions.write_instruction(name, text, description)
+        return True
     with transient_errors_named("ssm:PutParameter"):
         ssm.put_parameter(Name=name, Value=text, Type="String", Overwrite=True, Description=description[:1024])
     return True

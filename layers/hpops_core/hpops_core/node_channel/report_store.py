@@ -9,8 +9,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from botocore.exceptions import ClientError
+
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.state_table import node_report_partition
+from hpops_core.node_channel.report_proof import ReportReplayError
 
 if TYPE_CHECKING:  # the pydantic model; reading reports back needs no pydantic at all
     from hpops_core.node_channel.reports import NodeReport
@@ -19,7 +22,8 @@ SK_PREFIX = "node-report#"
 REPORT_TTL_SECONDS = 30 * 24 * 3600  # a replaced node's last report outlives it long enough to debug
 
 
-def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int, event_id: str | None = None) -> dict:
+def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: int, event_id: str | None = None,
+                sequence: int | None = None) -> dict:
     """The DynamoDB item (low-level format) that keeps a node's latest report."""
     item = {
         "pk": {"S": node_report_partition(cluster)},
@@ -30,6 +34,8 @@ def report_item(cluster: str, report: NodeReport, received_at: str, now_epoch: i
     }
     if event_id:
         item["eventId"] = {"S": event_id}
+    if sequence is not None:
+        item["sequence"] = {"N": str(sequence)}
     return item
 
 
@@ -52,12 +58,26 @@ def latest_report(table: str, cluster: str, instance_id: str) -> dict | None:
 
 
 def store_report(table: str, cluster: str, report: NodeReport, received_at: str, now_epoch: int,
-                 event_id: str | None = None) -> dict | None:
+                 event_id: str | None = None, sequence: int | None = None) -> dict | None:
     """Keep the report; returns the one it replaced (as report_from_item, plus its eventId), or None.
-    The old item comes back with the same PutItem (ReturnValues), so comparing costs no read."""
-    with transient_errors_named("dynamodb:PutItem"):
-        old = client("dynamodb").put_item(TableName=table, Item=report_item(cluster, report, received_at, now_epoch, event_id),
-                                          ReturnValues="ALL_OLD").get("Attributes")
+    The old item comes back with the same PutItem (ReturnValues), so comparing costs no read.
+    With a sequence, a report older than the kept one is refused (ReportReplayError); the same one again
+    (EventBridge delivers at least once; the agent never reuses a sequence) is stored again, changing nothing."""
+    condition = {}
+    if sequence is not None:
+        condition = {"ConditionExpression": "attribute_not_exists(#sequence) OR #sequence <= :sequence",
+                     "ExpressionAttributeNames": {"#sequence": "sequence"},
+                     "ExpressionAttributeValues": {":sequence": {"N": str(sequence)}}}
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            old = client("dynamodb").put_item(
+                TableName=table, Item=report_item(cluster, report, received_at, now_epoch, event_id, sequence),
+                ReturnValues="ALL_OLD", **condition).get("Attributes")
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            raise ReportReplayError(f"{report.instanceId}'s report sequence {sequence} is below the last "
+                                    "accepted one (replayed or reordered)") from None
+        raise
     previous = report_from_item(old)
     if previous is not None:
         previous["eventId"] = old.get("eventId", {}).get("S")

@@ -68,6 +68,26 @@ class UserCapsReport:
 
 
 @dataclass(frozen=True)
+class ImdsReport:
+    """Whether a non-root process on the node reached IMDS (the node's role) when the agent last probed."""
+
+    nonRoot: str
+    lockdown: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SshKeepaliveReport:
+    """sshd's keepalives as the agent set them under the listener's idle timeout (sshd_keepalive.py)."""
+
+    result: str
+    reason: str = ""
+    clientAliveInterval: int | None = None
+    clientAliveCountMax: int | None = None
+    idleTimeoutSeconds: int | None = None
+
+
+@dataclass(frozen=True)
 class SessionsReport:
     """The node's interactive sessions (contract: "sessions"); each entry already validated."""
 
@@ -90,6 +110,8 @@ class NodeReport:
     loginLimits: LoginLimitsReport | None = None
     sessions: SessionsReport | None = None
     userCaps: UserCapsReport | None = None
+    imds: ImdsReport | None = None
+    sshKeepalive: SshKeepaliveReport | None = None
 
     def to_json(self) -> str:
         """The report as stored: fields that are None left out."""
@@ -195,6 +217,26 @@ def _user_caps(data: Any, bad: list[str]) -> UserCapsReport | None:
                           atCap=tuple(f.get("atCap", at_cap, default=[], required=False)) or None)
 
 
+def _imds(data: Any, bad: list[str]) -> ImdsReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "imds", tuple(ImdsReport.__dataclass_fields__), bad)
+    return ImdsReport(nonRoot=f.one_of("nonRoot", contract.IMDS_PROBE_RESULTS),
+                      lockdown=f.one_of("lockdown", contract.IMDS_LOCKDOWN_VALUES),
+                      reason=f.short("reason", _MAX_REASON, default="", required=False))
+
+
+def _ssh_keepalive(data: Any, bad: list[str]) -> SshKeepaliveReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "sshKeepalive", tuple(SshKeepaliveReport.__dataclass_fields__), bad)
+    return SshKeepaliveReport(result=f.one_of("result", contract.RESULTS),
+                              reason=f.short("reason", _MAX_REASON, default="", required=False),
+                              clientAliveInterval=f.count("clientAliveInterval", 6000, default=None, required=False),
+                              clientAliveCountMax=f.count("clientAliveCountMax", 100, default=None, required=False),
+                              idleTimeoutSeconds=f.count("idleTimeoutSeconds", 6000, default=None, required=False))
+
+
 def _report(detail: Any, bad: list[str]) -> NodeReport:
     f = validation.JsonFields(detail, "", tuple(NodeReport.__dataclass_fields__), bad)
     return NodeReport(
@@ -210,6 +252,8 @@ def _report(detail: Any, bad: list[str]) -> NodeReport:
         loginLimits=_login_limits(f.data.get("loginLimits"), bad),
         sessions=_sessions(f.data.get("sessions"), bad),
         userCaps=_user_caps(f.data.get("userCaps"), bad),
+        imds=_imds(f.data.get("imds"), bad),
+        sshKeepalive=_ssh_keepalive(f.data.get("sshKeepalive"), bad),
     )
 
 

@@ -4,7 +4,9 @@ Standard library, Python 3.8+ (the agent bundle ships this file). The stack (bud
 publishes the users to hold; the agent on the controller node (hpops_node_agent.slurm_holds)
 holds them with a hold QOS in Slurm and reports what it applied.
 
-Desired state, /hpops/<cluster>/node/user-holds (written by the BudgetGuard sweep only):
+Desired state, /hpops/<cluster>/instructions/user-holds (written by the BudgetGuard sweep only; the node
+role cannot read it: the controller's enrolled agent fetches it through NodeChannel when the public
+marker /hpops/<cluster>/node/instructions/user-holds names a new version):
 
   {"format": USER_HOLDS_FORMAT, "version": str, "month": "YYYY-MM",
    "expiresAt": ISO-8601 UTC (the month's end: an agent lifts every hold past it, even if the stack
@@ -52,7 +54,8 @@ class BadHolds(HpopsError, ValueError):
 
 
 def user_holds_parameter(cluster: str) -> str:
-    return contract.parameter_prefix(cluster) + "node/user-holds"
+    """Private (who is held is nobody else's business): the controller's enrolled agent fetches it."""
+    return contract.parameter_prefix(cluster) + contract.INSTRUCTIONS + "user-holds"
 
 
 # /hpops/<cluster>/node/user-spend: "off" when the stack has no per-user spend (UserSpendEnabled=false);

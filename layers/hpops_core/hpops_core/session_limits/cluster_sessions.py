@@ -158,3 +158,26 @@ def sessions_by_user(reports: Mapping[str, Mapping[str, Any]], default_limit: in
     rows.sort(key=lambda r: (-r["total"], r["user"]))
     return {"users": rows[:top], "userCount": len(rows), "caps": caps,
             "atCap": {user: dict(nodes) for user, nodes in sorted(at_cap.items())}}
+
+
+def session_spread(reports: Mapping[str, Mapping[str, Any]], running: Iterable[str]) -> dict[str, Any]:
+    """Pure, for ``hpops status``: how evenly the Running login nodes carry sessions, from their reports.
+
+    Per node its SSH and Session Manager sessions and distinct users; ``maxOverMean`` is the busiest
+    node's sessions over the mean of the nodes that reported (1.0 = even; None without sessions).
+    A Running node without a report is listed with ``sessions`` None and left out of the mean."""
+    nodes = []
+    for instance in sorted(running):
+        listed = (reports.get(instance) or {}).get("sessions")
+        entries = [e for e in (listed or {}).get("list", []) if e.get("path") in ("ssh", "ssm")]
+        nodes.append({"instanceId": instance, "sessions": None if listed is None else len(entries),
+                      "users": None if listed is None else len({e["user"] for e in entries})})
+    return {"nodes": nodes} | spread_figures([n["sessions"] for n in nodes if n["sessions"] is not None])
+
+
+def spread_figures(counted: list[int]) -> dict[str, Any]:
+    """Sessions in all, nodes counted, mean per node and the busiest node over the mean (None without sessions)."""
+    total = sum(counted)
+    mean = total / len(counted) if counted else 0.0
+    return {"sessions": total, "reporting": len(counted), "meanPerNode": round(mean, 2),
+            "maxOverMean": round(max(counted) / mean, 2) if total else None}

@@ -21,7 +21,7 @@ from datetime import datetime
 
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.state_table import node_report_partition, session_partition
-from hpops_core.node_channel import contract
+from hpops_core.node_channel import contract, instructions
 from hpops_core.node_channel.report_store import SK_PREFIX
 
 from . import ledger
@@ -134,12 +134,10 @@ def instruct_nodes(cluster: str, to_end: Iterable[SshSessionToEnd], reported: It
         if earlier is not None and earlier.instance_id in by_node:
             by_node[earlier.instance_id].setdefault(
                 earlier.handle, SshSessionToEnd(earlier.instance_id, earlier.handle, earlier.user, "told earlier"))
-    ssm = client("ssm")
     written = {}
     for instance, sessions in sorted(by_node.items()):
         document = end_sessions_document(sessions.values())
-        with transient_errors_named("ssm:PutParameter"):
-            ssm.put_parameter(Name=contract.end_sessions_parameter(cluster, instance), Type="String", Overwrite=True,
-                              Value=json.dumps(document, sort_keys=True, separators=(",", ":")))
+        instructions.write_instruction(contract.end_sessions_parameter(cluster, instance),
+                                       json.dumps(document, sort_keys=True, separators=(",", ":")))
         written[instance] = len(document["sessions"])
     return written

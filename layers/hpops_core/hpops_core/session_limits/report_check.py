@@ -29,8 +29,8 @@ from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 from hpops_core.node_channel import contract
 
 from . import ledger
-from .cluster_sessions import decide_cluster_wide
-from .node_sessions import ClusterState
+from .cluster_sessions import decide_cluster_wide, spread_figures
+from .node_sessions import ClusterState, ReportedSessions
 from .policy import LimitPolicy
 from .request import MAX_NAMED_USERS
 
@@ -93,3 +93,13 @@ def decide_report_check(cluster: str, state: ClusterState, policy: LimitPolicy) 
 def start_check(state_machine_arn: str, check: ReportCheck) -> bool:
     """Start the execution the check named (clients.start_named_execution: False when it ran already)."""
     return start_named_execution(state_machine_arn, check.name, check.input)
+
+
+def login_spread(reported: ReportedSessions) -> dict[str, Any]:
+    """Pure: sessions per reporting login node (SSH and Session Manager) and the busiest over the mean."""
+    per_node = {node: 0 for node in reported.nodes}
+    for session in reported.ssh:
+        per_node[session.instance_id] = per_node.get(session.instance_id, 0) + 1
+    for shell in reported.ssm_shells:
+        per_node[shell.target] = per_node.get(shell.target, 0) + 1
+    return {"perNode": dict(sorted(per_node.items()))} | spread_figures(list(per_node.values()))

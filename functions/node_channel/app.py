@@ -1,0 +1,96 @@
+"""NodeChannel: the node agent's authenticated line to the stack (lambda:InvokeFunction, synchronous).
+
+The answer goes back over the invoke response to the caller only; nothing secret is logged. Each
+action is a thin step: parse, verify the proof, decide (pure, node_channel/*), then write. A
+refused request gets a named error answer ({"ok": false, "error": <class name>, "message"}) and
+changes nothing; enrollment conflicts are counted and alarmed (template.yaml).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from hpops_core.common.observability import handler_tools
+from hpops_core.cluster.login_group import describe_node
+from hpops_core.common.errors import HpopsError, TransientAwsError
+from hpops_core.node_channel import enrollment_store, fetch_serve, node_proof
+from hpops_core.node_channel.config import NodeChannelConfig
+from hpops_core.node_channel.enrollment import (
+    EnrollmentConflictError,
+    EnrollmentRefusedError,
+    MalformedNodeChannelRequest,
+    decide_enrollment,
+    parse_statement,
+)
+
+logger, tracer, metrics = handler_tools(calls_aws=True)
+MAX_REQUEST_CHARS = 16 * 1024
+
+
+def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
+    """{"action": "enroll", "statement": {...}, "proof": SSHSIG} -> {"ok", "status", "fingerprint", "role"}."""
+    statement = parse_statement(request.get("statement"))
+    body = {"statement": request.get("statement")}
+    node_proof.verify(request.get("proof"), statement.public_key, node_proof.namespace("enroll", config.cluster_name),
+                      node_proof.canonical(body))
+    fingerprint = node_proof.fingerprint(statement.public_key)
+    decision = decide_enrollment(
+        statement, fingerprint, describe_node(config.cluster_name, statement.instance_id),
+        enrollment_store.get_enrollment(config.state_table, config.cluster_name, statement.instance_id),
+        enrollment_store.get_approval(config.state_table, config.cluster_name, statement.instance_id, int(now.timestamp())),
+        now, config.cluster_name, config.login_group, config.controller_group,
+        timedelta(minutes=config.enrollment_window_minutes))
+    log = {"instanceId": statement.instance_id, "fingerprint": fingerprint, "outcome": decision.outcome,
+           "reason": decision.reason}
+    if decision.outcome == "enroll" and not enrollment_store.put_first(config.state_table, decision.record):
+        # Another presenter won between our read and write: decide again against what it stored.
+        return enroll(config, request, now)
+    if decision.outcome == "re-enroll" and not enrollment_store.put_approved(config.state_table, decision.record):
+        raise EnrollmentRefusedError(f"the operator's approval for {statement.instance_id} was used or replaced")
+    if decision.outcome == "contest":
+        enrollment_store.mark_contested(config.state_table, config.cluster_name, statement.instance_id, fingerprint)
+        # One metric (and alarm) for both kinds of conflict: each custom metric is billed monthly.
+        metrics.add_metric(name="EnrollmentConflict", unit=MetricUnit.Count, value=1)
+        logger.warning("enrollment contested", extra=log)
+        raise EnrollmentConflictError(decision.reason)
+    if decision.outcome == "conflict":
+        metrics.add_metric(name="EnrollmentConflict", unit=MetricUnit.Count, value=1)
+        logger.warning("enrollment conflict", extra=log)
+        raise EnrollmentConflictError(decision.reason)
+    if decision.outcome == "await-approval":
+        logger.info("enrollment awaits an operator approval", extra=log)
+        raise EnrollmentRefusedError(decision.reason)
+    if not decision.accepted:
+        raise EnrollmentRefusedError(decision.reason)
+    logger.info("enrolled", extra=log)
+    record = decision.record
+    return {"ok": True, "status": record.status, "instanceId": record.instance_id, "fingerprint": record.fingerprint,
+            "role": record.role, "group": record.group, "via": record.via}
+
+
+# action -> handler(config, request, now) -> answer
+ACTIONS = {"enroll": enroll, "fetch": fetch_serve.serve}
+
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def handle(event: dict, context: LambdaContext) -> dict:
+    """A node agent's request -> an answer; a refused request is a named error answer, nothing changed."""
+    config = NodeChannelConfig.from_env()
+    now = datetime.now(timezone.utc).replace(microsecond=0)
+    action = event.get("action") if isinstance(event, dict) else None
+    try:
+        if not isinstance(event, dict) or len(str(event)) > MAX_REQUEST_CHARS or action not in ACTIONS:
+            raise MalformedNodeChannelRequest("expected {\"action\": one of " + ", ".join(sorted(ACTIONS)) + ", ...}")
+        return ACTIONS[action](config, event, now)
+    except TransientAwsError:
+        raise  # AWS trouble, not a refusal: the invoke reports a function error and the agent retries
+    except HpopsError as error:
+        # Logged, not counted: conflicts (the attack that matters) have their metric and alarm above.
+        logger.warning("node channel request refused", extra={"action": str(action)[:32],
+                                                              "error": type(error).__name__, "reason": str(error)})
+        return {"ok": False, "error": type(error).__name__, "message": str(error)}

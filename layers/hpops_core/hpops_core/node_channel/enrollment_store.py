@@ -1,0 +1,135 @@
+"""Where enrollments live: the state table's `enroll#<cluster>` partition.
+
+    sk "node#<instance id>"      the enrollment (enrollment.Enrollment): key, fingerprint, AWS's group
+                                 and role, IP, status enrolled|contested, enrolledAt, via, contestedBy
+    sk "approval#<instance id>"  an operator's single-use approval of one key fingerprint (expires)
+
+Public facts only (public keys, fingerprints): nothing here is a secret.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.state_table import enrollment_partition
+from hpops_core.node_channel.enrollment import CONTESTED, Approval, Enrollment
+
+NODE_PREFIX = "node#"
+APPROVAL_PREFIX = "approval#"
+# An approval is for a planned re-enrollment within the day; an unused one should not linger.
+APPROVAL_TTL_SECONDS = 24 * 3600
+
+
+def _key(cluster: str, prefix: str, instance_id: str) -> dict:
+    return {"pk": {"S": enrollment_partition(cluster)}, "sk": {"S": prefix + instance_id}}
+
+
+def enrollment_item(record: Enrollment) -> dict:
+    item = _key(record.cluster, NODE_PREFIX, record.instance_id) | {
+        "instanceId": {"S": record.instance_id}, "publicKey": {"S": record.public_key},
+        "fingerprint": {"S": record.fingerprint}, "group": {"S": record.group}, "role": {"S": record.role},
+        "ip": {"S": record.ip}, "status": {"S": record.status}, "enrolledAt": {"S": record.enrolled_at},
+        "via": {"S": record.via},
+    }
+    if record.contested_by:
+        item["contestedBy"] = {"L": [{"S": f} for f in record.contested_by]}
+    return item
+
+
+def enrollment_from_item(cluster: str, item: dict | None) -> Enrollment | None:
+    if not item or "publicKey" not in item:
+        return None
+    text = {name: item.get(name, {}).get("S", "") for name in
+            ("instanceId", "publicKey", "fingerprint", "group", "role", "ip", "status", "enrolledAt", "via")}
+    contested_by = tuple(entry["S"] for entry in item.get("contestedBy", {}).get("L", []))
+    return Enrollment(cluster, text["instanceId"], text["publicKey"], text["fingerprint"], text["group"],
+                      text["role"], text["ip"], text["status"], text["enrolledAt"], text["via"], contested_by)
+
+
+def _get(table: str, key: dict, dynamodb: Any = None) -> dict | None:
+    with transient_errors_named("dynamodb:GetItem"):
+        return (dynamodb or client("dynamodb")).get_item(TableName=table, Key=key, ConsistentRead=True).get("Item")
+
+
+def get_enrollment(table: str, cluster: str, instance_id: str, dynamodb: Any = None) -> Enrollment | None:
+    return enrollment_from_item(cluster, _get(table, _key(cluster, NODE_PREFIX, instance_id), dynamodb))
+
+
+def get_approval(table: str, cluster: str, instance_id: str, now_epoch: int) -> Approval | None:
+    item = _get(table, _key(cluster, APPROVAL_PREFIX, instance_id))
+    if not item or int(item.get("ttl", {}).get("N", "0")) <= now_epoch:  # TTL deletion lags: check it here
+        return None
+    return Approval(instance_id, item["fingerprint"]["S"], item.get("approvedAt", {}).get("S", ""))
+
+
+def _conditional(operation: str, call) -> bool:
+    """True if the write happened; False if its condition failed (someone else won)."""
+    try:
+        with transient_errors_named(operation):
+            call()
+        return True
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            return False
+        raise
+
+
+def put_first(table: str, record: Enrollment) -> bool:
+    """First presenter wins: store only if the instance has no enrollment yet."""
+    return _conditional("dynamodb:PutItem", lambda: client("dynamodb").put_item(
+        TableName=table, Item=enrollment_item(record), ConditionExpression="attribute_not_exists(sk)"))
+
+
+def put_approved(table: str, record: Enrollment) -> bool:
+    """Use the operator's approval once (deleted only if it still names this fingerprint), then store
+    the record over whatever was there. False if the approval was gone (used or replaced meanwhile)."""
+    dynamodb = client("dynamodb")
+    used = _conditional("dynamodb:DeleteItem", lambda: dynamodb.delete_item(
+        TableName=table, Key=_key(record.cluster, APPROVAL_PREFIX, record.instance_id),
+        ConditionExpression="fingerprint = :fingerprint",
+        ExpressionAttributeValues={":fingerprint": {"S": record.fingerprint}}))
+    if used:
+        with transient_errors_named("dynamodb:PutItem"):
+            dynamodb.put_item(TableName=table, Item=enrollment_item(record))
+    return used
+
+
+def mark_contested(table: str, cluster: str, instance_id: str, fingerprint: str) -> None:
+    """Contested until an operator re-enrolls it; the presenting fingerprint is kept for the operator."""
+    with transient_errors_named("dynamodb:UpdateItem"):
+        client("dynamodb").update_item(
+            TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id),
+            UpdateExpression="SET #status = :contested, contestedBy = list_append(if_not_exists(contestedBy, :none), :by)",
+            ConditionExpression="attribute_exists(sk)",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":contested": {"S": CONTESTED}, ":none": {"L": []}, ":by": {"L": [{"S": fingerprint}]}})
+
+
+def put_approval(table: str, cluster: str, instance_id: str, fingerprint: str, approved_at: str, now_epoch: int,
+                 dynamodb: Any = None) -> None:
+    """The operator's approval (hpops node approve-enrollment): the next enroll with this key wins."""
+    item = _key(cluster, APPROVAL_PREFIX, instance_id) | {
+        "fingerprint": {"S": fingerprint}, "approvedAt": {"S": approved_at},
+        "ttl": {"N": str(now_epoch + APPROVAL_TTL_SECONDS)}}
+    with transient_errors_named("dynamodb:PutItem"):
+        (dynamodb or client("dynamodb")).put_item(TableName=table, Item=item)
+
+
+def list_enrollments(table: str, cluster: str, dynamodb: Any = None) -> tuple[list[Enrollment], list[dict]]:
+    """(enrollments, pending approvals as {"instanceId", "fingerprint", "approvedAt"}) of the cluster."""
+    enrollments, approvals = [], []
+    paginator = (dynamodb or client("dynamodb")).get_paginator("query")
+    with transient_errors_named("dynamodb:Query"):
+        for page in paginator.paginate(TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+                                       ExpressionAttributeValues={":pk": {"S": enrollment_partition(cluster)}}):
+            for item in page.get("Items", []):
+                sk = item["sk"]["S"]
+                if sk.startswith(NODE_PREFIX):
+                    enrollments.append(enrollment_from_item(cluster, item))
+                elif sk.startswith(APPROVAL_PREFIX):
+                    approvals.append({"instanceId": sk[len(APPROVAL_PREFIX):], "fingerprint": item["fingerprint"]["S"],
+                                      "approvedAt": item.get("approvedAt", {}).get("S", "")})
+    return enrollments, approvals

@@ -1,0 +1,65 @@
+"""Enrollments and signed-report sequences in DynamoDB (moto): first presenter wins, an approval is used
+once, an older report is refused while the same one delivered again changes nothing."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from hpops_core.budget_guard.hold_state import store_agent_report
+from hpops_core.common import clients
+from hpops_core.node_channel import enrollment_store
+from hpops_core.node_channel.enrollment import Enrollment
+from hpops_core.node_channel.report_proof import ReportReplayError
+
+TABLE, CLUSTER, ID = "state", "lab", "i-0123456789abcdef0"
+
+
+@pytest.fixture
+def table(monkeypatch):
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        clients.reset_clients()
+        boto3.client("dynamodb").create_table(
+            TableName=TABLE, BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in ("pk", "sk")])
+        yield TABLE
+        clients.reset_clients()
+
+
+def record(fingerprint: str, via: str = "window") -> Enrollment:
+    return Enrollment(CLUSTER, ID, "ssh-ed25519 " + "A" * 68, fingerprint, "login", "login", "10.1.0.5", "enrolled",
+                      "2026-11-26T12:00:00Z", via)
+
+
+def test_first_presenter_wins_and_an_approval_is_used_once(table):
+    assert enrollment_store.put_first(table, record("SHA256:agent"))
+    assert not enrollment_store.put_first(table, record("SHA256:impostor"))
+    assert enrollment_store.get_enrollment(table, CLUSTER, ID).fingerprint == "SHA256:agent"
+
+    enrollment_store.mark_contested(table, CLUSTER, ID, "SHA256:impostor")
+    contested = enrollment_store.get_enrollment(table, CLUSTER, ID)
+    assert (contested.status, contested.contested_by) == ("contested", ("SHA256:impostor",))
+
+    enrollment_store.put_approval(table, CLUSTER, ID, "SHA256:agent", "2026-11-26T12:05:00Z", 1_800_000_000)
+    assert enrollment_store.get_approval(table, CLUSTER, ID, 1_800_000_001).fingerprint == "SHA256:agent"
+    assert enrollment_store.get_approval(table, CLUSTER, ID, 1_800_000_000 + 25 * 3600) is None, "expired"
+    assert not enrollment_store.put_approved(table, record("SHA256:impostor", "approval")), "another key's approval"
+    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"))
+    assert not enrollment_store.put_approved(table, record("SHA256:agent", "approval")), "single use"
+    records, approvals = enrollment_store.list_enrollments(table, CLUSTER)
+    assert [(r.status, r.via) for r in records] == [("enrolled", "approval")] and approvals == []
+
+
+def test_an_older_holds_report_is_refused_the_same_one_again_changes_nothing(table):
+    report = {"cluster": CLUSTER, "instanceId": ID, "reportedAt": "2026-11-26T12:00:00Z", "version": "v", "users": []}
+    assert store_agent_report(table, report, "2026-11-26T12:00:01Z", sequence=20)
+    assert store_agent_report(table, report, "2026-11-26T12:00:02Z", sequence=20)
+    with pytest.raises(ReportReplayError):
+        store_agent_report(table, report, "2026-11-26T12:00:03Z", sequence=19)
+    with pytest.raises(ReportReplayError):
+        store_agent_report(table, report | {"reportedAt": "2026-11-26T11:00:00Z"}, "x", sequence=21)

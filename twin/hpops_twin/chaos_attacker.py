@@ -1,0 +1,186 @@
+"""`make chaos` part 4: a cluster user holding only the node role (the twin's "agent" principal, IAM
+enforced) and none of the agent's files tries to act as a node. Each attack must be refused with a
+named error (and counted where an alarm watches it) and change nothing: no report stored, no
+session ended, nobody charged or held, every node still admitted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hpops_twin.attacker import Attacker, far_future, iso
+from hpops_twin.faults import ChaosTransport
+from hpops_twin.world import TwinWorld
+
+REPORT = "HyperPod Login Node Report"
+USAGE = "HyperPod Slurm Usage Report"
+HOLDS = "HyperPod Slurm Holds Report"
+
+
+@dataclass
+class Attack:
+    what: str
+    expect: str
+    error: str | None
+    mutating: dict
+    survived: bool
+
+
+def _stored(world: TwinWorld) -> dict:
+    """Everything a forged report or enrollment could change: reports, usage, holds, enrollments."""
+    table = world.resolver.physical_ids["SyncStateTable"]
+    items = {}
+    for kind in ("node-report", "enroll", "usage"):
+        pages = world.aws.client("dynamodb").get_paginator("scan").paginate(
+            TableName=table, FilterExpression="begins_with(pk, :kind)", ExpressionAttributeValues={":kind": {"S": kind}})
+        items[kind] = sorted(json.dumps(i, sort_keys=True) for page in pages for i in page["Items"])
+    return items
+
+
+def _last_error(world: TwinWorld, before: int) -> str | None:
+    runs = world.dispatcher.invocations[before:]
+    return next((r.error_type for r in reversed(runs) if r.error_type), None)
+
+
+def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
+    """(what, expected error, run -> observed error name[, prepare: what happened before, not the attack])."""
+    nodes = sorted((n for n in world.sim.nodes(world.cluster_name, world.login_group) if n.status == "Running"),
+                   key=lambda n: n.ip)
+    victim, other = nodes[0], nodes[1]
+    controller = world.sim.nodes(world.cluster_name, "controller-machine")
+    worker = next(n for n in world.sim.nodes(world.cluster_name) if n.instance_group_name not in
+                  (world.login_group, "controller-machine"))
+    now = dt.datetime.now(dt.timezone.utc)
+    stamp = now.isoformat(timespec="seconds")
+    table = world.resolver.physical_ids["SyncStateTable"]
+    base = {"format": "hpops.node.report.v1", "cluster": world.cluster_name, "instanceId": victim.instance_id,
+            "ip": victim.ip, "role": "login", "agentVersion": "1.0.0", "reportedAt": stamp, "trigger": "change"}
+
+    def sessions(user: str, count: int) -> dict:
+        return {"list": [{"handle": f"5eed0b07:{pid}:{pid * 10}", "user": user, "path": "ssh", "tty": True,
+                          "startedAt": "2026-01-01T08:00:00Z"} for pid in range(100, 100 + count)]}
+
+    # The controller's id (a world without a controller group: an id nobody enrolled, as a new controller's).
+    controller_id = controller[0].instance_id if controller else "i-0c0ffee0c0ffee0c0"
+    window = iso((now - dt.timedelta(hours=2)).replace(minute=0, second=0, microsecond=0))
+    window_end = iso((now - dt.timedelta(hours=1)).replace(minute=0, second=0, microsecond=0))
+    usage = {"format": "hpops.node.usage.v1", "cluster": world.cluster_name, "instanceId": controller_id,
+             "agentVersion": "1.0.0", "windowStart": window, "windowEnd": window_end, "final": True, "status": "ok",
+             "reason": "", "collectedAt": window_end, "partitionGroups": {}, "part": 1, "parts": 1,
+             "records": [{"key": f"{world.cluster_name}/{window}/bob/gpu", "user": "bob", "partition": "gpu",
+                          "nodeSeconds": 3_600_000, "cpuSeconds": 0, "gpuSeconds": 0, "jobs": 1}]}
+    future = usage | {"windowStart": "2099-01-01T00:00:00Z", "windowEnd": "2099-01-01T01:00:00Z",
+                      "collectedAt": "2099-01-01T01:00:00Z", "records": []}
+    holds = {"format": "hpops.node.user-holds-report.v1", "cluster": world.cluster_name, "instanceId": controller_id,
+             "agentVersion": "1.0.0", "reportedAt": far_future(), "version": "0123456789abcdef", "enforced": True,
+             "enforceReason": "", "users": []}
+
+    def event(detail_type: str, detail: dict, sign: bool = True) -> Callable[[], str | None]:
+        def run() -> str | None:
+            before = len(world.dispatcher.invocations)
+            attacker.put_report(detail_type, detail, sign=sign)
+            return _last_error(world, before)
+        return run
+
+    captured: list[dict] = []
+
+    def genuine_reports() -> None:
+        # A genuine signed report the attacker got hold of (an older one, sessions hidden), then the
+        # agent's newer report, delivered and kept.
+        agent = world.hosts.agents[victim.instance_id]
+        stored = json.loads(world.aws.client("dynamodb").get_item(TableName=table, Key={
+            "pk": {"S": f"node-report#{world.cluster_name}"}, "sk": {"S": f"node-report#{victim.instance_id}"}})["Item"]["report"]["S"])
+        stored.pop("receivedAt", None)
+        captured.append(agent.proof.sign_report(stored | {"reportedAt": stamp, "sessions": {"list": []}}))
+        newer = agent.proof.sign_report(stored | {"reportedAt": stamp})
+        world.aws.client("events").put_events(Entries=[{
+            "Source": "hpops.node", "DetailType": REPORT, "Detail": json.dumps(newer),
+            "EventBusName": world.output("NodeReportBusName")}])
+
+    def replay() -> str | None:
+        before = len(world.dispatcher.invocations)
+        attacker.put_report(REPORT, captured[0], sign=False)  # the attacker's copy, byte for byte
+        return _last_error(world, before)
+
+    def enroll(instance: Any, ip: str | None = None, launched_hours_ago: float | None = None) -> Callable[[], str | None]:
+        def run() -> str | None:
+            if launched_hours_ago is not None:
+                instance.launch_time = dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=launched_hours_ago)
+            return attacker.enroll(instance.instance_id, ip or instance.ip).get("error")
+        return run
+
+    def borrowed_statement() -> str | None:
+        # The victim agent's public key in the statement, signed with the attacker's key.
+        statement = {"cluster": world.cluster_name, "instanceId": victim.instance_id, "ip": victim.ip,
+                     "agentPublicKey": world.hosts.agents[victim.instance_id].proof.public_key(),
+                     "issuedAt": iso(dt.datetime.now(dt.timezone.utc)), "nonce": "n" * 24}
+        return attacker.invoke({"action": "enroll", "statement": statement,
+                                "proof": attacker.sign({"statement": statement}, "enroll")}).get("error")
+
+    return [
+        ("login report for another node inventing 2 sessions for bob (own key)", "NodeProofKeyMismatchError",
+         event(REPORT, base | {"sessions": sessions("bob", 2)})),
+        ("login report for another node hiding alice's sessions (own key)", "NodeProofKeyMismatchError",
+         event(REPORT, base | {"instanceId": other.instance_id, "ip": other.ip, "sessions": {"list": []}})),
+        ("login report with made-up host keys before signing (role only, unsigned)", "NodeProofMalformedError",
+         event(REPORT, base | {"hostIdentity": {"mode": "certificate", "result": "waiting", "publicKeys": {
+             "ed25519": "ssh-ed25519 " + "A" * 68}}}, sign=False)),
+        ("usage report from the controller charging bob 1,000 node-hours (own key)",
+         "NotEnrolledError" if not controller else "NodeProofKeyMismatchError", event(USAGE, usage)),
+        ("empty final usage window dated 2099 (own key)",
+         "NotEnrolledError" if not controller else "NodeProofKeyMismatchError", event(USAGE, future)),
+        ("holds report from the controller dated 2099 (unsigned)",
+         "NotEnrolledError" if not controller else "NodeProofMalformedError", event(HOLDS, holds, sign=False)),
+        ("usage report for a login node's id (its own enrolled role is login)", "ReportRoleError",
+         event(USAGE, usage | {"instanceId": other.instance_id})),
+        ("replay of an older genuine signed report of the victim's agent", "ReportReplayError", replay, genuine_reports),
+        ("second enrollment for an enrolled node, launched hours ago", "EnrollmentConflictError",
+         enroll(victim, launched_hours_ago=5)),
+        ("enrollment for a node that never enrolled, launched hours ago", "EnrollmentRefusedError",
+         enroll(worker)),
+        ("enrollment claiming another node's IP", "EnrollmentRefusedError", enroll(other, ip=victim.ip)),
+        ("enrollment naming the victim agent's public key, signed with the attacker's", "NodeProofKeyMismatchError",
+         borrowed_statement),
+        ("unknown NodeChannel action", "MalformedNodeChannelRequest",
+         lambda: attacker.invoke({"action": "become-root"}).get("error")),
+    ]
+
+
+def part_attacker(progress: Callable[[str], None] = lambda _: None) -> dict:
+    began = time.perf_counter()
+    outcomes: list[Attack] = []
+    findings: list[str] = []
+    with TwinWorld() as world, ChaosTransport(world).installed() as chaos:
+        result = world.wait([world.run_schedule()], timeout=120)[0]
+        if result.status != "SUCCEEDED":
+            findings.append(f"the first sync did not succeed: {result.error}")
+        attacker = Attacker(world)
+        admitted = world.target_ips()
+        for what, expect, run, *prepare in attacks(world, attacker):
+            for step in prepare:
+                step()
+            stored = _stored(world)
+            since = chaos.mark()
+            observed = run()
+            # What the stack's functions changed (a conditional write that was refused changed nothing).
+            mutating = dict(Counter(f"{c.service}.{c.operation}" for c in chaos.mutations(since)
+                                    if c.ok and c.sender.startswith("lambda:")))
+            changed = _stored(world) != stored
+            survived = observed == expect and not mutating and not changed
+            outcomes.append(Attack(what, expect, observed, mutating, survived))
+            progress(f"{'ok  ' if survived else 'MISS'} attacker: {what} -> {observed}")
+            if not survived:
+                findings.append(f"{what}: expected {expect}, observed {observed}; mutating calls {mutating or 'none'}; "
+                                f"stored items changed: {changed}")
+        if world.target_ips() != admitted:
+            findings.append(f"the target group changed: {admitted} -> {world.target_ips()}")
+    return {"part": "4 attacker with the node role", "tried": len(outcomes), "survived": sum(o.survived for o in outcomes),
+            "side_effects": sum(sum(o.mutating.values()) for o in outcomes),
+            "seconds": round(time.perf_counter() - began, 1), "findings": findings,
+            "attacks": [asdict(o) for o in outcomes], "ok": not findings}
