@@ -14,11 +14,15 @@ def test_the_whole_stack_deploys_under_the_deployer_policy_with_zero_denials():
         assert world.iam.denials == [] and world.iam.errors == []
         deployed = {action for principal, action, _ in world.iam.exercised if principal == DEPLOYER}
         # every kind of resource the template creates went through the deployer's policy
-        assert {"dynamodb:CreateTable", "kms:CreateKey", "secretsmanager:CreateSecret", "events:CreateEventBus",
-                "ec2:CreateSecurityGroup", "sqs:CreateQueue", "sns:CreateTopic", "logs:CreateLogGroup",
-                "elasticloadbalancing:CreateLoadBalancer", "elasticloadbalancing:CreateTargetGroup",
-                "elasticloadbalancing:CreateListener", "ssm:PutParameter", "lambda:CreateFunction",
-                "states:CreateStateMachine", "events:PutRule", "iam:PassRole"} <= deployed
+        assert {"dynamodb:CreateTable", "dynamodb:UpdateTimeToLive", "kms:CreateKey", "secretsmanager:CreateSecret",
+                "kms:GenerateDataKey", "kms:Decrypt", "events:CreateEventBus", "events:PutRule",
+                "ec2:CreateSecurityGroup", "ec2:AuthorizeSecurityGroupIngress", "ec2:AuthorizeSecurityGroupEgress",
+                "sqs:CreateQueue", "sqs:GetQueueAttributes", "sns:CreateTopic", "logs:CreateLogGroup",
+                "logs:PutRetentionPolicy", "elasticloadbalancing:CreateLoadBalancer",
+                "elasticloadbalancing:CreateTargetGroup", "elasticloadbalancing:ModifyTargetGroupAttributes",
+                "elasticloadbalancing:CreateListener", "elasticloadbalancing:ModifyListenerAttributes",
+                "ssm:PutParameter", "iam:GetRole", "iam:CreateRole", "iam:PassRole", "lambda:CreateFunction",
+                "states:CreateStateMachine"} <= deployed
         assert world.run_schedule()  # and the deployed stack runs
         assert world.wait_for_all()[0].status == "SUCCEEDED"
 

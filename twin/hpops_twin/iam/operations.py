@@ -136,6 +136,7 @@ def _rule(params: dict, lookup: Lookup) -> list[str]:
 
 TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
 TARGET_GROUP = "{TargetGroupArn}"
+SECURITY_GROUP = "arn:aws:ec2:{region}:{account}:security-group/{GroupId}"
 BUDGET = "arn:aws:budgets::{account}:budget/"
 
 OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
@@ -240,6 +241,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("eventbridge", "CreateEventBus"): ("events:CreateEventBus", "arn:aws:events:{region}:{account}:event-bus/{Name}"),
     ("eventbridge", "PutRule"): ("events:PutRule", _rule),
     ("ec2", "CreateSecurityGroup"): ("ec2:CreateSecurityGroup", _created_security_group),
+    ("ec2", "AuthorizeSecurityGroupIngress"): ("ec2:AuthorizeSecurityGroupIngress", SECURITY_GROUP),
+    ("ec2", "AuthorizeSecurityGroupEgress"): ("ec2:AuthorizeSecurityGroupEgress", SECURITY_GROUP),
     ("sqs", "CreateQueue"): ("sqs:CreateQueue", "arn:aws:sqs:{region}:{account}:{QueueName}"),
     ("sqs", "GetQueueAttributes"): ("sqs:GetQueueAttributes", _queue),
     ("sns", "CreateTopic"): ("sns:CreateTopic", "arn:aws:sns:{region}:{account}:{Name}"),
@@ -252,6 +255,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("elastic-load-balancing-v2", "ModifyTargetGroupAttributes"): ("elasticloadbalancing:ModifyTargetGroupAttributes",
                                                                   TARGET_GROUP),
     ("elastic-load-balancing-v2", "CreateListener"): ("elasticloadbalancing:CreateListener", "{LoadBalancerArn}"),
+    ("elastic-load-balancing-v2", "ModifyListenerAttributes"): ("elasticloadbalancing:ModifyListenerAttributes",
+                                                               "{ListenerArn}"),
     ("iam", "GetRole"): ("iam:GetRole", "arn:aws:iam::{account}:role/{RoleName}"),
     ("iam", "CreateRole"): ("iam:CreateRole", "arn:aws:iam::{account}:role/{RoleName}"),
     ("lambda", "CreateFunction"): ("lambda:CreateFunction", _function),
