@@ -27,6 +27,12 @@ SAMPLE_REQUEST = {
     "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/hpops-NodeAgentPolicy-1AB2C3", "Path": "/hpops/ml-research/instructions/",
     "KeyId": "0f1e2d3c-1111-2222-3333-444455556666", "Target": "sagemaker-cluster:abc123_login-i-0123456789abcdef0",
     "DocumentName": "AWS-StartNonInteractiveCommand",
+    # what provisioning the stack sends
+    "VpcId": "vpc-0123456789abcdef0", "QueueName": "hpops-DLQ", "logGroupName": "/aws/lambda/hpops-Parse", "Type": "network",
+    "LoadBalancerArn": f"arn:aws:elasticloadbalancing:us-east-1:{ACCOUNT}:loadbalancer/net/hpops-nlb/0123",
+    "Role": f"arn:aws:iam::{ACCOUNT}:role/hpops-exec", "roleArn": f"arn:aws:iam::{ACCOUNT}:role/hpops-exec", "name": "sync",
+    "KmsKeyId": "0f1e2d3c-1111-2222-3333-444455556666", "GroupId": "sg-0123456789abcdef0",
+    "ListenerArn": f"arn:aws:elasticloadbalancing:us-east-1:{ACCOUNT}:listener/net/hpops-nlb/0123/4567",
 }
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")

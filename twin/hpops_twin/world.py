@@ -53,7 +53,7 @@ from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, ge
 from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
-from hpops_twin.iam.enforce import IamEnforcer, acting_as
+from hpops_twin.iam.enforce import DEPLOYER, IamEnforcer, acting_as
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
 from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
@@ -402,7 +402,11 @@ class TwinWorld:
         enforcement = self.iam.installed()
         enforcement.__enter__()
         self._stack.append(enforcement)
-        self._provision()
+        try:
+            self._provision()
+        except BaseException:  # a failed deploy (e.g. denied): undo the mocks started above, then say why
+            self.__exit__(None, None, None)
+            raise
         self.budget = BudgetTwin.install(self)  # budget guard: UpdateBudget, CE cost, alert inboxes
         self.notification_log: list[dict] = []
         sqs = self.aws.client("sqs")
@@ -500,10 +504,13 @@ class TwinWorld:
                  if logical_id not in waits_for_machines]
         queue += [("AWS::Serverless::Function", logical_id, self.template.resources[logical_id])
                   for logical_id in sorted(waits_for_machines)]
-        for resource_type, logical_id, resource in queue:
-            if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
-                continue
-            getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
+        # CloudFormation creates each resource with the credentials of whoever runs `sam deploy`: the twin
+        # does so as the deployer, under docs/deployer-policy.json (a missing action fails the deploy).
+        with acting_as(DEPLOYER):
+            for resource_type, logical_id, resource in queue:
+                if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
+                    continue
+                getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
 
     def _physical_name(self, logical_id: str, limit: int = 64) -> str:
         return f"{STACK_NAME}-{logical_id}"[:limit]

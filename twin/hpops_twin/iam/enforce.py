@@ -36,7 +36,7 @@ from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
 from hpops_twin.iam.evaluate import Decision, TwinIamError, decide
 from hpops_twin.iam.operations import Check, Lookup, checks
-from hpops_twin.iam.principals import principal_policies
+from hpops_twin.iam.principals import deployer_policy, principal_policies
 
 # botocore service id -> (wire protocol, the AccessDenied error code that service sends)
 PROTOCOLS: dict[str, tuple[str, str]] = {
@@ -59,6 +59,7 @@ QUERY_NAMESPACES = {
 }
 EVENTS_SERVICE = "events.amazonaws.com"
 OPERATOR = "operator"
+DEPLOYER = "deployer"
 
 
 # Every enforcer of this process adds here: what a whole test run exercised and refused.
@@ -102,7 +103,7 @@ def request_parameters(service: str, request: Any) -> dict:
     if service == "lambda":
         path = request.url.split("://", 1)[-1].split("/", 1)[-1].split("?", 1)[0]
         parts = [unquote(p) for p in path.split("/")]
-        if "functions" in parts:
+        if "functions" in parts[:-1]:  # CreateFunction posts to .../functions and names it in the body
             params["FunctionName"] = parts[parts.index("functions") + 1]
     return params
 
@@ -189,6 +190,7 @@ class IamEnforcer:
         self.errors: list[str] = []  # requests the twin could not map or evaluate
         self._decisions: dict[tuple, Decision] = {}
         self._principals: dict[str, dict[str, dict]] | None = None
+        self._deployer_policies: dict[str, dict[str, dict]] | None = None
         self._resource_policies: dict[str, dict] = {}
         self._boundaries: dict[str, dict[str, dict]] = {}
         self._log_groups: dict[str, str] = {}
@@ -202,6 +204,15 @@ class IamEnforcer:
                 self._principals, self._resource_policies = grants.principals, grants.resource_policies
                 self._boundaries, self._log_groups = grants.boundaries, grants.log_groups
             return self._principals
+
+    def _deployer(self) -> dict[str, dict[str, dict]]:
+        with self._lock:
+            if self._deployer_policies is None:
+                policies = {"HpopsDeployer": deployer_policy()}
+                if self.policy_edit is not None:
+                    self.policy_edit(DEPLOYER, policies)
+                self._deployer_policies = {DEPLOYER: policies}
+            return self._deployer_policies
 
     def _lookup(self) -> Lookup:
         world = self.world
@@ -222,7 +233,8 @@ class IamEnforcer:
         key = (principal, check.action, check.resource, check.context)
         decision = self._decisions.get(key)
         if decision is None:
-            policies = self.policies()
+            # The deployer's policy names no resource of the stack: it is read before the stack exists.
+            policies = self._deployer() if principal == DEPLOYER else self.policies()
             context = dict(check.context)
             if principal == EVENTS_SERVICE or principal.startswith(EVENTS_SERVICE + "@"):
                 source_arn = principal.partition("@")[2]

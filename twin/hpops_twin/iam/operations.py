@@ -116,8 +116,27 @@ def _key(params: dict, lookup: Lookup) -> list[str]:
     return [key if key.startswith("arn:") else f"arn:aws:kms:{lookup.region}:{lookup.account}:key/{key}"]
 
 
+def _created_security_group(params: dict, lookup: Lookup) -> list[str]:
+    """CreateSecurityGroup is authorized on the VPC and on the group it makes (its id is not known yet)."""
+    prefix = f"arn:aws:ec2:{lookup.region}:{lookup.account}:"
+    return [prefix + f"vpc/{params['VpcId']}", prefix + "security-group/*"]
+
+
+def _created_load_balancer(params: dict, lookup: Lookup) -> list[str]:
+    kind = "net" if params.get("Type", "application") == "network" else "app"
+    return [f"arn:aws:elasticloadbalancing:{lookup.region}:{lookup.account}:loadbalancer/{kind}/{params['Name']}/*"]
+
+
+def _rule(params: dict, lookup: Lookup) -> list[str]:
+    """A rule on the default bus is rule/{Name}; on another bus rule/{EventBusName}/{Name}."""
+    bus = params.get("EventBusName") or "default"
+    path = params["Name"] if bus == "default" else f"{bus.rsplit('/', 1)[-1]}/{params['Name']}"
+    return [f"arn:aws:events:{lookup.region}:{lookup.account}:rule/{path}"]
+
+
 TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
 TARGET_GROUP = "{TargetGroupArn}"
+SECURITY_GROUP = "arn:aws:ec2:{region}:{account}:security-group/{GroupId}"
 BUDGET = "arn:aws:budgets::{account}:budget/"
 
 OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
@@ -212,6 +231,36 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("cloudformation", "DescribeStackResource"): ("cloudformation:DescribeStackResource",
                                                   "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"),
     ("cloudwatch", "DescribeAlarms"): ("cloudwatch:DescribeAlarms", _alarms),
+    # Provisioning the stack (the twin's deploy, as the deployer: docs/deployer-policy.json). Creating a
+    # resource is authorized on the ARN it will have; Lambda and Step Functions also need iam:PassRole
+    # on the role they are given (added in `checks`).
+    ("dynamodb", "CreateTable"): ("dynamodb:CreateTable", TABLE),
+    ("dynamodb", "UpdateTimeToLive"): ("dynamodb:UpdateTimeToLive", TABLE),
+    ("kms", "CreateKey"): ("kms:CreateKey", "*"),
+    ("secrets-manager", "CreateSecret"): ("secretsmanager:CreateSecret", "arn:aws:secretsmanager:{region}:{account}:secret:{Name}"),
+    ("eventbridge", "CreateEventBus"): ("events:CreateEventBus", "arn:aws:events:{region}:{account}:event-bus/{Name}"),
+    ("eventbridge", "PutRule"): ("events:PutRule", _rule),
+    ("ec2", "CreateSecurityGroup"): ("ec2:CreateSecurityGroup", _created_security_group),
+    ("ec2", "AuthorizeSecurityGroupIngress"): ("ec2:AuthorizeSecurityGroupIngress", SECURITY_GROUP),
+    ("ec2", "AuthorizeSecurityGroupEgress"): ("ec2:AuthorizeSecurityGroupEgress", SECURITY_GROUP),
+    ("sqs", "CreateQueue"): ("sqs:CreateQueue", "arn:aws:sqs:{region}:{account}:{QueueName}"),
+    ("sqs", "GetQueueAttributes"): ("sqs:GetQueueAttributes", _queue),
+    ("sns", "CreateTopic"): ("sns:CreateTopic", "arn:aws:sns:{region}:{account}:{Name}"),
+    ("cloudwatch-logs", "CreateLogGroup"): ("logs:CreateLogGroup", "arn:aws:logs:{region}:{account}:log-group:{logGroupName}"),
+    ("cloudwatch-logs", "PutRetentionPolicy"): ("logs:PutRetentionPolicy",
+                                                "arn:aws:logs:{region}:{account}:log-group:{logGroupName}"),
+    ("elastic-load-balancing-v2", "CreateLoadBalancer"): ("elasticloadbalancing:CreateLoadBalancer", _created_load_balancer),
+    ("elastic-load-balancing-v2", "CreateTargetGroup"): ("elasticloadbalancing:CreateTargetGroup",
+                                                        "arn:aws:elasticloadbalancing:{region}:{account}:targetgroup/{Name}/*"),
+    ("elastic-load-balancing-v2", "ModifyTargetGroupAttributes"): ("elasticloadbalancing:ModifyTargetGroupAttributes",
+                                                                  TARGET_GROUP),
+    ("elastic-load-balancing-v2", "CreateListener"): ("elasticloadbalancing:CreateListener", "{LoadBalancerArn}"),
+    ("elastic-load-balancing-v2", "ModifyListenerAttributes"): ("elasticloadbalancing:ModifyListenerAttributes",
+                                                               "{ListenerArn}"),
+    ("iam", "GetRole"): ("iam:GetRole", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("iam", "CreateRole"): ("iam:CreateRole", "arn:aws:iam::{account}:role/{RoleName}"),
+    ("lambda", "CreateFunction"): ("lambda:CreateFunction", _function),
+    ("sfn", "CreateStateMachine"): ("states:CreateStateMachine", "arn:aws:states:{region}:{account}:stateMachine:{name}"),
 }
 
 
@@ -242,6 +291,9 @@ def _leading_keys(service: str, operation: str, params: dict) -> tuple[tuple[str
     return (("dynamodb:leadingkeys", tuple(values)),) if values else ()
 
 
+# Operations that hand a role to the service, and the parameter naming it.
+PASSES_ROLE = {("lambda", "CreateFunction"): "Role", ("sfn", "CreateStateMachine"): "roleArn"}
+
 # Operations AWS answers for any caller: "No permissions are required to perform this operation."
 NEEDS_NO_PERMISSION = {("sts", "GetCallerIdentity")}
 
@@ -268,7 +320,14 @@ def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[C
         # S3 answers a missing object with 404 only to a caller who may list the bucket; to others with
         # 403 AccessDenied, so that objects' existence does not leak.
         found.append(Check("s3:ListBucket", f"arn:aws:s3:::{params['Bucket']}"))
-    if service == "secrets-manager":
+    if (service, operation) in PASSES_ROLE:
+        found.append(Check("iam:PassRole", params[PASSES_ROLE[(service, operation)]]))
+    if (service, operation) == ("secrets-manager", "CreateSecret"):
+        # A secret under a customer managed key: Secrets Manager asks KMS for a data key and decrypts it.
+        key = _key({"KeyId": params["KmsKeyId"]}, lookup)[0] if params.get("KmsKeyId") else None
+        found += [c for action in ("kms:GenerateDataKey", "kms:Decrypt")
+                  for c in _kms_via("secretsmanager", action, key, lookup)]
+    elif service == "secrets-manager":
         key = lookup.secret_key_arn(resources[0])
         found += _kms_via("secretsmanager", "kms:Decrypt" if operation == "GetSecretValue" else "kms:GenerateDataKey",
                           key, lookup)

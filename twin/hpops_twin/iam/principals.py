@@ -10,6 +10,8 @@ Principals:
     statemachine:<LogicalId>  the state machine's role (its Lambda invokes, direct integrations)
     rule:<RuleLogicalId>      the role EventBridge uses to start the rule's state machine
     agent                     the node agent: NodeAgentPolicy on the instance group's role
+    deployer                  whoever runs `sam deploy`: docs/deployer-policy.json (the twin provisions the
+                              stack as it; the policy's own test holds the file to template.yaml)
     events.amazonaws.com      EventBridge itself, allowed only by resource policies (the DLQ's)
 """
 
@@ -26,12 +28,18 @@ from hpops_twin.iam.evaluate import TwinIamError
 from hpops_twin.template_model import Resolver, TemplateModel
 
 MANAGED_POLICIES_PATH = Path(__file__).with_name("managed_policies.json")
+DEPLOYER_POLICY_PATH = Path(__file__).resolve().parents[3] / "docs" / "deployer-policy.json"
 
 
 @cache
 def managed_policies() -> dict[str, dict]:
     data = json.loads(MANAGED_POLICIES_PATH.read_text(encoding="utf-8"))
     return {arn: document for arn, document in data.items() if not arn.startswith("_")}
+
+
+def deployer_policy() -> dict:
+    """A fresh copy of the deployer's policy as docs/ publishes it (a test may edit its copy)."""
+    return json.loads(DEPLOYER_POLICY_PATH.read_text(encoding="utf-8"))
 
 
 class _ManagedPolicyLoader:
