@@ -46,6 +46,9 @@ from hpops_node_agent import bundle as bundle_module
 pytestmark = pytest.mark.realssh
 
 UNIT = Path(__file__).resolve().parents[2] / "node/hpops_node_agent/lifecycle/hpops-node-agent.service"
+# The test's interpreter (the venv) and checkout stand in for the node's /usr/bin/python3: kept visible if
+# they live under a /tmp the unit's PrivateTmp replaces (a CI clone may).
+HOST_PATHS = tuple(sorted({sys.prefix, str(Path(__file__).resolve().parents[2])}))
 LOGIN_ID, CONTROLLER_ID = "i-0a1b2c3d4e5f60730", "i-0a1b2c3d4e5f60731"
 # What an Ubuntu node has before the agent is installed; install.sh makes the rest.
 NODE_DIRECTORIES = ("etc/ssh", "etc/security/limits.d", "etc/systemd/system", "var/backups", "var/lib", "run")
@@ -147,7 +150,7 @@ def run_in_sandbox(root: Path, unit: Path, stack: Stack, until, timeout: float =
     env = agent_env(stack) | unit_env
     log = Path(tempfile.mkstemp(prefix="hpops-sandboxed-agent-")[1])
     with log.open("wb") as out:
-        process = subprocess.Popen(Sandbox.from_unit(unit.read_text()).command(root, argv), stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(Sandbox.from_unit(unit.read_text()).command(root, argv, HOST_PATHS), stdin=subprocess.DEVNULL,
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + timeout
@@ -175,7 +178,7 @@ def test_the_sandbox_is_read_from_the_unit_file():
 
 def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
     sandbox = Sandbox.from_unit(UNIT.read_text())
-    missing = subprocess.run(sandbox.command(node_root, ["true"]), capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(sandbox.command(node_root, ["true"], HOST_PATHS), capture_output=True, text=True, timeout=60)
     assert missing.returncode == 226 and "226/NAMESPACE" in missing.stderr  # as systemd: a writable path is missing
     for path, _ in sandbox.writable:
         (node_root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)  # what install.sh makes
@@ -184,14 +187,14 @@ def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
     allowed = node_root / "etc/ssh/probe"
     forbidden = [node_root / "etc/probe", node_root / "usr-probe", Path("/etc/hpops-unit-sandbox-probe")]
     result = subprocess.run(sandbox.command(node_root, [sys.executable, "-c", probe, str(allowed),
-                                                        *map(str, forbidden)]),
+                                                        *map(str, forbidden)], HOST_PATHS),
                             capture_output=True, text=True, timeout=60)
     assert f"wrote {allowed}" in result.stdout, result.stdout + result.stderr
     for path in forbidden:
         assert f"refused {path} Read-only file system" in result.stdout, result.stdout + result.stderr
         assert not path.exists()
     # PrivateDevices=yes: the basic pseudo-devices only, no disks.
-    devices = subprocess.run(sandbox.command(node_root, ["ls", "/dev"]), capture_output=True, text=True, timeout=60)
+    devices = subprocess.run(sandbox.command(node_root, ["ls", "/dev"], HOST_PATHS), capture_output=True, text=True, timeout=60)
     assert set(devices.stdout.split()) == {"full", "null", "pts", "random", "shm", "tty", "urandom", "zero"}
 
 

@@ -125,12 +125,20 @@ class Sandbox:
                    last("PrivateTmp") in ("yes", "true"), tuple(kernel), last("UMask", "0022"),
                    last("PrivateDevices") in ("yes", "true"))
 
-    def script(self, root: Path) -> str:
-        """bash: set up the namespace for a node rebased at ``root``, then exec "$@"."""
+    def script(self, root: Path, host_paths: Tuple[str, ...] = ()) -> str:
+        """bash: set up the namespace for a node rebased at ``root``, then exec "$@".
+
+        ``host_paths``: the test host's own interpreter and checkout, which stand in for the node's
+        /usr/bin/python3; a checkout under /tmp (CI may clone there) stays visible, read-only, under
+        PrivateTmp, as /usr would on a node. Nothing of the node's is kept that way."""
         def at(path: str) -> str:
             return shlex.quote(str(root) + ("" if path == "/" else path))
 
+        under_tmp = [p for p in host_paths if self.private_tmp and p.startswith(("/tmp/", "/var/tmp/"))]
         lines = ["set -eu", "mount --make-rprivate /"]
+        if under_tmp:
+            # Reached through a bind made before the private /tmp hides them (/dev/shm: never made read-only).
+            lines += ["keep=$(mktemp -d /dev/shm/unit-sandbox-keep.XXXXXX)", 'mount --rbind / "$keep"']
         for path, mode in self.created:
             lines.append(f"install -d -m {mode} {at(path)}")
         for path, optional in self.writable:
@@ -156,6 +164,12 @@ class Sandbox:
                 lines.append(f"if [ -d {target} ]; then mount -t tmpfs -o ro,mode=000 tmpfs {target}; fi")
         if self.private_tmp:
             lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
+            for path in under_tmp:
+                quoted = shlex.quote(path)
+                lines += [f"mkdir -p {quoted}", f'mount --rbind "$keep"{quoted} {quoted}',
+                          f"mount -o remount,bind,ro {quoted}"]
+            if under_tmp:
+                lines += ['umount -l "$keep"', 'rmdir "$keep"']
         if self.private_devices:
             # Built on a tmpfs mounted over /mnt (in this namespace only), then moved over /dev.
             lines += ["staging=/mnt",
@@ -169,5 +183,6 @@ class Sandbox:
         lines += [f"umask {shlex.quote(self.umask)}", 'exec "$@"']
         return "\n".join(lines)
 
-    def command(self, root: Path, argv: List[str]) -> List[str]:
-        return ["unshare", "-m", "--propagation", "private", "bash", "-c", self.script(root), "unit-sandbox", *argv]
+    def command(self, root: Path, argv: List[str], host_paths: Tuple[str, ...] = ()) -> List[str]:
+        return ["unshare", "-m", "--propagation", "private", "bash", "-c", self.script(root, host_paths),
+                "unit-sandbox", *argv]
