@@ -340,6 +340,8 @@ def test_twin_commands_say_how_to_get_the_twin_when_it_is_not_installed(capsys, 
     from hpops import main as cli
 
     monkeypatch.setitem(sys.modules, "hpops_twin", None)  # as in an operator's `pip install .`
+    for loaded in [name for name in sys.modules if name.startswith("hpops_twin.")]:
+        monkeypatch.delitem(sys.modules, loaded)  # an earlier test's import must not stand in for the twin
     assert cli.main(["demo"]) == 2
     assert "pip install -e ./twin" in capsys.readouterr().out
 
