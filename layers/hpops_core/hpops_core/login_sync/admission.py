@@ -245,7 +245,8 @@ def decide_admission(nodes: Iterable[NodeLoad], previous: AdmissionState, policy
                            f"{floor} node(s) taking new connections")
         reasons += [f"{c[1].instance_id} is hot too; one node leaves per run" for c in candidates if c[1] is not node]
 
-    imbalance = imbalance_now(nodes, out)
+    # A node really out of rotation takes no new connection: its sessions are the past, not a spread to alarm on.
+    imbalance = imbalance_now(nodes, out if mode == "on" else {})
     imbalance_since = (previous.imbalance_since or now) if imbalance else None
     sustained = imbalance if imbalance and now - imbalance_since >= policy.imbalance_sustain_seconds else None  # type: ignore[operator]
     figures = {"pressureMean": None if tier.pressure_mean is None else round(tier.pressure_mean, 1),
