@@ -164,8 +164,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     running_reports = {n["instanceId"]: reports[n["instanceId"]] for n in login_nodes if reports.get(n["instanceId"])}
     document["loginSessions"] = _login_sessions(parameters, running_reports)
     document["spread"] = session_spread(running_reports, [n["instanceId"] for n in login_nodes])
+    document["admission"] = _admission(dynamodb, table, cluster, parameters.get("LoadAwareAdmission", "off"), now)
     print_status(document, as_json=args.json)
     return document["exitStatus"]
+
+
+def _admission(dynamodb: Any, table: str, cluster: str, mode: str, now: dt.datetime) -> dict:
+    """Load-aware admission's record: which login nodes are out of rotation for new connections, and why.
+    A stack from before the parameter, or with it off, has none to read."""
+    from hpops_core.common.state_table import admission_partition
+    from hpops_core.login_sync.admission import AdmissionState
+    from hpops_core.login_sync.config import ADMISSION_RECORD_MAX_AGE_SECONDS
+
+    if mode == "off":
+        return {"mode": "off"}
+    item = dynamodb.get_item(TableName=table, Key={"pk": {"S": admission_partition(cluster)},
+                                                   "sk": {"S": "login-admission"}}).get("Item")
+    state = AdmissionState.from_json(json.loads(item["state"]["S"])) if item else AdmissionState()
+    age = int(now.timestamp()) - state.decided_at if item else None
+    return {"mode": mode, "lastRunSecondsAgo": age,
+            "stale": age is None or age > ADMISSION_RECORD_MAX_AGE_SECONDS,
+            "out": [{"instanceId": i, "ip": o.ip, "since": _iso(o.since), "reason": o.reason}
+                    for i, o in sorted(state.out.items())]}
+
+
+def _iso(epoch: int) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _login_sessions(parameters: Mapping[str, str], reports: Mapping[str, Mapping]) -> dict:

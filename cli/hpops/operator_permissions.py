@@ -45,6 +45,7 @@ NODE_REPORTS = ("node-report#{parameter:ClusterName}",)
 SPEND_ITEMS = ("usage#{parameter:ClusterName}", "usage#{parameter:ClusterName}#*", "budget#{parameter:ClusterName}")
 BUDGET_ITEMS = ("budget#{parameter:ClusterName}",)  # a release is a budget item
 ENROLLMENTS = ("enroll#{parameter:ClusterName}",)  # agent keys and operator approvals
+ADMISSION = ("admission#{parameter:ClusterName}",)  # load-aware admission's record
 
 READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
 SPEND = (
@@ -62,6 +63,7 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     "status": READ_STACK + SPEND + (
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, ADMISSION),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),

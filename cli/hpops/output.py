@@ -336,6 +336,7 @@ def status_text(document: Mapping) -> list[str]:
         if sessions.get("runAs"):
             lines.append(f"  Session Manager: {sessions['runAs']}")
     lines += spread_text(d.get("spread"))
+    lines += admission_text(d.get("admission"))
     lines += login_sessions_text(d.get("loginSessions"))
     spend = d["spend"]
     if not spend.get("available"):
@@ -363,6 +364,23 @@ def spread_text(spread: Mapping | None) -> list[str]:
         lines.append(f"  {node['instanceId']:<21} " + ("no report" if node["sessions"] is None else
                                                        f"{node['sessions']} sessions, {node['users']} users"))
     return lines
+
+
+def admission_text(admission: Mapping | None) -> list[str]:
+    """`hpops status` lines: load-aware admission's mode and the nodes it keeps out of rotation, with why."""
+    if not admission or admission["mode"] == "off":
+        return []
+    head = "admission (dry-run: nothing is moved)" if admission["mode"] == "dry-run" else "admission (on)"
+    if admission["stale"]:
+        last = ("never ran" if admission["lastRunSecondsAgo"] is None
+                else f"last ran {admission['lastRunSecondsAgo'] // 60} min ago")
+        return [f"{head}: {last}: the sync keeps every login node in rotation "
+                "(look for LoginAdmission's errors and EventDeliveryDLQAlarm)"]
+    if not admission["out"]:
+        return [f"{head}: every login node takes new connections"]
+    verb = "would be out of rotation" if admission["mode"] == "dry-run" else "out of rotation for new connections"
+    return [f"{head}:"] + [f"  {o['instanceId']:<21} {verb} since {_date(o['since'])}: {o['reason']}"
+                           for o in admission["out"]]
 
 
 # The one step that turns session limits on (docs/session-limits.md#dry-run-first).

@@ -216,7 +216,8 @@ def deployment(region, monkeypatch, session_hooks):
         login = sorted(sim.nodes(CLUSTER, "login"), key=lambda n: n.ip)
         sim.replace_node(CLUSTER, login[0].instance_id)
         create_stack(
-            parameters={"ClusterName": CLUSTER, "ClusterArn": sim.cluster(CLUSTER).arn, "LoginGroupName": "login"},
+            parameters={"ClusterName": CLUSTER, "ClusterArn": sim.cluster(CLUSTER).arn, "LoginGroupName": "login",
+                        "LoadAwareAdmission": "on"},
             resources={
                 "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.1.0.0/16"}},
                 "LoginTargetGroup": {"Type": "AWS::ElasticLoadBalancingV2::TargetGroup", "Properties": {
@@ -480,6 +481,30 @@ def test_status_shows_each_users_sessions_by_path_and_node_against_the_limit(dep
         "spread: 4 sessions on 2 reporting login node(s), 2 per node, busiest 1.50x the mean",
         *sorted([f"  {first_id:<21} 3 sessions, 2 users", f"  {second_id:<21} 1 sessions, 1 users"],
                 key=lambda line: line.split()[0])]
+
+
+def test_status_shows_which_nodes_load_aware_admission_keeps_out_of_rotation_and_why(deployment, capsys):
+    (first_id, first_ip), (second_id, second_ip) = _running_login(deployment)
+    _register([second_ip])
+    key = {"pk": {"S": f"admission#{CLUSTER}"}, "sk": {"S": "login-admission"}}
+    table = stack_outputs()["SyncStateTableName"]
+    _, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+    assert _section(out, "admission")[0] == ("admission (on): never ran: the sync keeps every login node in rotation "
+                                             "(look for LoginAdmission's errors and EventDeliveryDLQAlarm)")
+    since = int(NOW.timestamp()) - 720
+    state = {"out": {first_id: {"ip": first_ip, "since": since, "reason": "pressure 80% against the tier's mean 22%"}},
+             "hotSince": {}, "imbalanceSince": None, "mode": "on", "decidedAt": int(NOW.timestamp()) - 120}
+    boto3.client("dynamodb").put_item(TableName=table, Item=key | {"state": {"S": json.dumps(state)}, "version": {"N": "3"}})
+
+    _, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION)
+    assert _section(out, "admission")[:2] == [
+        "admission (on):",
+        f"  {first_id:<21} out of rotation for new connections since 2026-11-20 11:48:00Z: "
+        "pressure 80% against the tier's mean 22%"]
+    _, out, _ = run(capsys, "status", "--stack-name", STACK_NAME, "--region", REGION, "--json")
+    assert json.loads(out)["admission"] == {"mode": "on", "lastRunSecondsAgo": 120, "stale": False, "out": [
+        {"instanceId": first_id, "ip": first_ip, "since": "2026-11-20T11:48:00Z",
+         "reason": "pressure 80% against the tier's mean 22%"}]}
 
 
 def test_status_lists_the_months_top_spenders_from_the_cost_report(deployment, capsys, monkeypatch):

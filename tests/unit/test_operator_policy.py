@@ -77,7 +77,7 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     kinds = {a: s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] for s in document["Statement"]
              for a in s["Action"] if a.startswith("dynamodb:")}
     assert kinds == {
-        "dynamodb:GetItem": ["budget#ml-research", "ce-cache#ml-research", "cluster#ml-research", "usage#ml-research",
+        "dynamodb:GetItem": ["admission#ml-research", "budget#ml-research", "ce-cache#ml-research", "cluster#ml-research", "usage#ml-research",
                              "usage#ml-research#*"],
         "dynamodb:Query": ["budget#ml-research", "enroll#ml-research", "node-report#ml-research", "usage#ml-research",
                            "usage#ml-research#*"],
@@ -108,17 +108,17 @@ def test_doctors_s3_reads_name_the_lifecycle_buckets_given_else_are_on_star_with
 
 
 def test_the_item_kinds_named_here_are_the_state_tables():
-    from hpops.operator_permissions import LEASE, NODE_REPORTS, SPEND_ITEMS
+    from hpops.operator_permissions import ADMISSION, LEASE, NODE_REPORTS, SPEND_ITEMS
     from hpops_core.budget_guard.alert_state import partition_key
     from hpops_core.budget_guard.usage_store import month_key, status_key
-    from hpops_core.common.state_table import lease_partition, node_report_partition
+    from hpops_core.common.state_table import admission_partition, lease_partition, node_report_partition
 
     def named(pattern: str) -> str:
         return pattern.replace("{parameter:ClusterName}", "ml-research").replace("*", "2026-11")
 
-    assert [named(k) for k in LEASE + NODE_REPORTS + SPEND_ITEMS] == [
+    assert [named(k) for k in LEASE + NODE_REPORTS + SPEND_ITEMS + ADMISSION] == [
         lease_partition("ml-research"), node_report_partition("ml-research"), status_key("ml-research"),
-        month_key("ml-research", "2026-11"), partition_key("ml-research")]
+        month_key("ml-research", "2026-11"), partition_key("ml-research"), admission_partition("ml-research")]
 
 
 def test_the_stacks_alarms_carry_the_stack_name_the_describe_alarms_grant_names():

@@ -13,14 +13,12 @@ update only its key of a bench JSON file.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from hpops_twin import nlb_model
-from hpops_twin.template_model import REPO_ROOT
+from hpops_twin.bench_section import run_alone
 from hpops_twin.world import TwinWorld
 
 KEY = "balance"
@@ -89,15 +87,7 @@ def balance_section() -> tuple[list[BalanceRow], dict[str, bool]]:
 def main(argv: list[str]) -> int:
     """Run this section alone; `--merge FILE` also replaces only its key in that bench JSON file."""
     rows, verdicts = balance_section()
-    for text, ok in verdicts.items():
-        print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
-    if argv[:1] == ["--merge"]:
-        path = Path(argv[1]) if len(argv) > 1 else REPO_ROOT / "docs" / "bench.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data[KEY] = [asdict(r) for r in rows]
-        data["targets"] = {k: v for k, v in data.get("targets", {}).items() if k not in verdicts} | verdicts
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return 0 if all(verdicts.values()) else 1
+    return run_alone(argv, verdicts, {KEY: [asdict(r) for r in rows]})
 
 
 if __name__ == "__main__":

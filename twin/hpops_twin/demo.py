@@ -155,6 +155,10 @@ class Demo:
                 lines = [f"sign host certificates for {invocation.event['instanceId']}: {result['reason']}"]
             elif invocation.function.endswith("GateTargetChangesFunction"):
                 lines = result.get("reasons", [])
+            elif invocation.function.endswith("LoginAdmissionFunction"):
+                verb = "" if result.get("mode") == "on" else "would "
+                lines = [f"admission: {verb}{m['action']} rotation {m['instanceId']}: {m['reason']}"
+                         for m in result.get("moves", [])]
             for line in lines:
                 if line not in summary["reasons"]:
                     summary["reasons"].append(line)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
+from hpops_twin.admission_demo import admission_steps
 from hpops_twin.budget_demo import budget_steps
 from hpops_twin.certificate_demo import run_certificate_chapter
 from hpops_twin.demo import Demo, fitted, say_now, spread_line
@@ -27,10 +28,12 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     denials_before = len(SUITE_DENIALS)
     out(f"[{0:6.2f}s] building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
         "a node agent per login node")
-    with TwinWorld(parameters=ENFORCING) as world:  # the demo shows limits enforced
+    # The demo shows limits enforced and load-aware admission acting, not their dry runs.
+    with TwinWorld(parameters=ENFORCING | {"LoadAwareAdmission": "on"}) as world:
         demo = Demo(world, out, started)
         steps = demo.run()
         demo.say(spread_line(world))
+        admission_steps(demo)
         session_limit_steps(demo)
         budget_steps(demo)
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time

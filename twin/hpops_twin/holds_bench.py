@@ -17,7 +17,6 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable
 
 from botocore.exceptions import ClientError
@@ -26,7 +25,7 @@ from hpops.main import release_user
 from hpops_core.node_channel import user_holds
 from hpops_twin import user_spend_demo as chapter
 from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, run_holds
-from hpops_twin.template_model import REPO_ROOT
+from hpops_twin.bench_section import run_alone
 from hpops_twin.user_spend_twin import execution_clock
 
 KEY, BOUND_KEY = "budget_holds", "hold_bound"
@@ -141,17 +140,8 @@ def bound_record(rows: list[HoldLatency]) -> dict:
 def main(argv: list[str]) -> int:
     """Run this section alone; `--merge FILE` also replaces only its keys in that bench JSON file."""
     rows, verdicts = holds_section()
-    for text, ok in verdicts.items():
-        print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
-    if argv[:1] == ["--merge"]:
-        path = Path(argv[1]) if len(argv) > 1 else REPO_ROOT / "docs" / "bench.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data[KEY] = [asdict(r) for r in rows]
-        data[BOUND_KEY] = bound_record(rows)
-        stale = {k for k in data.get("targets", {}) if k.startswith("budget hold:")}
-        data["targets"] = {k: v for k, v in data.get("targets", {}).items() if k not in stale} | verdicts
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return 0 if all(verdicts.values()) else 1
+    return run_alone(argv, verdicts, {KEY: [asdict(r) for r in rows], BOUND_KEY: bound_record(rows)},
+                     stale_target=lambda text: text.startswith("budget hold:"))
 
 
 if __name__ == "__main__":

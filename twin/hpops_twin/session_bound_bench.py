@@ -22,18 +22,17 @@ can update only its key of a bench JSON file.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from hpops_core.node_channel import contract
 from hpops_node_agent.agent import JITTER
 from hpops_twin.cost_model import HOURS_PER_MONTH, per_month
 from hpops_twin.ssh_logins import SshLogins
-from hpops_twin.template_model import REPO_ROOT, TemplateModel
+from hpops_twin.bench_section import run_alone
+from hpops_twin.template_model import TemplateModel
 from hpops_twin.world import ENFORCING, TwinWorld
 
 KEY = "session_limit_bound"
@@ -218,15 +217,7 @@ def session_bound_section() -> tuple[list[BoundRow], dict[str, bool]]:
 def main(argv: list[str]) -> int:
     """Run this section alone; `--merge FILE` also replaces only its key in that bench JSON file."""
     rows, verdicts = session_bound_section()
-    for text, ok in verdicts.items():
-        print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
-    if argv[:1] == ["--merge"]:
-        path = Path(argv[1]) if len(argv) > 1 else REPO_ROOT / "docs" / "bench.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
-        data[KEY] = bound_record(rows)
-        data["targets"] = {k: v for k, v in data.get("targets", {}).items() if k not in verdicts} | verdicts
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return 0 if all(verdicts.values()) else 1
+    return run_alone(argv, verdicts, {KEY: bound_record(rows)})
 
 
 if __name__ == "__main__":
