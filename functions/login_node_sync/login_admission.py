@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from hpops_core.common.observability import handler_tools
 from hpops_core.common.clients import start_named_execution
 from hpops_core.login_sync import admission, admission_store, target_group
-from hpops_core.login_sync.config import AdmissionConfig
+from hpops_core.login_sync.config import ADMISSION_RECORD_MAX_AGE_SECONDS, AdmissionConfig
 from hpops_core.node_channel import report_store
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
@@ -32,7 +32,7 @@ def decide_login_admission(event: dict, context: LambdaContext) -> dict:
     config = AdmissionConfig.from_env()
     now = int(time.time())
     registered = {t.ip: t.state for t in target_group.describe_targets(config.target_group_arn)
-                  if t.state not in ("draining",)}
+                  if t.port == config.ssh_port and t.state != "draining"}
     reports = {i: r | {"receivedEpoch": _epoch(r.get("receivedAt"))}
                for i, r in report_store.cluster_reports(config.state_table, config.cluster_name).items()}
     previous, version = admission_store.read_admission(config.state_table, config.cluster_name)
@@ -44,7 +44,9 @@ def decide_login_admission(event: dict, context: LambdaContext) -> dict:
         logger.info(f"{verb}{move.action} rotation", extra={"instanceId": move.instance_id, "ip": move.ip,
                                                            "reason": move.reason, "mode": config.mode})
     started = False
-    if config.mode == "on" and admission.rotation_changed(previous, decision.state):
+    # Also when switched from "on" to "dry-run": the nodes it held out come back now, not at the next sweep.
+    changed = admission.rotation_changed(previous, decision.state, ADMISSION_RECORD_MAX_AGE_SECONDS)
+    if changed and "on" in (config.mode, previous.mode):
         # The sweep reconciles the whole login group, reading this record: one writer of the target group.
         started = start_named_execution(config.sync_state_machine_arn, f"admission-{now}-{version + 1}",
                                         {"cluster": config.cluster_name, "mode": "sweep", "dryRun": False,

@@ -11,9 +11,9 @@ RESOURCES = TEMPLATE.raw["Resources"]
 BODY, VARIABLES = RESOURCES["OperatorDashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
 
 
-def substituted(user_spend: bool = True) -> dict:
+def substituted(user_spend: bool = True, admission: bool = True) -> dict:
     """The body as CloudFormation would render it, with stand-ins for the values it fills in, and
-    the per-user parts (Fn::If on UserSpendOn) in or out."""
+    the per-user parts (Fn::If on UserSpendOn) and load-aware admission's (AdmissionOn) in or out."""
     stand_ins = {"AlarmArns": '","'.join(f"arn:aws:cloudwatch:us-east-1:123456789012:alarm:{n}" for n in alarm_names())}
 
     def value(match: re.Match) -> str:
@@ -21,9 +21,9 @@ def substituted(user_spend: bool = True) -> dict:
         variable = VARIABLES.get(name)
         if isinstance(variable, dict) and "Fn::If" in variable:
             condition, when_on, when_off = variable["Fn::If"]
-            assert condition == "UserSpendOn"
+            on = {"UserSpendOn": user_spend, "AdmissionOn": admission}[condition]
             text = when_on["Fn::Sub"] if isinstance(when_on, dict) else when_on
-            return re.sub(r"\$\{([^}]+)\}", value, text) if user_spend else when_off
+            return re.sub(r"\$\{([^}]+)\}", value, text) if on else when_off
         return stand_ins.get(name, f"<{name}>")
     return json.loads(re.sub(r"\$\{([^}]+)\}", value, BODY))
 
@@ -119,3 +119,11 @@ def test_the_spread_graph_reads_the_line_check_reported_sessions_logs():
     core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "session_limits" / "cluster_sessions.py").read_text()
     for field in ("maxOverMean", "meanPerNode"):
         assert f"max({field})" in query and f'"{field}"' in core
+
+
+def test_the_admission_table_reads_the_moves_login_admission_logs_and_goes_with_it():
+    [table] = [w for w in substituted()["widgets"] if w["type"] == "log" and "rotation" in w["properties"]["query"]]
+    handler = (REPO_ROOT / "functions" / "login_node_sync" / "login_admission.py").read_text()
+    assert 'logger.info(f"{verb}{move.action} rotation", extra={"instanceId": move.instance_id' in handler
+    assert "filter message like /rotation$/" in table["properties"]["query"]
+    assert not [w for w in substituted(admission=False)["widgets"] if "rotation" in w["properties"].get("query", "")]

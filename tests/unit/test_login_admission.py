@@ -149,6 +149,15 @@ def test_switching_dry_run_to_on_applies_what_the_dry_run_holds_out():
     assert not rotation_changed(AdmissionState(mode="dry-run"), AdmissionState(mode="on"))
 
 
+def test_a_record_the_sync_stopped_applying_is_applied_again_when_admission_runs_again():
+    out = {"i-1": OutOfRotation("10.0.0.10", T0, "hot")}
+    previous = AdmissionState(out=out, mode="on", decided_at=T0)
+    assert not rotation_changed(previous, AdmissionState(out=out, mode="on", decided_at=T0 + 300), 1200)
+    assert rotation_changed(previous, AdmissionState(out=out, mode="on", decided_at=T0 + 3600), 1200)
+    assert rotation_changed(previous, AdmissionState(mode="on", decided_at=T0 + 3600), 1200)
+    assert not rotation_changed(AdmissionState(mode="on", decided_at=T0), AdmissionState(mode="on", decided_at=T0 + 3600), 1200)
+
+
 def test_the_record_round_trips():
     state = AdmissionState({"i-1": OutOfRotation("10.0.0.10", T0, "hot")}, {"i-2": T0}, T0, "on", T0 + 5)
     assert AdmissionState.from_json(state.to_json()) == state

@@ -264,9 +264,12 @@ def _load_text(node: NodeLoad, tier: _Tier) -> str:
     return "; ".join(parts)
 
 
-def rotation_changed(previous: AdmissionState, decided: AdmissionState) -> bool:
-    """Does the sync have something to apply? The out set changed, or the mode switched with nodes out."""
+def rotation_changed(previous: AdmissionState, decided: AdmissionState, max_age_seconds: int | None = None) -> bool:
+    """Does the sync have something to apply? The out set changed, or the mode switched with nodes out,
+    or the previous record was too old for the sync to apply (`max_age_seconds`) and nodes are out."""
     if previous.mode != decided.mode:
+        return bool(previous.out or decided.out)
+    if max_age_seconds is not None and decided.decided_at - previous.decided_at > max_age_seconds:
         return bool(previous.out or decided.out)
     return previous.out_ips != decided.out_ips
 

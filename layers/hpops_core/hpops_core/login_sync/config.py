@@ -69,6 +69,7 @@ class AdmissionConfig:
 
     cluster_name: str
     target_group_arn: str
+    ssh_port: int
     state_table: str
     sync_state_machine_arn: str
     mode: str  # "dry-run" | "on" (the function does not exist when LoadAwareAdmission is off)
@@ -81,6 +82,7 @@ class AdmissionConfig:
         return cls(
             cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
             target_group_arn=env_str(env, "TARGET_GROUP_ARN"),
+            ssh_port=env_int(env, "SSH_PORT", 1, 65535),
             state_table=env_str(env, "STATE_TABLE_NAME"),
             sync_state_machine_arn=env_str(env, "SYNC_STATE_MACHINE_ARN", validation.STATE_MACHINE_ARN_RE),
             mode=env_choice(env, "LOAD_AWARE_ADMISSION", ("dry-run", "on")),
