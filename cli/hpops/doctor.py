@@ -42,6 +42,9 @@ DOCTOR_IAM_ACTIONS = (
     "ec2:DescribeSubnets",
     "ec2:DescribeRouteTables",
     "ec2:DescribeVpcEndpoints",
+    "ec2:DescribeClientVpnEndpoints",  # nlb-path: users' side through Client VPN (optional: the rest is checked without)
+    "ec2:DescribeClientVpnTargetNetworks",
+    "ec2:DescribeClientVpnAuthorizationRules",
     "ec2:DescribeSecurityGroups",
     "elasticloadbalancing:DescribeTargetGroups",
     "elasticloadbalancing:DescribeLoadBalancers",  # the NLB's security groups and subnets
@@ -406,10 +409,40 @@ def _load_balancer_facts(session: Any, target: Target, cluster: dict, groups: di
     def cidrs(ids: list[str]) -> list[str]:
         return [s["CidrBlock"] for s in ec2.describe_subnets(SubnetIds=ids)["Subnets"]] if ids else []
 
+    vpcs = sorted({lb["VpcId"] for lb in balancers if lb.get("VpcId")})
+    try:
+        client_vpn, unread = _client_vpn_endpoints(ec2, vpcs, cidrs), ""
+    except ClientError as error:  # the rest of the path is still worth checking
+        client_vpn, unread = [], explain(error, target.region)
     return checks.LoadBalancerFacts(
         ssh_port=target.ssh_port, load_balancers=balancers, nlb_groups=[described[i] for i in nlb_ids if i in described],
         nlb_subnet_cidrs=cidrs(subnet_ids), cluster_groups=[described[i] for i in cluster_ids if i in described],
-        cluster_subnet_cidrs=cidrs(list(login_vpc.get("Subnets", []))))
+        cluster_subnet_cidrs=cidrs(list(login_vpc.get("Subnets", []))), client_vpn=client_vpn, client_vpn_unread=unread)
+
+
+def _client_vpn_endpoints(ec2: Any, vpcs: list[str], cidrs: Callable[[list[str]], list[str]]) -> list[checks.ClientVpnEndpoint]:
+    """The Client VPN endpoints in the load balancers' VPCs: their associated subnets, active authorization
+    rules and security groups (DescribeClientVpnEndpoints/TargetNetworks/AuthorizationRules, paged)."""
+    if not vpcs:
+        return []
+    pages = ec2.get_paginator("describe_client_vpn_endpoints").paginate()
+    endpoints = [e for page in pages for e in page.get("ClientVpnEndpoints", []) if e.get("VpcId") in vpcs
+                 and e.get("Status", {}).get("Code") != "deleted"]
+    found = []
+    for endpoint in endpoints:
+        endpoint_id = endpoint["ClientVpnEndpointId"]
+        networks = [n for page in ec2.get_paginator("describe_client_vpn_target_networks").paginate(
+            ClientVpnEndpointId=endpoint_id) for n in page.get("ClientVpnTargetNetworks", [])]
+        rules = [r for page in ec2.get_paginator("describe_client_vpn_authorization_rules").paginate(
+            ClientVpnEndpointId=endpoint_id) for r in page.get("AuthorizationRules", [])]
+        group_ids = list(endpoint.get("SecurityGroupIds", []))
+        groups = ec2.describe_security_groups(GroupIds=group_ids)["SecurityGroups"] if group_ids else []
+        found.append(checks.ClientVpnEndpoint(
+            endpoint_id,
+            cidrs([n["TargetNetworkId"] for n in networks if n.get("Status", {}).get("Code") == "associated"]),
+            # A rule for some groups only still lets those users in; one for all users says AccessAll.
+            [r["DestinationCidr"] for r in rules if r.get("Status", {}).get("Code") == "active"], groups))
+    return found
 
 
 def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:

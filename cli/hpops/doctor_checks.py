@@ -243,6 +243,16 @@ def decide_verifier(facts: VerifierFacts) -> Finding:
 
 
 @dataclass(frozen=True)
+class ClientVpnEndpoint:
+    """An AWS Client VPN endpoint in the NLB's VPC, as DescribeClientVpn* return it."""
+
+    endpoint_id: str
+    associated_subnet_cidrs: Sequence[str]  # its associated target networks (where it source-NATs users to)
+    authorized_cidrs: Sequence[str]  # active authorization rules' destinations (any group)
+    groups: Sequence[Mapping[str, Any]] = ()  # DescribeSecurityGroups items of its security groups
+
+
+@dataclass(frozen=True)
 class LoadBalancerFacts:
     ssh_port: int
     load_balancers: Sequence[Mapping[str, Any]]  # DescribeLoadBalancers items in front of the target group
@@ -250,6 +260,35 @@ class LoadBalancerFacts:
     nlb_subnet_cidrs: Sequence[str]  # their subnets' CIDRs (where an NLB without a group connects from)
     cluster_groups: Sequence[Mapping[str, Any]]  # ... of the login nodes' groups
     cluster_subnet_cidrs: Sequence[str]
+    client_vpn: Sequence[ClientVpnEndpoint] = ()  # the Client VPN endpoints in the NLB's VPC
+    client_vpn_unread: str = ""  # why they could not be read ("" when they were)
+
+
+def _client_vpn_problems(facts: LoadBalancerFacts, names: str, nlb_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Users through Client VPN arrive from its associated subnets (it source-NATs them): the NLB's group
+    must admit the SSH port from there, an authorization rule must cover the NLB's subnets, and the
+    endpoint's own groups must let the connection out."""
+    port, problems, fixes = facts.ssh_port, [], []
+    for endpoint in facts.client_vpn:
+        if not endpoint.associated_subnet_cidrs:
+            continue  # not associated with a subnet: it carries no one yet
+        if nlb_ids and not any(admits(g.get("IpPermissions", []), port, [], endpoint.associated_subnet_cidrs)
+                               for g in facts.nlb_groups):
+            problems.append(f"Client VPN {endpoint.endpoint_id}'s users arrive from {', '.join(endpoint.associated_subnet_cidrs)}, "
+                            f"which {names}'s security group {', '.join(nlb_ids)} does not admit on TCP {port}")
+            fixes.append(f"set LoadBalancerClientCidr to a range holding {', '.join(endpoint.associated_subnet_cidrs)}")
+        targets = [ipaddress.ip_network(c) for c in facts.nlb_subnet_cidrs]
+        authorized = [ipaddress.ip_network(c) for c in endpoint.authorized_cidrs]
+        if targets and not all(any(t.subnet_of(a) for a in authorized) for t in targets):
+            problems.append(f"no active authorization rule of Client VPN {endpoint.endpoint_id} covers {names}'s "
+                            f"subnets {', '.join(facts.nlb_subnet_cidrs)}: its users cannot reach the load balancer")
+            fixes.append(f"aws ec2 authorize-client-vpn-ingress --client-vpn-endpoint-id {endpoint.endpoint_id} "
+                         f"--target-network-cidr {facts.nlb_subnet_cidrs[0]} --authorize-all-groups")
+        if endpoint.groups and not any(admits(g.get("IpPermissionsEgress", []), port, nlb_ids, facts.nlb_subnet_cidrs)
+                                       for g in endpoint.groups):
+            problems.append(f"Client VPN {endpoint.endpoint_id}'s security group allows no TCP {port} out to {names}")
+            fixes.append(f"allow egress TCP {port} from {endpoint.groups[0]['GroupId']} to the load balancer's subnets")
+    return problems, fixes
 
 
 def decide_load_balancer_path(facts: LoadBalancerFacts) -> Finding:
@@ -275,7 +314,17 @@ def decide_load_balancer_path(facts: LoadBalancerFacts) -> Finding:
                            for g in facts.nlb_groups):
         return Finding("nlb-path", PROBLEM, f"{names}'s security group {', '.join(nlb_ids)} allows no TCP {port} out to "
                        "the login nodes", f"allow egress TCP {port} from {nlb_ids[0]} to the login nodes' subnets")
+    problems, fixes = _client_vpn_problems(facts, names, nlb_ids)
+    if problems:
+        return Finding("nlb-path", PROBLEM, "; ".join(problems), "; ".join(fixes))
     note = "" if nlb_ids else " (the NLB has no security group: anything routed to it reaches its listener)"
+    if facts.client_vpn_unread:
+        note += f"; users' path not checked: {facts.client_vpn_unread}"
+    elif facts.client_vpn:
+        note += (f"; Client VPN {', '.join(e.endpoint_id for e in facts.client_vpn)} reaches it on TCP {port} "
+                 "(its associated subnets admitted, an authorization rule covering its subnets)")
+    else:
+        note += "; no Client VPN endpoint in its VPC (a path through Site-to-Site VPN or Direct Connect is not seen from here)"
     return Finding("nlb-path", OK, f"the login nodes' security group admits TCP {port} from {names}'s {source}{note}")
 
 

@@ -140,6 +140,10 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeSubnets", "ec2:DescribeSubnets", "*"),
         Call("ec2", "DescribeRouteTables", "ec2:DescribeRouteTables", "*"),
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
+        # nlb-path: the users' side, through a Client VPN endpoint in the load balancer's VPC
+        Call("ec2", "DescribeClientVpnEndpoints", "ec2:DescribeClientVpnEndpoints", "*"),
+        Call("ec2", "DescribeClientVpnTargetNetworks", "ec2:DescribeClientVpnTargetNetworks", "*"),
+        Call("ec2", "DescribeClientVpnAuthorizationRules", "ec2:DescribeClientVpnAuthorizationRules", "*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
@@ -172,6 +176,9 @@ WILDCARD_REASONS = {
     "ec2:DescribeSubnets": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeClientVpnEndpoints": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeClientVpnTargetNetworks": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeClientVpnAuthorizationRules": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
     "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
     # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: without

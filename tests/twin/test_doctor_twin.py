@@ -29,6 +29,9 @@ EXPECTED = {
         "does not admit TCP 22 from the verifier's", "authorize-security-group-ingress"),
     "cluster security group does not admit SSH from the NLB's": (
         "health checks fail, so every target is unhealthy", "--port 22 --source-group sg-"),
+    "Client VPN authorized only to its own subnet, not the NLB's": (
+        "no active authorization rule of Client VPN cvpn-endpoint-0a1b2c3d4e5f60718 covers",
+        "aws ec2 authorize-client-vpn-ingress --client-vpn-endpoint-id cvpn-endpoint-0a1b2c3d4e5f60718"),
     "a new login node whose agent was never installed": ("never reported", "journalctl -u hpops-node-agent"),
     "the compute group runs with the login group's execution role": (
         "gpu runs with hyperpod-exec, the role NodeAgentPolicy is attached to", "ClusterExecutionRoleName"),
@@ -100,6 +103,14 @@ WITHOUT = {
     "ce:ListCostAllocationTags": "cost-allocation-tag",
     "dynamodb:Query": ("agent-reports", "imds-exposure"),
 }
+
+
+def test_without_the_client_vpn_reads_the_nlb_path_is_still_checked_and_says_what_it_could_not_see(account):
+    findings = account.run(policy=without_action(copy.deepcopy(account.operator_policy()), "ec2:DescribeClientVpnEndpoints"))
+    (path,) = [f for f in findings if f.check == "nlb-path"]
+    assert path.status == OK and "users' path not checked: access denied to ec2:DescribeClientVpnEndpoints" in path.message
+    (path,) = [f for f in account.run() if f.check == "nlb-path"]
+    assert "Client VPN cvpn-endpoint-0a1b2c3d4e5f60718 reaches it on TCP 22" in path.message
 
 
 @pytest.mark.parametrize("action", sorted(WITHOUT))

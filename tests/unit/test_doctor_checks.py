@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from hpops import doctor_checks as checks
-from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, Endpoint, LoadBalancerFacts, SubnetPath, TrailFacts, VerifierFacts
+from hpops.doctor_checks import OK, PROBLEM, UNKNOWN, ClientVpnEndpoint, Endpoint, LoadBalancerFacts, SubnetPath, TrailFacts, VerifierFacts
 
 REGION = "us-east-1"
 NOW = dt.datetime(2026, 11, 20, 12, 0, tzinfo=dt.timezone.utc)
@@ -218,6 +218,46 @@ def test_an_nlb_without_a_group_needs_its_subnets_admitted_and_is_noted():
 def test_no_load_balancer_or_no_egress_is_a_problem():
     assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], balancers=())).status == PROBLEM
     assert checks.decide_load_balancer_path(_nlb_path([FROM_NLB], nlb_egress=[])).status == PROBLEM
+
+
+def _nlb_ingress(*cidrs: str) -> dict:
+    return _group("sg-nlb", [{"IpProtocol": "tcp", "FromPort": 22, "ToPort": 22, "IpRanges": [{"CidrIp": c} for c in cidrs]}])
+
+
+def _through_vpn(nlb_group: dict, *endpoints: ClientVpnEndpoint, unread: str = "") -> LoadBalancerFacts:
+    facts = _nlb_path([FROM_NLB])
+    return LoadBalancerFacts(**(vars(facts) | {"nlb_groups": [nlb_group], "client_vpn": list(endpoints),
+                                               "client_vpn_unread": unread}))
+
+
+VPN = ClientVpnEndpoint("cvpn-endpoint-0123456789abcdef0", ["10.1.8.0/24", "10.1.9.0/24"], ["10.1.0.0/16"])
+
+
+def test_client_vpn_users_reach_the_nlb_from_its_associated_subnets_through_an_authorization_rule():
+    ok = checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.0.0.0/8"), VPN))
+    assert ok.status == OK and "Client VPN cvpn-endpoint-0123456789abcdef0 reaches it on TCP 22" in ok.message
+    # The NLB's group admits only one of the two subnets Client VPN source-NATs its users into.
+    narrow = checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.1.8.0/24"), VPN))
+    assert narrow.status == PROBLEM and "arrive from 10.1.8.0/24, 10.1.9.0/24" in narrow.message
+    assert "LoadBalancerClientCidr" in narrow.fix
+    # No authorization rule covers the NLB's subnets: users are dropped at the endpoint.
+    unauthorized = ClientVpnEndpoint(VPN.endpoint_id, VPN.associated_subnet_cidrs, ["10.1.0.0/24"])
+    refused = checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.0.0.0/8"), unauthorized))
+    assert refused.status == PROBLEM and "no active authorization rule" in refused.message
+    assert "authorize-client-vpn-ingress --client-vpn-endpoint-id cvpn-endpoint-0123456789abcdef0" in refused.fix
+    # The endpoint's own group lets nothing out to the NLB.
+    closed = ClientVpnEndpoint(VPN.endpoint_id, VPN.associated_subnet_cidrs, VPN.authorized_cidrs,
+                               [_group("sg-cvpn", egress=[])])
+    assert "allows no TCP 22 out" in checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.0.0.0/8"), closed)).message
+
+
+def test_without_client_vpn_or_permission_to_read_it_the_path_from_users_is_said_unchecked():
+    none = checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.0.0.0/8")))
+    assert none.status == OK and "no Client VPN endpoint in its VPC" in none.message
+    denied = checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.0.0.0/8"), unread="not allowed: ec2:DescribeClientVpnEndpoints"))
+    assert denied.status == OK and "users' path not checked: not allowed" in denied.message
+    unassociated = ClientVpnEndpoint("cvpn-endpoint-1", [], [])
+    assert checks.decide_load_balancer_path(_through_vpn(_nlb_ingress("10.1.8.0/24"), unassociated)).status == OK
 
 
 # ---------------------------------------------------------------------------- the first day's checks

@@ -43,6 +43,7 @@ from moto.core.botocore_stubber import BotocoreStubber
 
 from hpops.doctor import StackView, Target, target_of_stack
 from hpops.lifecycle_script import INSTALL_LINE
+from hpops_twin.client_vpn import ClientVpnEndpoint, client_vpn_answered
 from hpops_twin.user_spend_twin import CONTROLLER_GROUP, UserSpendTwin
 from hpops_twin.world import STACK_NAME
 
@@ -100,6 +101,7 @@ class DoctorAccount:
                           "UserIdGroupPairs": [{"GroupId": world.resolver.physical_ids["LoginLoadBalancerSecurityGroup"]}]}]
         ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.nlb_rule)
         self._nat_route()
+        self._client_vpn()
         world.sim.cluster(world.cluster_name).vpc_config = {"SecurityGroupIds": [self.cluster_group],
                                                             "Subnets": [self.subnets[0]]}
         # The compute group runs with a role of its own (the simulator gives every group the same one).
@@ -120,6 +122,14 @@ class DoctorAccount:
         # A working installation has swept once: the published host identity reached every agent.
         world.wait([world.run_schedule()])
         return self
+
+    def _client_vpn(self) -> None:
+        """Users come in through AWS Client VPN, associated with a subnet of the VPC and authorized to all of it."""
+        ec2 = self.aws.client("ec2")
+        subnet = ec2.create_subnet(VpcId=self.vpc_id, CidrBlock="10.1.210.0/24")["Subnet"]["SubnetId"]
+        group = ec2.create_security_group(GroupName="client-vpn", Description="Client VPN", VpcId=self.vpc_id)["GroupId"]
+        self.client_vpn = ClientVpnEndpoint("cvpn-endpoint-0a1b2c3d4e5f60718", self.vpc_id, [subnet], ["10.1.0.0/16"],
+                                            [group])
 
     def _lifecycle(self) -> None:
         from hpops_node_agent.bundle import build_bundle
@@ -192,7 +202,7 @@ class DoctorAccount:
                 return 200, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(answered)
             return real_process_request(stubber, request)
 
-        with mock.patch.object(BotocoreStubber, "process_request", process_request):
+        with mock.patch.object(BotocoreStubber, "process_request", process_request), client_vpn_answered(self.client_vpn):
             yield self
 
     def _list_cost_allocation_tags(self, params: dict) -> dict:
@@ -310,6 +320,13 @@ def ssh_not_admitted(account: DoctorAccount) -> Any:
 
 def nlb_not_admitted(account: DoctorAccount) -> Any:
     return _cluster_rule_revoked(account, account.nlb_rule)
+
+
+@contextmanager
+def client_vpn_not_authorized(account: DoctorAccount) -> Iterator[None]:
+    rules, account.client_vpn.authorized_cidrs = account.client_vpn.authorized_cidrs, ["10.1.210.0/24"]
+    yield
+    account.client_vpn.authorized_cidrs = rules
 
 
 @contextmanager
@@ -486,6 +503,7 @@ BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
     ("node-endpoints", "interface endpoints whose security group refuses HTTPS", endpoints_refuse_https),
     ("verifier-path", "cluster security group does not admit SSH from the verifier", ssh_not_admitted),
     ("nlb-path", "cluster security group does not admit SSH from the NLB's", nlb_not_admitted),
+    ("nlb-path", "Client VPN authorized only to its own subnet, not the NLB's", client_vpn_not_authorized),
     ("host-identity", "a fresh stack: no host identity ever published", host_identity_never_published),
     ("kms-key-policy", "the key policy no longer lets IAM grant the key's use", key_policy_without_the_account),
     ("agent-reports", "a new login node whose agent was never installed", login_node_without_agent),

@@ -158,6 +158,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ec2", "DescribeSubnets"): ("ec2:DescribeSubnets", "*"),
     ("ec2", "DescribeRouteTables"): ("ec2:DescribeRouteTables", "*"),
     ("ec2", "DescribeVpcEndpoints"): ("ec2:DescribeVpcEndpoints", "*"),
+    ("ec2", "DescribeClientVpnEndpoints"): ("ec2:DescribeClientVpnEndpoints", "*"),
+    ("ec2", "DescribeClientVpnTargetNetworks"): ("ec2:DescribeClientVpnTargetNetworks", "*"),
+    ("ec2", "DescribeClientVpnAuthorizationRules"): ("ec2:DescribeClientVpnAuthorizationRules", "*"),
     ("ec2", "DescribeSecurityGroups"): ("ec2:DescribeSecurityGroups", "*"),
     # S3 (doctor reads the lifecycle prefix): objects arn:aws:s3:::{BucketName}/{ObjectName}, HeadObject is
     # s3:GetObject; listing is s3:ListBucket on arn:aws:s3:::{BucketName}
