@@ -10,6 +10,7 @@ one LoginNodeSync execution applies it (the sync is the only writer of the targe
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import datetime
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -37,7 +38,9 @@ def decide_login_admission(event: dict, context: LambdaContext) -> dict:
                for i, r in report_store.cluster_reports(config.state_table, config.cluster_name).items()}
     previous, version = admission_store.read_admission(config.state_table, config.cluster_name)
     nodes = admission.node_loads(reports, registered, previous, now, admission.REPORT_MAX_AGE_SECONDS)
-    decision = admission.decide_admission(nodes, previous, config.policy, now, config.mode)
+    # Read each run: with ExistingTargetGroupArn the delay is the target group's owner's to change.
+    policy = replace(config.policy, max_out_seconds=admission.max_out_for(target_group.deregistration_delay(config.target_group_arn)))
+    decision = admission.decide_admission(nodes, previous, policy, now, config.mode)
     admission_store.write_admission(config.state_table, config.cluster_name, decision.state, version)
     verb = "" if config.mode == "on" else "would "
     for move in decision.moves:

@@ -158,6 +158,21 @@ def test_a_record_the_sync_stopped_applying_is_applied_again_when_admission_runs
     assert not rotation_changed(AdmissionState(mode="on", decided_at=T0), AdmissionState(mode="on", decided_at=T0 + 3600), 1200)
 
 
+def test_an_out_node_is_back_before_the_deregistration_delay_ends_hot_or_not():
+    from hpops_core.login_sync.admission import max_out_for
+
+    policy = AdmissionPolicy(**(vars(POLICY) | {"max_out_seconds": max_out_for(3600)}))
+    assert policy.max_out_seconds == 3000
+    out = AdmissionState(out={"i-" + "0" * 17: OutOfRotation("10.0.0.10", T0, "hot")})
+    assert run(tier(90, 5, 5, 5), out, T0 + 2999, policy=policy).moves == ()
+    (move,) = run(tier(90, 5, 5, 5), out, T0 + 3000, policy=policy).moves
+    assert move.action == "return" and "before the target group's deregistration delay ends" in move.reason
+    # The target group's default delay (300 s) leaves no time out at all: nobody leaves, and it says why.
+    short = AdmissionPolicy(**(vars(POLICY) | {"max_out_seconds": max_out_for(300)}))
+    hot = run(tier(90, 5, 5, 5), AdmissionState(hot_since={"i-" + "0" * 17: T0 - 3600}), policy=short)
+    assert hot.moves == () and any("too short to help" in r for r in hot.reasons)
+
+
 def test_the_record_round_trips():
     state = AdmissionState({"i-1": OutOfRotation("10.0.0.10", T0, "hot")}, {"i-2": T0}, T0, "on", T0 + 5)
     assert AdmissionState.from_json(state.to_json()) == state

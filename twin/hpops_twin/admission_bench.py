@@ -102,8 +102,8 @@ def admission_section() -> tuple[dict, dict[str, bool]]:
     print(render(rows, figures), flush=True)
     idle, leave, back = rows
     verdicts = {
-        "admission: a run with nothing to move makes 3 AWS calls (DescribeTargetHealth, Query, GetItem) and a PutItem":
-            sum(idle.calls.values()) == 4 and idle.state_transitions == 0,
+        "admission: a run with nothing to move reads 4 things (target health and attributes, reports, record), writes 1":
+            sum(idle.calls.values()) == 5 and idle.state_transitions == 0,
         "admission: a hot node leaves and returns, one sync each": leave.moves and back.moves and leave.targets_after == 3
             and back.targets_after == 4,
         "admission: no new connection lands on a node out of rotation": figures["new_connections_on_the_hot_node"] == 0,

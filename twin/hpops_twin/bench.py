@@ -4,7 +4,8 @@ Counts are exact (every AWS call our Lambda code makes goes through boto3's defa
 the twin counts them there); times are wall-clock on this machine and only indicative.
 Targets: <= 6 SageMaker+ELB calls for a single-node replacement whatever the cluster size, <= 3
 for an idle sweep (ListClusterNodes, DescribeTargetHealth, and the DescribeCluster that checks the
-login group is the cluster's), <= 2 DynamoDB calls per reconcile, nothing growing with workers. Certificate
+login group is the cluster's), <= 3 DynamoDB calls per reconcile (the lease taken and released, the
+enrollments GateTargetChanges checks), nothing growing with workers. Certificate
 mode: a replacement costs one signature; the daily check costs only handshakes when nothing is due.
 Node channel: how many agent polls (30 s each on a cluster) and API calls a node join and a host
 key rotation take, from the agents' own call counts and the state machines'.
@@ -250,7 +251,8 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     verdicts = {
         "replacement <= 6 SageMaker+ELB calls at every size": all(r.sagemaker_elb_calls <= 6 for r in single),
         "idle sweep <= 3 SageMaker+ELB calls": all(r.sagemaker_elb_calls <= 3 for r in idle),
-        "<= 2 DynamoDB calls per single reconcile": all(r.dynamodb_calls <= 2 for r in single + idle),
+        # The lease (taken, released) and the agents' enrollments (a contested node leaves the target group).
+        "<= 3 DynamoDB calls per single reconcile": all(r.dynamodb_calls <= 3 for r in single + idle),
         "calls do not grow with cluster size": len({r.sagemaker_elb_calls for r in single}) == 1,
         "cert mode replacement: one signature, <= 7 SageMaker+ELB":
             certificate_rows[0].calls.get("ssm.PutParameter") == 1 and certificate_rows[0].sagemaker_elb_calls <= 7,

@@ -152,6 +152,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("elastic-load-balancing-v2", "DeregisterTargets"): ("elasticloadbalancing:DeregisterTargets", TARGET_GROUP),
     ("elastic-load-balancing-v2", "DescribeTargetHealth"): ("elasticloadbalancing:DescribeTargetHealth", "*"),
     ("elastic-load-balancing-v2", "DescribeTargetGroups"): ("elasticloadbalancing:DescribeTargetGroups", "*"),
+    ("elastic-load-balancing-v2", "DescribeTargetGroupAttributes"): ("elasticloadbalancing:DescribeTargetGroupAttributes", "*"),
     ("elastic-load-balancing-v2", "DescribeLoadBalancers"): ("elasticloadbalancing:DescribeLoadBalancers", "*"),
     # EC2 Describe* have no resource-level permissions (the reference lists "*" only)
     ("ec2", "DescribeVpcs"): ("ec2:DescribeVpcs", "*"),

@@ -17,7 +17,9 @@ The rules, every move with its reason:
   min(FLOOR, eligible) healthy nodes stay in rotation.
 - Return (hysteresis): below half of both margins after `min_out_seconds` in the out state; at once
   when its report is stale or missing (never kept out on missing data), or to restore the floor,
-  coolest first.
+  coolest first; and, hot or not, before the target group's deregistration delay ends
+  (`max_out_seconds`): its users' connections must never depend on the load balancer keeping a
+  deregistered target's flows (it may leave again after the sustain time).
 - Imbalance (alarmed): the busiest node in rotation holds more sessions than the flow hash would
   put there by chance (mean + IMBALANCE_SIGMAS standard deviations of a uniform spread), without a
   break for `imbalance_sustain_seconds`.
@@ -36,6 +38,8 @@ from hpops_core.node_channel import contract
 REPORT_MAX_AGE_SECONDS = 2 * contract.DEFAULT_HEARTBEAT_SECONDS + contract.DEFAULT_POLL_SECONDS
 FLOOR = 2  # never fewer nodes in rotation than this (or all of them, if fewer)
 MIN_HOT_PRESSURE = 20.0  # percent: below it no node is hot by pressure, whatever the mean
+# A node must be able to stay out at least this long for leaving rotation to be worth a sync each way.
+MIN_OUT_WINDOW_SECONDS = 600
 MIN_SESSION_EXCESS = 5  # sessions above the mean before sessions alone make a node hot
 IMBALANCE_SIGMAS = 4.0
 MODES = ("dry-run", "on")
@@ -50,6 +54,9 @@ class AdmissionPolicy:
     sustain_seconds: int = 600
     min_out_seconds: int = 900
     imbalance_sustain_seconds: int = 1800
+    # A node out of rotation is a deregistered target: it must be back before the target group's
+    # deregistration delay ends (after it, the load balancer may end its users' connections). None: no bound.
+    max_out_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -199,6 +206,9 @@ def decide_admission(nodes: Iterable[NodeLoad], previous: AdmissionState, policy
         node, entry = by_id[instance_id], out[instance_id]
         if not node.fresh:
             give_back(instance_id, "no fresh load report: back in rotation (never kept out on missing data)")
+        elif policy.max_out_seconds is not None and now - entry.since >= policy.max_out_seconds:
+            give_back(instance_id, f"out {(now - entry.since) // 60} min: back before the target group's deregistration "
+                                   "delay ends, so its users' connections never depend on a deregistered target")
         elif now - entry.since >= policy.min_out_seconds and _hot(node, tier, policy, scale=0.5) is None:
             give_back(instance_id, f"cooled after {(now - entry.since) // 60} min out: below half the margins "
                                    f"({_load_text(node, tier)})")
@@ -234,7 +244,11 @@ def decide_admission(nodes: Iterable[NodeLoad], previous: AdmissionState, policy
         else:
             reasons.append(f"{node.instance_id} is hot ({why}) for {(now - since) // 60} of "
                            f"{policy.sustain_seconds // 60} min")
-    if candidates:
+    too_short = policy.max_out_seconds is not None and policy.max_out_seconds < MIN_OUT_WINDOW_SECONDS
+    if candidates and too_short:
+        reasons.append(f"no node leaves rotation: the target group's deregistration delay leaves "
+                       f"{max(policy.max_out_seconds or 0, 0)} s out at most, too short to help (set it to 1800 s or more)")
+    elif candidates:
         _, node, why = max(candidates, key=lambda c: (c[0], c[1].instance_id))
         if serving() - 1 >= floor:
             moves.append(Move(node.instance_id, node.ip, "leave", f"{why}, for {(now - hot_since[node.instance_id]) // 60} min"))
@@ -262,6 +276,12 @@ def _load_text(node: NodeLoad, tier: _Tier) -> str:
         parts.append(f"pressure {node.pressure:.0f}%, tier mean {tier.pressure_mean:.0f}%")
     parts.append(f"{node.sessions or 0} sessions, tier mean {tier.session_mean or 0:.1f}")
     return "; ".join(parts)
+
+
+def max_out_for(deregistration_delay_seconds: int, run_every_seconds: int = 300) -> int:
+    """How long a node may stay out: its return is decided by a run (every `run_every_seconds`) and
+    applied by a sync, both well inside the target group's deregistration delay."""
+    return deregistration_delay_seconds - 2 * run_every_seconds
 
 
 def rotation_changed(previous: AdmissionState, decided: AdmissionState, max_age_seconds: int | None = None) -> bool:

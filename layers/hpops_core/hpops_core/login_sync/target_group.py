@@ -22,6 +22,14 @@ def describe_targets(target_group_arn: str) -> list[Target]:
     ]
 
 
+def deregistration_delay(target_group_arn: str) -> int:
+    """The target group's deregistration delay (seconds): how long a deregistered target's connections are
+    sure to be left alone."""
+    with transient_errors_named("elbv2:DescribeTargetGroupAttributes"):
+        attributes = client("elbv2").describe_target_group_attributes(TargetGroupArn=target_group_arn)["Attributes"]
+    return int(next((a["Value"] for a in attributes if a["Key"] == "deregistration_delay.timeout_seconds"), "300"))
+
+
 def vpc_cidrs(target_group_arn: str, vpc_id: str = "") -> tuple[str, ...]:
     """The IPv4 CIDR blocks of the target group's VPC (primary and associated secondary ones).
 
