@@ -186,6 +186,82 @@ def imbalance_now(nodes: Iterable[NodeLoad], out: Mapping[str, OutOfRotation]) -
     return None
 
 
+@dataclass
+class _Run:
+    """One decision in progress: the nodes, the tier, what is out, and what has been said."""
+
+    nodes: list[NodeLoad]
+    tier: _Tier
+    out: dict[str, OutOfRotation]
+    floor: int
+    moves: list[Move] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    def give_back(self, instance_id: str, why: str) -> None:
+        self.moves.append(Move(instance_id, self.out.pop(instance_id).ip, "return", why))
+
+    def serving(self) -> int:
+        """Nodes that take new connections once this run's moves are applied (a returning node does)."""
+        return sum(1 for n in self.nodes if n.instance_id not in self.out and (n.healthy or not n.in_rotation))
+
+
+def _returns(run: _Run, by_id: Mapping[str, NodeLoad], policy: AdmissionPolicy, now: int) -> None:
+    for instance_id in sorted(run.out):
+        node, since = by_id[instance_id], run.out[instance_id].since
+        if not node.fresh:
+            run.give_back(instance_id, "no fresh load report: back in rotation (never kept out on missing data)")
+        elif policy.max_out_seconds is not None and now - since >= policy.max_out_seconds:
+            run.give_back(instance_id, f"out {(now - since) // 60} min: back before the target group's deregistration "
+                                       "delay ends, so its users' connections never depend on a deregistered target")
+        elif now - since >= policy.min_out_seconds and _hot(node, run.tier, policy, scale=0.5) is None:
+            run.give_back(instance_id, f"cooled after {(now - since) // 60} min out: below half the margins "
+                                       f"({_load_text(node, run.tier)})")
+        elif now - since >= policy.min_out_seconds:
+            run.reasons.append(f"{instance_id} stays out: {_hot(node, run.tier, policy, scale=0.5)}")
+        else:
+            run.reasons.append(f"{instance_id} stays out: out for {(now - since) // 60} of at least "
+                               f"{policy.min_out_seconds // 60} min")
+    # A node that left the group or turned unhealthy may have taken the tier under the floor.
+    for instance_id in sorted(run.out, key=lambda i: _excess(by_id[i], run.tier)):
+        if run.serving() >= run.floor:
+            break
+        run.give_back(instance_id, f"floor: fewer than {run.floor} healthy node(s) would take new connections")
+
+
+def _leaves(run: _Run, previous: AdmissionState, policy: AdmissionPolicy, now: int) -> dict[str, int]:
+    """At most one node, the hottest of those hot for the sustain time, leaves; returns who is hot since when."""
+    hot_since: dict[str, int] = {}
+    candidates: list[tuple[tuple[float, float], NodeLoad, str]] = []
+    for node in run.nodes:
+        why = _hot(node, run.tier, policy)
+        if why is None or node.instance_id in run.out or not node.in_rotation:
+            continue
+        since = hot_since[node.instance_id] = previous.hot_since.get(node.instance_id, now)
+        if not node.healthy:
+            run.reasons.append(f"{node.instance_id} is hot but unhealthy: it takes no connections anyway")
+        elif now - since >= policy.sustain_seconds:
+            candidates.append((_excess(node, run.tier), node, why))
+        else:
+            run.reasons.append(f"{node.instance_id} is hot ({why}) for {(now - since) // 60} of "
+                               f"{policy.sustain_seconds // 60} min")
+    if not candidates:
+        return hot_since
+    if policy.max_out_seconds is not None and policy.max_out_seconds < MIN_OUT_WINDOW_SECONDS:
+        run.reasons.append(f"no node leaves rotation: the target group's deregistration delay leaves "
+                           f"{max(policy.max_out_seconds, 0)} s out at most, too short to help (set it to 1800 s or more)")
+        return hot_since
+    _, node, why = max(candidates, key=lambda c: (c[0], c[1].instance_id))
+    if run.serving() - 1 >= run.floor:
+        run.moves.append(Move(node.instance_id, node.ip, "leave", f"{why}, for {(now - hot_since[node.instance_id]) // 60} min"))
+        run.out[node.instance_id] = OutOfRotation(node.ip, now, why)
+        hot_since.pop(node.instance_id)
+    else:
+        run.reasons.append(f"{node.instance_id} stays in rotation although hot ({why}): the floor keeps "
+                           f"{run.floor} node(s) taking new connections")
+    run.reasons.extend(f"{c[1].instance_id} is hot too; one node leaves per run" for c in candidates if c[1] is not node)
+    return hot_since
+
+
 def decide_admission(nodes: Iterable[NodeLoad], previous: AdmissionState, policy: AdmissionPolicy, now: int,
                      mode: str) -> AdmissionDecision:
     """The next admission state and the moves that lead to it. `nodes`: every login node registered in
@@ -193,81 +269,21 @@ def decide_admission(nodes: Iterable[NodeLoad], previous: AdmissionState, policy
     nodes = sorted(nodes, key=lambda n: n.instance_id)
     by_id = {n.instance_id: n for n in nodes}
     tier = _tier(nodes)
-    moves: list[Move] = []
-    reasons: list[str] = [tier.note] if tier.note else []
-    out = {i: o for i, o in previous.out.items() if i in by_id}
-    reasons += [f"forget {i}: no longer a login node in rotation or reporting" for i in sorted(set(previous.out) - set(out))]
-
-    def give_back(instance_id: str, why: str) -> None:
-        moves.append(Move(instance_id, out[instance_id].ip, "return", why))
-        del out[instance_id]
-
-    for instance_id in sorted(out):
-        node, entry = by_id[instance_id], out[instance_id]
-        if not node.fresh:
-            give_back(instance_id, "no fresh load report: back in rotation (never kept out on missing data)")
-        elif policy.max_out_seconds is not None and now - entry.since >= policy.max_out_seconds:
-            give_back(instance_id, f"out {(now - entry.since) // 60} min: back before the target group's deregistration "
-                                   "delay ends, so its users' connections never depend on a deregistered target")
-        elif now - entry.since >= policy.min_out_seconds and _hot(node, tier, policy, scale=0.5) is None:
-            give_back(instance_id, f"cooled after {(now - entry.since) // 60} min out: below half the margins "
-                                   f"({_load_text(node, tier)})")
-        else:
-            reasons.append(f"{instance_id} stays out: " + (
-                f"{_hot(node, tier, policy, scale=0.5)}" if now - entry.since >= policy.min_out_seconds
-                else f"out for {(now - entry.since) // 60} of at least {policy.min_out_seconds // 60} min"))
-
     eligible = [n for n in nodes if n.in_rotation or n.instance_id in previous.out]
-    floor = min(FLOOR, len(eligible))
-
-    def serving() -> int:
-        return sum(1 for n in nodes if n.instance_id not in out and (n.healthy or not n.in_rotation))
-
-    # A node that left the group or turned unhealthy may have taken the tier under the floor.
-    for instance_id in sorted(out, key=lambda i: _excess(by_id[i], tier)):
-        if serving() >= floor:
-            break
-        give_back(instance_id, f"floor: fewer than {floor} healthy node(s) would take new connections")
-
-    hot_since: dict[str, int] = {}
-    candidates: list[tuple[tuple[float, float], NodeLoad, str]] = []
-    for node in nodes:
-        why = _hot(node, tier, policy)
-        if why is None or node.instance_id in out or not node.in_rotation:
-            continue
-        since = previous.hot_since.get(node.instance_id, now)
-        hot_since[node.instance_id] = since
-        if not node.healthy:
-            reasons.append(f"{node.instance_id} is hot but unhealthy: it takes no connections anyway")
-        elif now - since >= policy.sustain_seconds:
-            candidates.append((_excess(node, tier), node, why))
-        else:
-            reasons.append(f"{node.instance_id} is hot ({why}) for {(now - since) // 60} of "
-                           f"{policy.sustain_seconds // 60} min")
-    too_short = policy.max_out_seconds is not None and policy.max_out_seconds < MIN_OUT_WINDOW_SECONDS
-    if candidates and too_short:
-        reasons.append(f"no node leaves rotation: the target group's deregistration delay leaves "
-                       f"{max(policy.max_out_seconds or 0, 0)} s out at most, too short to help (set it to 1800 s or more)")
-    elif candidates:
-        _, node, why = max(candidates, key=lambda c: (c[0], c[1].instance_id))
-        if serving() - 1 >= floor:
-            moves.append(Move(node.instance_id, node.ip, "leave", f"{why}, for {(now - hot_since[node.instance_id]) // 60} min"))
-            out[node.instance_id] = OutOfRotation(node.ip, now, why)
-            hot_since.pop(node.instance_id)
-        else:
-            reasons.append(f"{node.instance_id} stays in rotation although hot ({why}): the floor keeps "
-                           f"{floor} node(s) taking new connections")
-        reasons += [f"{c[1].instance_id} is hot too; one node leaves per run" for c in candidates if c[1] is not node]
-
+    run = _Run(nodes, tier, {i: o for i, o in previous.out.items() if i in by_id}, min(FLOOR, len(eligible)),
+               reasons=[tier.note] if tier.note else [])
+    run.reasons += [f"forget {i}: no longer a login node in rotation or reporting" for i in sorted(set(previous.out) - set(by_id))]
+    _returns(run, by_id, policy, now)
+    hot_since = _leaves(run, previous, policy, now)
     # A node really out of rotation takes no new connection: its sessions are the past, not a spread to alarm on.
-    imbalance = imbalance_now(nodes, out if mode == "on" else {})
+    imbalance = imbalance_now(nodes, run.out if mode == "on" else {})
     imbalance_since = (previous.imbalance_since or now) if imbalance else None
-    sustained = imbalance if imbalance and now - imbalance_since >= policy.imbalance_sustain_seconds else None  # type: ignore[operator]
+    sustained = imbalance if imbalance_since is not None and now - imbalance_since >= policy.imbalance_sustain_seconds else None
     figures = {"pressureMean": None if tier.pressure_mean is None else round(tier.pressure_mean, 1),
                "sessionMean": None if tier.session_mean is None else round(tier.session_mean, 1),
-               "eligible": len(eligible), "floor": floor, "inRotation": serving(), "out": sorted(out)}
-    state = AdmissionState(out, hot_since, imbalance_since, mode, now)
-    return AdmissionDecision(state, tuple(moves), tuple(reasons), sustained, figures)
+               "eligible": len(eligible), "floor": run.floor, "inRotation": run.serving(), "out": sorted(run.out)}
+    state = AdmissionState(run.out, hot_since, imbalance_since, mode, now)
+    return AdmissionDecision(state, tuple(run.moves), tuple(run.reasons), sustained, figures)
 
 
 def _load_text(node: NodeLoad, tier: _Tier) -> str:
