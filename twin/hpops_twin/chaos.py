@@ -463,6 +463,7 @@ def _usage_and_hold_reports(cluster: str, login_instance: str, add: Callable[...
         ("record key of another window (replayed into this one)", _set(usage, record + ["key"], f"{cluster}/x/alice/gpu")),
         ("status not one the agent sends", _set(usage, ["detail", "status"], "ok\u0000")),
         ("part past parts", _set(usage, ["detail", "part"], 2)),
+        ("window a day long (24x the capacity bound)", _set(usage, ["detail", "windowEnd"], "2026-11-24T08:00:00Z")),
     ], base=usage)
     add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "UsageReportRejected", [
         ("well-formed report from a login node (not the controller)", usage),

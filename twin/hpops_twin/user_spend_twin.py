@@ -232,8 +232,9 @@ class UserSpendTwin:
         """Window parts RecordUsageReport kept for ``month`` (YYYY-MM)."""
         table = self.world.resolver.physical_ids["SyncStateTable"]
         pages = self.world.aws.client("dynamodb").get_paginator("query").paginate(
-            TableName=table, KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": f"usage#{self.world.cluster_name}#{month}"}}, Select="COUNT")
+            TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :window)", Select="COUNT",
+            ExpressionAttributeValues={":pk": {"S": f"usage#{self.world.cluster_name}#{month}"},
+                                       ":window": {"S": "window#"}})  # not the windows' running totals
         return sum(page["Count"] for page in pages)
 
     def rejected_reports(self) -> list[dict]:
