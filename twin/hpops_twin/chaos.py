@@ -478,6 +478,8 @@ def _usage_and_hold_reports(cluster: str, login_instance: str, add: Callable[...
         ("holds report user with a subshell", _set(holds, row + ["user"], SUBSHELL)),
         ("holds report state lifted (no such state)", _set(holds, row + ["state"], "lifted")),
         ("holds report reason of 10 kB", _set(holds, row + ["reason"], BIG)),
+        ("holds report IMDS probe answer not one the agent gives (doctor would call it blocked)",
+         _set(holds, ["detail", "imds"], {"nonRoot": "blocked; reboot", "lockdown": "off"})),
         ("holds report enforced is the string true", _set(holds, ["detail", "enforced"], "true")),
         ("holds report version with path traversal", _set(holds, ["detail", "version"], TRAVERSAL)),
         ("holds report unknown extra key releaseAll", _set(holds, ["detail", "releaseAll"], True)),
