@@ -19,8 +19,8 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster import login_group as login_nodes
-from hpops_core.login_sync import slots, sync_lease, target_group
-from hpops_core.login_sync.config import SyncConfig
+from hpops_core.login_sync import admission, admission_store, slots, sync_lease, target_group
+from hpops_core.login_sync.config import ADMISSION_RECORD_MAX_AGE_SECONDS, SyncConfig
 from hpops_core.common.errors import EmptyListingGuardError, LoginGroupError, MalformedEventError
 from hpops_core.login_sync.target_plan import LoginNode, plan_targets, still_to_apply
 from hpops_core.node_channel import contract
@@ -99,11 +99,12 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
     config = SyncConfig.from_env()
     nodes = [LoginNode(instance_id=n["instanceId"], status=n["status"], ip=n.get("ip")) for n in event.get("nodes", [])]
     targets = target_group.describe_targets(config.target_group_arn)
-    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"), config.cluster_name)
+    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"), config.cluster_name,
+                        _held_out(config))
     # Nodes whose host identity must be checked before they take traffic: every new one, and in
-    # a repair every registered one too.
+    # a repair every registered one too (and those out of rotation: their certificates are renewed too).
     instance_of = {n.ip: n.instance_id for n in nodes if n.ip}
-    to_verify = list(plan.register) + (list(plan.keep) if event.get("mode") == "repair" else [])
+    to_verify = list(plan.register) + (list(plan.keep) + list(plan.held_out) if event.get("mode") == "repair" else [])
     logger.info(plan.summary, extra={"reasons": list(plan.reasons)})
     metrics.add_metric(name="TargetDrift", unit=MetricUnit.Count, value=len(plan.register) + len(plan.deregister))
     if plan.guard and not event.get("dryRun"):
@@ -111,9 +112,19 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
         metrics.add_metric(name="SafetyGuardTripped", unit=MetricUnit.Count, value=1)
         raise EmptyListingGuardError(plan.guard)
     if config.slot_target_group_arns and not event.get("dryRun"):
-        # Slots follow the nodes that stay registered; a new node gets one once ApplyTargetChanges registers it.
-        _reconcile_slots(config, plan.keep)
+        # Slots follow the nodes that stay registered or out of rotation (their users come back by the
+        # slot); a new node gets one once ApplyTargetChanges registers it.
+        _reconcile_slots(config, plan.keep + plan.held_out)
     return plan.to_state() | {"verify": [{"ip": ip, "instanceId": instance_of[ip]} for ip in to_verify]}
+
+
+def _held_out(config: SyncConfig) -> dict[str, str]:
+    """ip -> reason for the nodes load-aware admission keeps out of rotation (LoadAwareAdmission=on), oldest first."""
+    if config.admission_mode != "on":
+        return {}
+    state, _ = admission_store.read_admission(config.state_table, config.cluster_name)
+    entries = admission.held_out(state, int(time.time()), ADMISSION_RECORD_MAX_AGE_SECONDS)
+    return {ip: entry.reason for ip, entry in sorted(entries.items(), key=lambda e: (e[1].since, e[0]))}
 
 
 def _reconcile_slots(config: SyncConfig, eligible: Iterable[str]) -> None:
@@ -149,5 +160,5 @@ def apply_target_changes(event: dict, context: LambdaContext) -> dict:
     if config.slot_target_group_arns:
         live = [t.ip for t in target_group.describe_targets(config.target_group_arn)
                 if t.port == config.ssh_port and t.state != slots.DRAINING]
-        _reconcile_slots(config, live)
+        _reconcile_slots(config, live + [ip for ip in _held_out(config) if ip not in live])
     return {"registered": register, "deregistered": deregister}

@@ -10,6 +10,7 @@ One tick:
      its certificate bundle when the parameter's version is new.
   3. Login limits: pam_limits maxlogins file from the login-limits parameter; sshd keepalives
      under the load balancer's idle timeout from the ssh-keepalive parameter (sshd_keepalive.py).
+     The node's pressure (PSI, node_load.py) goes into every report, for load-aware admission.
   4. events:PutEvents, one entry, when something changed, the outcome differs from the last report
      sent, on start, or when the heartbeat is due. A failed send is retried on the next tick.
   5. State (installed certificate version, last report digest, failure backoff) persisted as
@@ -51,8 +52,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_holds
 
-from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, slurm_holds, ssh_sessions,
-               sshd_keepalive, usage, user_caps)
+from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, node_load, slurm_holds,
+               ssh_sessions, sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
@@ -147,6 +148,8 @@ def report_digest(report: Dict[str, Any]) -> str:
         "sessions": report.get("sessions"),  # a session opened or closed is news for the stack
         # The reason says which caps are applied: a change of caps is news even when both are "changed".
         "userCaps": dict(normal(report.get("userCaps")) or {}, reason=(report.get("userCaps") or {}).get("reason")),
+        # Pressure moves all the time: only a move into another band is news; the heartbeat carries the rest.
+        "loadBand": node_load.band(report.get("load")),
     }
     return hashlib.sha256(json.dumps(essence, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -391,6 +394,7 @@ class NodeAgent:
         imds = self.imds_section(now)
         if imds is not None:
             report["imds"] = imds
+        report["load"] = node_load.load_section(Path(self.config.under_root("/proc")))
         caps = self._user_caps(found.get(names["userCaps"]))
         if caps is not None:
             report["userCaps"] = caps

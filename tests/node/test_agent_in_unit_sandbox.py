@@ -245,6 +245,11 @@ def test_login_node_every_feature_on_under_the_unit(node_root, stack, channel, t
     assert report["loginLimits"]["result"] == "changed", report["loginLimits"]
     assert report["userCaps"]["result"] == "changed", report["userCaps"]
     assert [(e["handle"], e["result"]) for e in report["sessions"]["ended"]] == [(stale, "gone")]
+    # The kernel's pressure, read inside the sandbox (ProtectKernelTunables leaves /proc/pressure readable).
+    if Path("/proc/pressure/cpu").exists():
+        assert {"cpuSome60", "memorySome60", "memoryFull60", "load1", "cpus"} <= set(report["load"]), report["load"]
+    else:
+        assert "no /proc/pressure" in report["load"]["reason"]
     # What the unit let it write, where a node keeps it.
     assert (node_root / "etc/systemd/system/user-.slice.d/90-hpops-caps.conf").read_text().count("MemoryMax=8G") == 1
     assert "nobody  hard  maxlogins  4" in (node_root / "etc/security/limits.d/90-hpops-maxlogins.conf").read_text()

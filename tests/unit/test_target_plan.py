@@ -108,3 +108,24 @@ def test_a_retried_apply_sends_only_what_did_not_take_effect():
 def test_a_retried_apply_with_nothing_done_sends_everything():
     now = [Target("10.0.0.1", 22, "healthy"), Target("10.0.0.9", 2222, "healthy")]
     assert still_to_apply(["10.0.0.9"], ["10.0.0.1"], now, 22) == (["10.0.0.9"], ["10.0.0.1"])
+
+
+def test_a_node_load_aware_admission_holds_out_leaves_rotation_and_stays_out_while_draining():
+    nodes = [node(1), node(2), node(3)]
+    plan = plan_targets(nodes, [target(1), target(2), target(3)], PORT, None, held_out={"10.0.0.1": "pressure 80%"})
+    assert plan.deregister == ("10.0.0.1",) and plan.held_out == ("10.0.0.1",) and plan.keep == ("10.0.0.2", "10.0.0.3")
+    assert any("leaves rotation for new connections, its sessions stay (pressure 80%)" in r for r in plan.reasons)
+    draining = plan_targets(nodes, [target(1, "draining"), target(2), target(3)], PORT, None,
+                            held_out={"10.0.0.1": "pressure 80%"})
+    assert draining.register == () and draining.deregister == () and draining.held_out == ("10.0.0.1",)
+    back = plan_targets(nodes, [target(1, "draining"), target(2), target(3)], PORT, None, held_out={})
+    assert back.register == ("10.0.0.1",)  # no longer held out: re-registered (after verification)
+
+
+def test_the_sync_keeps_two_running_nodes_in_rotation_whatever_the_admission_record_says():
+    held = {"10.0.0.1": "hot", "10.0.0.2": "hot", "10.0.0.3": "hot"}
+    plan = plan_targets([node(1), node(2), node(3)], [target(1), target(2), target(3)], PORT, None, held_out=held)
+    assert plan.held_out == ("10.0.0.1",) and plan.keep == ("10.0.0.2", "10.0.0.3")
+    assert sum("despite load-aware admission" in r for r in plan.reasons) == 2
+    gone = plan_targets([node(2), node(3)], [target(1), target(2), target(3)], PORT, None, held_out={"10.0.0.1": "hot"})
+    assert gone.deregister == ("10.0.0.1",) and gone.held_out == ()  # a node that left is simply gone

@@ -52,6 +52,11 @@ def notice_partition(cluster: str) -> str:
     return f"notice#{cluster}"
 
 
+def admission_partition(cluster: str) -> str:
+    """Load-aware admission's record: which login nodes are out of rotation, and why (login_sync/admission_store.py)."""
+    return f"admission#{cluster}"
+
+
 def lease_item_key(cluster: str) -> dict[str, dict[str, str]]:
     return {"pk": {"S": lease_partition(cluster)}, "sk": {"S": "sync-lease"}}
 

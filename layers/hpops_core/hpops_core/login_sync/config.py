@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hpops_core.common import validation
 from hpops_core.common.config import env_choice, env_int, env_str
+from hpops_core.login_sync.admission import AdmissionPolicy
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class SyncConfig:
     # Login-node slots (LoginNodeSlots): slot N's target group is the Nth; empty when off.
     slot_target_group_arns: tuple[str, ...] = ()
     load_balancer_dns_name: str = ""
+    # LoadAwareAdmission: only "on" keeps the nodes its record names out of the target group.
+    admission_mode: str = "off"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
@@ -49,6 +52,44 @@ class SyncConfig:
             node_report_max_polls=env_int(env, "NODE_REPORT_MAX_POLLS", 1, 30),
             slot_target_group_arns=tuple(a.strip() for a in env.get("SLOT_TARGET_GROUP_ARNS", "").split(",") if a.strip()),
             load_balancer_dns_name=env.get("LOAD_BALANCER_DNS_NAME", "").strip(),
+            admission_mode=env_choice(env, "LOAD_AWARE_ADMISSION", ADMISSION_MODES) if env.get("LOAD_AWARE_ADMISSION")
+            else "off",
+        )
+
+
+ADMISSION_MODES = ("off", "dry-run", "on")
+# The admission function runs every 5 minutes and writes its record each time; a record older than
+# this means it stopped (failing, or switched off), and the sync then keeps nobody out.
+ADMISSION_RECORD_MAX_AGE_SECONDS = 20 * 60
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """LoginAdmissionFunction: how hot is too hot, and where to start the sync that applies a move."""
+
+    cluster_name: str
+    target_group_arn: str
+    state_table: str
+    sync_state_machine_arn: str
+    mode: str  # "dry-run" | "on" (the function does not exist when LoadAwareAdmission is off)
+    policy: AdmissionPolicy
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AdmissionConfig:
+        env = os.environ if env is None else env
+        sustain = env_int(env, "ADMISSION_SUSTAIN_MINUTES", 5, 240) * 60
+        return cls(
+            cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+            target_group_arn=env_str(env, "TARGET_GROUP_ARN"),
+            state_table=env_str(env, "STATE_TABLE_NAME"),
+            sync_state_machine_arn=env_str(env, "SYNC_STATE_MACHINE_ARN", validation.STATE_MACHINE_ARN_RE),
+            mode=env_choice(env, "LOAD_AWARE_ADMISSION", ("dry-run", "on")),
+            policy=AdmissionPolicy(
+                pressure_margin=float(env_int(env, "ADMISSION_PRESSURE_MARGIN", 5, 90)),
+                session_margin=env_int(env, "ADMISSION_SESSION_MARGIN_PERCENT", 10, 1000) / 100,
+                sustain_seconds=sustain,
+                # Out at least as long as it took to go out, and 15 minutes: the way back is slower than the way out.
+                min_out_seconds=max(sustain, 900)),
         )
 
 

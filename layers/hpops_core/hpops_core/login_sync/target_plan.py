@@ -7,11 +7,12 @@ output is a TargetPlan with one human-readable reason per change. Tests need no 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpops_core.cluster.login_group import LoginNode
+from hpops_core.login_sync.admission import FLOOR as ADMISSION_FLOOR
 
 # DescribeTargetHealth lists registered targets and those still draining after a deregistration.
 # A draining target is on its way out: if its IP is wanted again it must be re-registered.
@@ -38,6 +39,8 @@ class TargetPlan:
     reasons: tuple[str, ...]
     guard: str | None = None
     other_ports: tuple[str, ...] = field(default=())
+    # Running login nodes kept out of rotation by load-aware admission: not registered, slot kept.
+    held_out: tuple[str, ...] = field(default=())
 
     @property
     def has_changes(self) -> bool:
@@ -60,6 +63,7 @@ class TargetPlan:
             "guard": self.guard,
             "hasChanges": self.has_changes,
             "summary": self.summary,
+            "heldOut": list(self.held_out),
         }
 
 
@@ -69,13 +73,16 @@ def plan_targets(
     ssh_port: int,
     cluster_status: str | None,
     cluster: str = "the cluster",
+    held_out: Mapping[str, str] | None = None,
 ) -> TargetPlan:
     """Make the target group's SSH-port targets equal the IPs of Running login nodes.
 
     `cluster_status` is only needed (and only looked up) when no login node is Running: an empty
     listing while the cluster is live is far more likely an outage or a misconfiguration than a
     login tier that really went away, so we refuse to cut every user off and raise the alarm.
-    `cluster` names the cluster in the reasons.
+    `cluster` names the cluster in the reasons. `held_out` (ip -> why, oldest first): Running nodes
+    load-aware admission took out of rotation for new connections; kept out only while at least
+    min(2, Running nodes) stay registered.
     """
     nodes = sorted(nodes, key=lambda n: n.instance_id)
     targets = list(targets)
@@ -100,8 +107,24 @@ def plan_targets(
         )
         return TargetPlan((), (), tuple(sorted(registered)), tuple(reasons), guard, other_ports)
 
-    register, deregister, keep = [], [], []
+    register, deregister, keep, out = [], [], [], []
+    room = len(desired) - min(ADMISSION_FLOOR, len(desired))
+    for ip, why in (held_out or {}).items():
+        if ip not in desired:
+            continue
+        if len(out) >= room:
+            reasons.append(f"keep {ip} in rotation despite load-aware admission ({why}): "
+                           f"fewer than {min(ADMISSION_FLOOR, len(desired))} nodes would take new connections")
+            continue
+        out.append(ip)
+        if ip in registered:
+            deregister.append(ip)
+            reasons.append(f"deregister {ip}: {desired[ip]} leaves rotation for new connections, its sessions stay ({why})")
+        else:
+            reasons.append(f"leave {ip} out of rotation: {desired[ip]} is out for new connections ({why})")
     for ip, instance_id in sorted(desired.items()):
+        if ip in out:
+            continue
         if ip in registered:
             keep.append(ip)
         elif ip in leaving:
@@ -117,7 +140,8 @@ def plan_targets(
             reasons.append(f"deregister {ip}: {why_gone}")
     for target in other_ports:
         reasons.append(f"leave {target}: not the SSH port {ssh_port}")
-    return TargetPlan(tuple(register), tuple(deregister), tuple(keep), tuple(reasons), None, other_ports)
+    return TargetPlan(tuple(register), tuple(sorted(deregister)), tuple(keep), tuple(reasons), None, other_ports,
+                      tuple(sorted(out)))
 
 
 def availability_zone_for(ip: str, vpc_cidrs: Iterable[str]) -> str | None:

@@ -82,3 +82,19 @@ def store_report(table: str, cluster: str, report: NodeReport, received_at: str,
     if previous is not None:
         previous["eventId"] = old.get("eventId", {}).get("S")
     return previous
+
+
+def cluster_reports(table: str, cluster: str) -> dict[str, dict]:
+    """Every node's stored report (instance id -> report_from_item), one paged Query, strongly consistent."""
+    reports = {}
+    pages = client("dynamodb").get_paginator("query").paginate(
+        TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+        ExpressionAttributeValues={":pk": {"S": node_report_partition(cluster)}},
+        ProjectionExpression="sk, report, receivedAt")
+    with transient_errors_named("dynamodb:Query"):
+        for page in pages:
+            for item in page.get("Items", []):
+                report = report_from_item(item)
+                if report is not None and item["sk"]["S"].startswith(SK_PREFIX):
+                    reports[item["sk"]["S"][len(SK_PREFIX):]] = report
+    return reports

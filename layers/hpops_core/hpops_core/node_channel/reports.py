@@ -88,6 +88,19 @@ class SshKeepaliveReport:
 
 
 @dataclass(frozen=True)
+class LoadReport:
+    """The node's pressure stall information (PSI avg60, percent) and load average (node_load.py).
+    The PSI figures are absent on a kernel without PSI; `reason` then says so."""
+
+    cpuSome60: float | None = None
+    memorySome60: float | None = None
+    memoryFull60: float | None = None
+    load1: float | None = None
+    cpus: int | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class SessionsReport:
     """The node's interactive sessions (contract: "sessions"); each entry already validated."""
 
@@ -112,6 +125,7 @@ class NodeReport:
     userCaps: UserCapsReport | None = None
     imds: ImdsReport | None = None
     sshKeepalive: SshKeepaliveReport | None = None
+    load: LoadReport | None = None
 
     def to_json(self) -> str:
         """The report as stored: fields that are None left out."""
@@ -237,6 +251,24 @@ def _ssh_keepalive(data: Any, bad: list[str]) -> SshKeepaliveReport | None:
                               idleTimeoutSeconds=f.count("idleTimeoutSeconds", 6000, default=None, required=False))
 
 
+def _percent(value: Any) -> bool:
+    return type(value) in (int, float) and 0 <= value <= 100
+
+
+def _load(data: Any, bad: list[str]) -> LoadReport | None:
+    if data is None:
+        return None
+    f = validation.JsonFields(data, "load", tuple(LoadReport.__dataclass_fields__), bad)
+    psi = [f.get(name, _percent, default=None, required=False) for name in ("cpuSome60", "memorySome60", "memoryFull60")]
+    if len({value is None for value in psi}) > 1:
+        bad.append("load.cpuSome60")  # all three PSI figures or none: a half section cannot be compared
+    return LoadReport(*psi,
+                      load1=f.get("load1", lambda v: type(v) in (int, float) and 0 <= v <= 1e6, default=None,
+                                  required=False),
+                      cpus=f.get("cpus", lambda v: type(v) is int and 1 <= v <= 4096, default=None, required=False),
+                      reason=f.short("reason", _MAX_REASON, default="", required=False))
+
+
 def _report(detail: Any, bad: list[str]) -> NodeReport:
     f = validation.JsonFields(detail, "", tuple(NodeReport.__dataclass_fields__), bad)
     return NodeReport(
@@ -254,6 +286,7 @@ def _report(detail: Any, bad: list[str]) -> NodeReport:
         userCaps=_user_caps(f.data.get("userCaps"), bad),
         imds=_imds(f.data.get("imds"), bad),
         sshKeepalive=_ssh_keepalive(f.data.get("sshKeepalive"), bad),
+        load=_load(f.data.get("load"), bad),
     )
 
 
