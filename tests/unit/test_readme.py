@@ -559,10 +559,10 @@ def test_cost_table(bench):
     assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
     # Each part a parameter switches off, alone, then all of them.
     for switch in cost["switches"]:
-        (name,) = switch["parameters"]
-        alone_usd, lb_usd = claim(text, rf"`{name}=false`: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
+        ((name, value),) = switch["parameters"].items()
+        alone_usd, lb_usd = claim(text, rf"`{name}={value}`: \$([\d.]+) alone, \$([\d.]+) with the load balancer")
         assert (float(alone_usd), float(lb_usd)) == (switch["automation_usd"], switch["with_load_balancer_usd"]), name
-    both = " and ".join(f"`{name}=false`" for name in LEAN)
+    both = ", ".join(f"`{name}={value}`" for name, value in LEAN.items())
     lean_alone, lean_lb = claim(text, re.escape(both) + r": \$([\d.]+) alone, \$([\d.]+) with the load balancer")
     assert LEAN == lean["parameters"] and len(LEAN) == len(cost["switches"])
     assert (float(lean_alone), float(lean_lb)) == (lean["automation_usd"], lean["with_load_balancer_usd"])
@@ -668,3 +668,30 @@ def test_balance_table(bench):
     first = bench["balance"][0]
     assert (int(nodes), int(users)) == (first["login_nodes"], first["users"]) and int(seeds) == 20
     assert all(r["median_max_over_mean"] <= 1.25 for r in bench["balance"] if r["setting"] == "none")
+
+
+def test_admission_figures(bench):
+    """Load-aware admission as `make bench` measured it (key `admission`) and what a move costs."""
+    record = bench["admission"]
+    idle, leave, back = record["rows"]
+    text = section("Load-aware admission")
+    calls, out_transitions, back_transitions, landed, users, fewest = claim(
+        text, r"makes (\d+) AWS calls and no state transition; a node leaving rotation is one sync of (\d+) state "
+              r"transitions, its return one of (\d+) .*?while a node is out, (\d+) of (\d+) new connections land on it; "
+              r"with three of four nodes hot, never fewer than (\d+) nodes")
+    assert int(calls) == sum(idle["calls"].values()) and idle["state_transitions"] == 0
+    assert (int(out_transitions), int(back_transitions)) == (leave["state_transitions"], back["state_transitions"])
+    assert (int(landed), int(users), int(fewest)) == (
+        record["new_connections_on_the_hot_node"], record["new_connections"], record["fewest_nodes_in_rotation"])
+    (per_move,) = claim(text, r"A move costs one LoginNodeSync execution \(\$([\d.]+),")
+    per_1000 = bench["cost"]["defaults"]["per_1000_events"]["admission_moves"]
+    assert float(per_move) == round(per_1000 / 1000, 4)
+    cost = section("Performance (`make bench`)")
+    low, high, tasks_low, tasks_high, usd = claim(cost, r"every 1,000 moves \(a node leaving or rejoining rotation: the "
+                                                        r"LoginNodeSync it starts, (\d+) to (\d+) transitions and (\d+) to "
+                                                        r"(\d+) Lambda tasks\) cost \$([\d.]+)")
+    moves = [leave, back]
+    assert (int(low), int(high)) == (min(r["state_transitions"] for r in moves), max(r["state_transitions"] for r in moves))
+    assert (int(tasks_low), int(tasks_high)) == (min(r["lambda_invocations"] for r in moves) - 1,
+                                                 max(r["lambda_invocations"] for r in moves) - 1)
+    assert float(usd) == per_1000

@@ -16,6 +16,7 @@ Balance (hpops_twin/balance_bench.py): 200 users' sessions over the login nodes 
 VPN and routed paths, the NLB's target choice modelled on the target group the twin's sync produced.
 Session-limit bound (hpops_twin/session_bound_bench.py): agent polls from an SSH login over the
 cluster-wide limit to the session ended, on a simulated clock.
+Admission (hpops_twin/admission_bench.py): load-aware admission's scheduled run, a move out and back, the floor.
 
 Progress goes to stderr, flushed: one line when a section starts, one with its seconds when it ends.
 The tables (stdout) are unchanged. `--json FILE` also records each section's seconds and the machine,
@@ -301,6 +302,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section(f"balance: {BALANCE_USERS} users through NAT, Client VPN and routed paths, with and without stickiness"):
         balance_rows, balance_verdicts = balance_section()
     verdicts |= balance_verdicts
+    from hpops_twin.admission_bench import KEY as ADMISSION_KEY, admission_section
+
+    with progress.section("admission: a scheduled run, a hot node leaving rotation and returning, the floor"):
+        admission_record, admission_verdicts = admission_section()
+    verdicts |= admission_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
@@ -314,7 +320,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        "budget_guard": [asdict(r) for r in budget_rows],
                        "footprint": asdict(footprint), "usage": asdict(usage_result),
                        "budget_holds": [asdict(r) for r in hold_rows], HOLD_BOUND_KEY: hold_bound_record(hold_rows),
-                       BALANCE_KEY: [asdict(r) for r in balance_rows],
+                       BALANCE_KEY: [asdict(r) for r in balance_rows], ADMISSION_KEY: admission_record,
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)

@@ -143,6 +143,11 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     heartbeats = LOGIN_NODES * HOURS_PER_MONTH * 3600 / 600  # each agent's report every 10 minutes
     polls = LOGIN_NODES * HOURS_PER_MONTH * 3600 / 30  # each agent reads its desired state every 30 s
     usage_runs = HOURS_PER_MONTH * 3600 / 900 if user_spend else 0  # the controller ships usage every 15 minutes
+    # Load-aware admission's scheduled run (its schedule in template.yaml), measured with nothing to move.
+    admission_fn = "LoginAdmissionFunction"
+    admission_runs = (per_month(template.functions()[admission_fn].events[0].properties["Schedule"])
+                      if admission_fn in _resources(template, "AWS::Serverless::Function", defaults) else 0)
+    admission_idle = bench["admission"]["rows"][0]
     user_tasks = 0 if user_spend else 2  # CheckUserSpend, PublishUserSpendAlert
 
     # Certificate mode adds its daily check of every registered node (measured with nothing due).
@@ -151,9 +156,10 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     transitions = (sweeps * sync["state_transitions"] + budget_sweeps * budget["state_transitions"]
                    + session_sweeps * session_transitions + daily * check["state_transitions"])
     invocations = (sweeps * _lambda_tasks("login_node_sync.asl.json") + budget_sweeps * _lambda_tasks("budget_guard.asl.json", user_tasks)
-                   + session_sweeps * _lambda_tasks("session_limits.asl.json") + heartbeats + usage_runs)
+                   + session_sweeps * _lambda_tasks("session_limits.asl.json") + heartbeats + usage_runs + admission_runs)
     gb_seconds = memory_gb * (sweeps * sync["seconds"] + budget_sweeps * budget["seconds"]
-                              + session_sweeps * session["lambda_seconds"] + (heartbeats + usage_runs) * 0.1)
+                              + session_sweeps * session["lambda_seconds"] + (heartbeats + usage_runs) * 0.1
+                              + admission_runs * admission_idle["seconds"])
 
     def calls(row: dict, prefix: str, kinds: tuple[str, ...]) -> int:
         return sum(v for k, v in row["calls"].items() if k.startswith(prefix) and k.split(".")[1] in kinds)
@@ -161,9 +167,10 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     writes = ("UpdateItem", "PutItem", "BatchWriteItem", "DeleteItem")
     reads = ("GetItem", "Query", "Scan", "BatchGetItem")
     ddb_writes = (sweeps * calls(sync, "dynamodb.", writes) + budget_sweeps * calls(budget, "dynamodb.", writes)
-                  + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage["records"])
+                  + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage["records"]
+                  + admission_runs * calls(admission_idle, "dynamodb.", writes))
     ddb_reads = (sweeps * calls(sync, "dynamodb.", reads) + budget_sweeps * calls(budget, "dynamodb.", reads)
-                 + session_sweeps * calls(session, "dynamodb.", reads))
+                 + session_sweeps * calls(session, "dynamodb.", reads) + admission_runs * calls(admission_idle, "dynamodb.", reads))
     # Measured over a day of hourly sweeps at CostExplorerMaxAgeHours' default; a shorter max age asks
     # proportionally more often, never more than once a sweep.
     ce_per_day = budget_day["calls"].get("cost-explorer.GetCostAndUsage", 0) if user_spend else 0
@@ -190,13 +197,15 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
              f"budget sweep, {session_transitions} per session sweep"
              + (f", {check['state_transitions']} per daily certificate check" if daily else "")),
         Line("Lambda requests", invocations, "invocations", invocations / 1e6 * p["lambda_per_1m_requests"],
-             "estimate: every Task state of each swept state machine once, plus one per node report and usage report"),
+             "estimate: every Task state of each swept state machine once, plus one per node report and usage report"
+             + (", plus load-aware admission's run every 5 minutes" if admission_runs else "")),
         Line("Lambda compute (arm64)", gb_seconds, "GB-seconds", gb_seconds * p["lambda_arm64_per_gb_second"],
              f"measured seconds per sweep in the twin x {memory_gb * 1024:.0f} MB; reports 0.1 s each (estimate)"),
         Line("DynamoDB on-demand writes", ddb_writes, "write units", ddb_writes / 1e6 * p["dynamodb_on_demand_per_1m_write_units"],
-             "measured per sweep; one per node report; one per usage record shipped"),
+             "measured per sweep; one per node report; one per usage record shipped"
+             + ("; one per admission run" if admission_runs else "")),
         Line("DynamoDB on-demand reads", ddb_reads, "read units", ddb_reads / 1e6 * p["dynamodb_on_demand_per_1m_read_units"],
-             "measured per sweep"),
+             "measured per sweep" + (" and admission run" if admission_runs else "")),
         Line("EventBridge custom-bus events", heartbeats + usage_runs, "events",
              (heartbeats + usage_runs) / 1e6 * p["eventbridge_custom_per_1m_events"],
              f"{LOGIN_NODES} login-node agents report every 10 minutes; the controller ships usage every 15 minutes; "
@@ -240,21 +249,29 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
 
 def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
     """What users' logins add, which the month's table cannot count (it depends on how often they log
-    in), in USD per 1,000: a session list that changed on a node (one default-bus event, one
+    in), in USD per 1,000: a node leaving or rejoining rotation by load-aware admission (the sync it
+    starts: measured transitions and Lambda tasks, about 0.1 s each), a session list that changed on a node (one default-bus event, one
     CheckReportedSessions invocation of about 0.1 s, its two Queries: the nodes' reports, the ledger) and a crossing of a limit (one
     SessionLimits execution: its measured transitions and its 2 Lambda tasks, about 0.5 s)."""
     bound = bench.get("session_limit_bound")
     if not bound:
         return {}
+    moves = [r for r in bench.get("admission", {}).get("rows", []) if r["moves"]]
+    move = (sum(r["state_transitions"] for r in moves) / len(moves) / 1000 * p["stepfunctions_standard_per_1k_transitions"]
+            # the sync's Lambda tasks: the admission run that started it happens every 5 minutes anyway
+            + sum(r["lambda_invocations"] - 1 for r in moves) / len(moves) * (p["lambda_per_1m_requests"] / 1e6
+                                                                         + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"])
+            ) if moves else None
     change = (p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
               + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + 2 * p["dynamodb_on_demand_per_1m_read_units"] / 1e6)
     crossing = (bound["transitions_per_crossing"] / 1000 * p["stepfunctions_standard_per_1k_transitions"]
                 + 2 * p["lambda_per_1m_requests"] / 1e6 + 0.5 * memory_gb * p["lambda_arm64_per_gb_second"])
-    return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)}
+    return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)} | (
+        {"admission_moves": round(1000 * move, 4)} if move is not None else {})
 
 
 # What a platform team can switch off by parameter, losing only that part.
-SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"})
+SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"}, {"LoadAwareAdmission": "off"})
 LEAN = {k: v for switch in SWITCHES for k, v in switch.items()}
 # Every feature on: the defaults already have the dashboard, per-user spend and session limits.
 EVERY_FEATURE = {"HostIdentityMode": "certificate"}
