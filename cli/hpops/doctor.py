@@ -519,11 +519,16 @@ def _decide_imds(session: Any, target: Target, groups: Mapping[str, dict],
     iam, sagemaker = session.client("iam"), session.client("sagemaker")
     lockdown = (stack.parameters.get("ImdsLockdown") or "off")
     reports: dict[str, dict] = {}
+    controller: dict[str, Any] = {}
     running: dict[str, list[str]] = {}
     exposures: dict[str, checks.RoleExposure] = {}
 
     def facts() -> None:
-        reports.update(read_node_reports(session.client("dynamodb"), stack.outputs["SyncStateTableName"], target.cluster))
+        from hpops_core.budget_guard.hold_state import read_agent_report
+
+        table, dynamodb = stack.outputs["SyncStateTableName"], session.client("dynamodb")
+        reports.update(read_node_reports(dynamodb, table, target.cluster))
+        controller.update(read_agent_report(table, target.cluster, dynamodb) or {})
         pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=target.cluster)
         for page in pages:
             for node in page["ClusterNodeSummaries"]:
@@ -536,7 +541,7 @@ def _decide_imds(session: Any, target: Target, groups: Mapping[str, dict],
         role = checks.role_name(groups[name]["ExecutionRole"])
         if role not in exposures:
             exposures[role] = _role_exposure(iam, role)
-        probed = {i: (r.get("imds") or {}).get("nonRoot") for i, r in reports.items() if r.get("imds")}
+        probed = checks.imds_probes(reports, controller or None)
         return checks.decide_imds_exposure(name, running.get(name, []), probed, lockdown, exposures[role], stack.name)
 
     return [guarded(name, lambda n=name: decide(n)) for name in sorted(groups)]

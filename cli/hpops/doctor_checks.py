@@ -718,6 +718,16 @@ class RoleExposure:
     unreadable: Sequence[str] = ()  # policies whose document the operator could not read
 
 
+def imds_probes(node_reports: Mapping[str, Mapping[str, Any]], controller: Mapping[str, Any] | None) -> dict[str, str]:
+    """Instance id -> the agent's last IMDS probe result: login nodes' in their node reports, the
+    controller's in its holds report (kept only from the controller group's enrolled agent)."""
+    probed = {i: (r.get("imds") or {}).get("nonRoot") for i, r in node_reports.items() if r.get("imds")}
+    said = (controller or {}).get("imds") or {}
+    if said.get("nonRoot") and controller.get("instanceId") and controller["instanceId"] not in probed:
+        probed[controller["instanceId"]] = said["nonRoot"]
+    return probed
+
+
 def decide_imds_exposure(group: str, nodes: Sequence[str], reported: Mapping[str, str], lockdown: str,
                          exposure: RoleExposure, stack_name: str | None) -> Finding:
     """``nodes``: the group's Running instance ids; ``reported``: instance id -> the agent's last probe

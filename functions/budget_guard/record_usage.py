@@ -51,8 +51,10 @@ def record_usage_report(event: dict, context: LambdaContext) -> dict:
         metrics.add_metric(name="UsageReportRejected", unit=MetricUnit.Count, value=1)
         raise UsageReportRejected(origin.reason)
     try:
-        check_capacity(report, _instance_groups(config.cluster_name))
-        stored = usage_store.store_usage(config.state_table, report, int(time.time()), sequence)
+        # The part on its own, then (as it is stored) the sum of its window's parts.
+        instance_groups = _instance_groups(config.cluster_name)
+        check_capacity(report, instance_groups)
+        stored = usage_store.store_usage(config.state_table, report, int(time.time()), instance_groups, sequence)
     except (UsageExceedsCapacityError, NodeChannelError):
         metrics.add_metric(name="SignedReportRefused", unit=MetricUnit.Count, value=1)
         raise

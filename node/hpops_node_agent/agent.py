@@ -20,7 +20,9 @@ On the controller node (where slurmctld runs) the loop is another one: every usa
 collects per-user Slurm usage from accounting (usage.py) and sends it, one entry per window part,
 with the same events:PutEvents path (detail-type contract.USAGE_DETAIL_TYPE); every poll it
 converges Slurm's association limits to the budget holds parameter (slurm_holds.py) and reports
-what it applied when that changed (detail-type user_holds.HOLDS_DETAIL_TYPE).
+what it applied when that changed (detail-type user_holds.HOLDS_DETAIL_TYPE). That report also carries
+the controller's own IMDS probe (probed once per heartbeat, as on login nodes), so `hpops doctor`
+knows whether a user on the controller can take its role.
 
 Nothing here ever logs or reports key material: reports carry versions, fingerprints, public
 keys and host_keys' one-line, secret-free reasons.
@@ -854,14 +856,17 @@ class NodeAgent:
             return None
         now = self.clock()
         body = holds.converge(document, now)
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode("utf-8")).hexdigest()
+        imds = self.imds_section(now)
+        # A change of the probe's answer is a change to report, like a change of the holds applied.
+        sent = body if imds is None else dict(body, imds=imds)
+        digest = hashlib.sha256(json.dumps(sent, sort_keys=True).encode("utf-8")).hexdigest()
         sent_at = float(holds.state.get("lastReportAt") or 0)
         if digest == holds.state.get("lastReportDigest") and now - sent_at < self.config.heartbeat_seconds:
             return body
         instance_id = self.usage_collector().instance_id
         if instance_id is None:
             return body
-        report = dict(body, format=user_holds.HOLDS_REPORT_FORMAT, cluster=self.config.cluster,
+        report = dict(sent, format=user_holds.HOLDS_REPORT_FORMAT, cluster=self.config.cluster,
                       instanceId=instance_id, agentVersion=__version__,
                       reportedAt=datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
                       .strftime("%Y-%m-%dT%H:%M:%SZ"))

@@ -12,6 +12,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
+from hpops_core.budget_guard.usage_capacity import UsageExceedsCapacityError
 from hpops_core.budget_guard.usage_reports import UsageRecord, parse_usage_event
 from hpops_core.budget_guard.usage_store import (
     USAGE_TTL_SECONDS,
@@ -28,6 +29,8 @@ CLUSTER = "lab"
 INSTANCE_ID = "i-0123456789abcdef0"
 HOUR = 3600
 PARTITIONS = usage.PartitionGroups({"gpu": "gpu-workers", "cpu": "cpu-workers"}, 0, "")
+# DescribeCluster's groups: room for any window these tests store (the capacity tests use their own).
+ROOMY = [{"InstanceGroupName": "gpu-workers", "CurrentCount": 10_000}, {"InstanceGroupName": "cpu-workers", "CurrentCount": 10_000}]
 
 
 def at(text: str) -> int:
@@ -76,7 +79,7 @@ def reports(window_start: int, now: int, found: dict | None = None, status: str 
 
 
 def store_all(table: str, parts) -> list[dict]:
-    return [store_usage(table, part, now_epoch=W0) for part in parts]
+    return [store_usage(table, part, now_epoch=W0, instance_groups=ROOMY) for part in parts]
 
 
 def seconds_by_user(window) -> dict:
@@ -145,7 +148,7 @@ def test_a_window_recollected_into_fewer_parts_reads_back_only_the_newest_parts(
     assert seconds_by_user(window) == {key: 1800 for key in fewer}, "no record of the old third part"
 
     # The old third part's event delivered once more, late: still not part of the window.
-    store_usage(table, first[2], now_epoch=W0)
+    store_usage(table, first[2], now_epoch=W0, instance_groups=ROOMY)
     assert seconds_by_user(month_usage(table, CLUSTER, "2026-11")[0]) == {key: 1800 for key in fewer}
 
 
@@ -185,7 +188,8 @@ def test_no_status_before_the_first_report(table):
 def test_stored_usage_is_kept_long_enough_to_charge_back_last_years_month(table):
     store_all(table, reports(W0, W0 + 1800, totals(alice_gpu=1800)))
     items = boto3.client("dynamodb").scan(TableName=TABLE)["Items"]
-    assert len(items) == 2
+    assert sorted(item["sk"]["S"] for item in items) == ["status", "total#2026-11-23T06:00:00Z",
+                                                         "window#2026-11-23T06:00:00Z#0001"]
     assert {int(item["ttl"]["N"]) for item in items} == {W0 + USAGE_TTL_SECONDS}
     assert USAGE_TTL_SECONDS > 366 * 24 * HOUR
 
@@ -202,7 +206,7 @@ def test_a_month_reads_its_own_windows_oldest_first(table):
     other = usage.build_report("other", INSTANCE_ID, at("2026-11-02T00:00:00"), at("2026-11-02T00:30:00"),
                                contract.USAGE_OK, totals=totals(mallory_gpu=3600))
     store_usage(table, parse_usage_event({"source": contract.REPORT_SOURCE, "detail-type": contract.USAGE_DETAIL_TYPE,
-                                          "detail": other}), now_epoch=W0)
+                                          "detail": other}), now_epoch=W0, instance_groups=ROOMY)
 
     november = month_usage(table, CLUSTER, "2026-11")
     assert [w.window_start for w in november] == [
@@ -230,3 +234,73 @@ def test_a_month_larger_than_one_query_page_is_read_whole(table):
         f"2026-11-01T{hour:02d}:00:00Z" for hour in range(windows)]
     assert [len(w.records) for w in november] == [1000] * windows
     assert [w.records[0].node_seconds for w in november] == [60 + index for index in range(windows)]
+
+
+# --------------------------------------------------------------------------- a window's parts against capacity
+
+TWO_GPU_NODES = [{"InstanceGroupName": "gpu-workers", "CurrentCount": 2, "TargetCount": 2},
+                 {"InstanceGroupName": "cpu-workers", "CurrentCount": 100, "TargetCount": 100}]
+
+
+def window_records(table) -> dict:
+    windows = month_usage(table, CLUSTER, "2026-11")
+    return {} if not windows else seconds_by_user(windows[0])
+
+
+def test_parts_each_within_capacity_but_over_it_together_are_refused_from_the_part_that_crosses(table):
+    # 60 users x 130 node-seconds on gpu: 7,800 in the window, the gpu group's 2 nodes run 7,200.
+    parts = reports(W0, W0 + 1800, many_users(60, 130), max_bytes=4000)
+    assert len(parts) == 3 and all(sum(r.node_seconds for r in p.records) <= 2 * HOUR for p in parts)
+    stored = [store_usage(table, part, now_epoch=W0, instance_groups=TWO_GPU_NODES) for part in parts[:2]]
+    assert stored == [{"window": True, "status": True}] * 2
+    before = boto3.client("dynamodb").scan(TableName=TABLE, ConsistentRead=True)["Items"]
+    kept = window_records(table)
+
+    with pytest.raises(UsageExceedsCapacityError, match=r"partition gpu in the window from 2026-11-23T06:00:00Z "
+                                                        r"would reach \(with part 3 of 3.*7800 node-seconds"):
+        store_usage(table, parts[2], now_epoch=W0, instance_groups=TWO_GPU_NODES)
+    # Nothing of the third part is kept (nor the collector's status): its users are not charged.
+    assert boto3.client("dynamodb").scan(TableName=TABLE, ConsistentRead=True)["Items"] == before
+    assert window_records(table) == kept and len(kept) == sum(len(p.records) for p in parts[:2])
+    assert sum(window_records(table).values()) <= 2 * HOUR
+
+
+def test_a_redelivered_part_is_accepted_and_counted_once(table):
+    # 60 users x 110 node-seconds: 6,600 of the 7,200 the gpu group could run; each part ~2,200.
+    parts = reports(W0, W0 + 1800, many_users(60, 110), max_bytes=4000)
+    for part in parts + parts[::-1] + parts:  # EventBridge delivers at least once, in any order
+        assert store_usage(table, part, now_epoch=W0, instance_groups=TWO_GPU_NODES) == {"window": True, "status": True}
+    assert sum(window_records(table).values()) == 6600
+    # Counted once: what the window holds still leaves exactly 600 node-seconds of room.
+    extra = reports(W0, W0 + 1800, many_users(60, 110) | {("zed", "gpu"): {"nodeSeconds": 601, "cpuSeconds": 0,
+                                                                           "gpuSeconds": 0, "jobs": 1}}, max_bytes=4000)
+    with pytest.raises(UsageExceedsCapacityError):
+        for part in extra:
+            store_usage(table, part, now_epoch=W0, instance_groups=TWO_GPU_NODES)
+
+
+def test_a_newer_collection_starts_the_windows_sum_afresh(table):
+    # Usage moves between collections (requeued jobs): the newest collection is bounded alone, not added.
+    store_all_bounded = lambda parts: [store_usage(table, p, now_epoch=W0, instance_groups=TWO_GPU_NODES)  # noqa: E731
+                                       for p in parts]
+    store_all_bounded(reports(W0, W0 + 1200, many_users(60, 100), max_bytes=4000))
+    store_all_bounded(reports(W0, W0 + 1800, many_users(60, 110), max_bytes=4000))
+    assert sum(window_records(table).values()) == 6600
+
+
+def test_two_parts_of_a_window_arriving_at_once_cannot_both_add_to_the_same_sum(table):
+    parts = reports(W0, W0 + 1800, many_users(60, 130), max_bytes=4000)
+    store_usage(table, parts[0], now_epoch=W0, instance_groups=TWO_GPU_NODES)
+    # Part 3 is delivered while part 2 is between reading the window's total and writing it.
+    raced: list = []
+
+    def part_3_lands(**_):
+        if not raced:  # once: part 3's own read comes through here too
+            raced.append("landing")
+            raced[0] = store_usage(table, parts[2], now_epoch=W0, instance_groups=TWO_GPU_NODES)
+
+    clients.client("dynamodb").meta.events.register("after-call.dynamodb.GetItem", part_3_lands)
+    with pytest.raises(UsageExceedsCapacityError, match="part 2 of 3"):
+        store_usage(table, parts[1], now_epoch=W0, instance_groups=TWO_GPU_NODES)
+    assert raced == [{"window": True, "status": True}]
+    assert sum(window_records(table).values()) == sum(r.node_seconds for p in (parts[0], parts[2]) for r in p.records)

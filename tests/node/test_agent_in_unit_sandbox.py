@@ -39,6 +39,7 @@ from real_tools import free_port
 from test_agent_real_process import BUS, CLUSTER, CREDENTIALS, REGION, SSH_KEYGEN, SSHD, LoginNode, Stack, stop_process
 from unit_sandbox import Sandbox, UnsupportedSetting, service_settings
 
+from hpops_core.budget_guard.hold_reports import parse_holds_event
 from hpops_core.host_identity import keys
 from hpops_core.node_channel import contract, user_holds
 from hpops_node_agent import bundle as bundle_module
@@ -301,3 +302,9 @@ def test_controller_node_every_feature_on_under_the_unit(node_root, stack, tmp_p
     written = {p.name for p in state.iterdir() if p.suffix == ".json"}
     assert "slurm-holds.json" in written
     assert "usage-state.json" in written or not any(d["final"] for d in usage_sent())
+    # The controller probes IMDS as nobody from inside the unit's sandbox, as a login node does, and its
+    # holds report carries the answer (no IMDS here: what matters is that the probe ran and answered).
+    holds = [e["detail"] for e in stack.drain()[seen:] if e["detail-type"] == user_holds.HOLDS_DETAIL_TYPE]
+    assert holds[-1]["imds"]["nonRoot"] in contract.IMDS_PROBE_RESULTS, holds[-1]
+    assert parse_holds_event({"source": contract.REPORT_SOURCE, "detail-type": user_holds.HOLDS_DETAIL_TYPE,
+                              "detail": {k: v for k, v in holds[-1].items() if k not in ("sequence", "proof")}})

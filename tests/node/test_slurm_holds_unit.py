@@ -51,15 +51,16 @@ class FakeAws:
         return {"FailedEntryCount": 0}
 
 
-def agent_with_slurm(tmp_path):
+def agent_with_slurm(tmp_path, imds_probe=None):
     sacct = tmp_path / "bin" / "sacct"
     sacct.parent.mkdir()
     sacct.write_text("#!/bin/sh\nexit 99\n")
     sacct.chmod(0o755)
     config = AgentConfig.from_dict({"cluster": CLUSTER, "region": "us-east-1", "reportBus": "bus", "role": "controller",
-                                    "instanceId": INSTANCE_ID, "root": str(tmp_path), "sacctCmd": str(sacct)})
+                                    "instanceId": INSTANCE_ID, "root": str(tmp_path), "sacctCmd": str(sacct),
+                                    **({"imdsProbe": "169.254.169.254"} if imds_probe else {})})
     aws, now = FakeAws(), [1_800_000_000.0]
-    agent = NodeAgent(config, aws, clock=lambda: now[0])
+    agent = NodeAgent(config, aws, clock=lambda: now[0], **({"imds_probe": imds_probe} if imds_probe else {}))
     agent._fetch = aws.fetch
     slurm = FakeSlurmLimits(["alice", "bob"])
     agent.slurm_holds().run = slurm
@@ -154,3 +155,38 @@ def test_a_hold_an_earlier_version_set_is_lifted_by_its_own_rule(tmp_path):
     row = slurm.associations["alice"]
     assert (row["GrpJobs"], row["MaxJobs"]) == ("", "5") and slurm.limits("alice") == FREE
     assert holds.state["users"] == {}
+
+
+def test_the_controller_probes_imds_once_per_heartbeat_and_its_holds_report_carries_the_answer(tmp_path):
+    from hpops_core.budget_guard.hold_reports import parse_holds_event
+
+    probes: list[str] = []
+    answer = ["reachable"]
+
+    def probe(address: str) -> tuple:  # imds_guard.probe connects as nobody: its answer, without the network
+        probes.append(address)
+        return answer[0], f"nobody connected to {address}:80"
+
+    agent, aws, _, now = agent_with_slurm(tmp_path, probe)
+    aws.value = document("alice")
+    for _ in range(3):  # polls within one heartbeat: one probe
+        agent.holds_tick()
+        now[0] += 60
+    assert probes == ["169.254.169.254"]
+    [report] = aws.sent
+    assert report["imds"] == {"nonRoot": "reachable", "lockdown": "off", "reason": "nobody connected to 169.254.169.254:80"}
+    # What the stack keeps: the same section, through its own parser (the signed fields stay as sent).
+    event = {"source": contract.REPORT_SOURCE, "detail-type": user_holds.HOLDS_DETAIL_TYPE, "detail": report}
+    assert parse_holds_event(event)["imds"] == report["imds"]
+
+    answer[0] = "blocked"  # the site closed IMDS to users on the controller
+    now[0] += agent.config.heartbeat_seconds
+    agent.holds_tick()
+    assert len(probes) == 2 and aws.sent[-1]["imds"]["nonRoot"] == "blocked"
+
+
+def test_a_controller_without_an_imds_probe_configured_reports_no_imds_section(tmp_path):
+    agent, aws, _, _ = agent_with_slurm(tmp_path)
+    aws.value = document("alice")
+    agent.holds_tick()
+    assert "imds" not in aws.sent[-1]

@@ -70,4 +70,4 @@ def test_a_user_with_the_node_role_cannot_act_as_a_node_and_changes_nothing():
 
     part = part_attacker()
     assert part["ok"], part["findings"]
-    assert part["tried"] == part["survived"] >= 13 and part["side_effects"] == 0
+    assert part["tried"] == part["survived"] >= 14 and part["side_effects"] == 0

@@ -6,6 +6,7 @@ and by no other check.
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import warnings
 
 import pytest
@@ -82,6 +83,32 @@ def test_without_the_imds_lockdown_every_group_is_a_note_naming_its_nodes_and_wh
     assert "datasets (inline): s3:GetObject" in gpu.message and "NodeAgentPolicy" not in gpu.message  # its own role
     login = next(f for f in exposure if f.subject == "login")
     assert "NodeAgentPolicy: events:PutEvents" in login.message
+
+
+def test_the_controllers_own_imds_probe_reaches_doctor_through_its_holds_report(account):
+    from hpops_twin.holds_twin import attach, run_holds
+
+    controller = account.controller
+
+    def controller_exposure():
+        return next(f for f in account.run() if f.check == "imds-exposure" and f.subject == "controller-machine")
+
+    # The site closes IMDS to users on the controller; the agent (restarted) probes and reports it.
+    controller.imds = "blocked"
+    controller.restart()
+    attach(controller, [])
+    now = dt.datetime.now(dt.timezone.utc)
+    run_holds(controller, now)
+    finding = controller_exposure()
+    assert finding.status == OK and "no node leaves role" in finding.message, finding.line()
+
+    # Opened again: the next report says so, and doctor names the controller as reachable.
+    controller.imds = "reachable"
+    controller.restart()
+    attach(controller, [])
+    run_holds(controller, now + dt.timedelta(seconds=1))
+    finding = controller_exposure()
+    assert finding.status == NOTE and f"reachable: {controller.instance_id}" in finding.message, finding.line()
 
 
 def test_doctor_runs_as_the_operator_under_the_policy_hpops_iam_policy_prints(account):

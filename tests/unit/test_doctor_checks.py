@@ -188,6 +188,23 @@ def test_imds_exposure_is_ok_when_every_node_is_blocked_or_the_lockdown_covers_t
     assert reachable_anyway.status == checks.NOTE  # a node's own probe outweighs the stack's setting
 
 
+def test_the_controllers_probe_from_its_holds_report_decides_the_controller_group_like_a_login_nodes():
+    login = {"i-1": {"imds": {"nonRoot": "reachable", "lockdown": "off"}}, "i-2": {"sessions": {}}}
+    holds = {"instanceId": "i-c", "reportedAt": "2026-11-26T12:00:00Z", "imds": {"nonRoot": "blocked", "lockdown": "off"}}
+    probed = checks.imds_probes(login, holds)
+    assert probed == {"i-1": "reachable", "i-c": "blocked"}
+    assert checks.decide_imds_exposure("controller-machine", ["i-c"], probed, "off", EXPOSURE, "S").status == OK
+    # No holds report yet, or one from an agent without a probe: the controller counts as reachable, as before.
+    for silent in (None, {"instanceId": "i-c", "reportedAt": "2026-11-26T12:00:00Z"}):
+        finding = checks.decide_imds_exposure("controller-machine", ["i-c"], checks.imds_probes(login, silent), "off",
+                                              EXPOSURE, "S")
+        assert finding.status == checks.NOTE and "no agent report: i-c" in finding.message
+    reachable = dict(holds, imds={"nonRoot": "reachable", "lockdown": "off"})
+    finding = checks.decide_imds_exposure("controller-machine", ["i-c"], checks.imds_probes(login, reachable), "off",
+                                          EXPOSURE, "S")
+    assert finding.status == checks.NOTE and "reachable: i-c" in finding.message
+
+
 NLB = {"LoadBalancerName": "hpops-nlb", "SecurityGroups": ["sg-nlb"]}
 
 

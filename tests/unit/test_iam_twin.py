@@ -85,6 +85,26 @@ def test_dynamodb_requests_carry_their_leading_keys():
     assert dict(check.context) == {"dynamodb:leadingkeys": ("usage#c",)}
 
 
+def test_a_transaction_is_authorized_item_by_item_as_the_single_item_operations_with_their_keys():
+    request = {"TransactItems": [
+        {"Put": {"TableName": "hpops-state", "Item": {"pk": {"S": "usage#c#2026-11"}, "sk": {"S": "window#w#0001"}}}},
+        {"Put": {"TableName": "hpops-state", "Item": {"pk": {"S": "usage#c#2026-11"}, "sk": {"S": "total#w"}}}},
+        {"ConditionCheck": {"TableName": "hpops-state", "Key": {"pk": {"S": "enroll#c"}, "sk": {"S": "i-1"}}}}]}
+    found = checks("dynamodb", "TransactWriteItems", request, LOOKUP)
+    table = f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/hpops-state"
+    assert [(c.action, c.resource, dict(c.context)["dynamodb:leadingkeys"]) for c in found] == [
+        ("dynamodb:PutItem", table, ("usage#c#2026-11",)), ("dynamodb:PutItem", table, ("usage#c#2026-11",)),
+        ("dynamodb:ConditionCheckItem", table, ("enroll#c",))]
+    for check in found:  # each is an action of the reference, on the table's resource type
+        prefix, name = check.action.split(":")
+        formats = [e["resource_arn_format"] for e in get_action_data(prefix, name).get(prefix, [])]
+        assert any(_format_pattern(f).fullmatch(check.resource) for f in formats if f != "*")
+    # An item whose key is outside the grant is denied (and with it the transaction).
+    grant = {"p": {"Statement": [{"Effect": "Allow", "Action": "dynamodb:*Item", "Resource": table,
+                                  "Condition": {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["usage#c#*"]}}}]}}
+    assert [decide(grant, c.action, c.resource, dict(c.context)).allowed for c in found] == [True, True, False]
+
+
 ALLOW_TABLE = {"Statement": [{"Effect": "Allow", "Action": "dynamodb:*Item", "Resource": "arn:aws:dynamodb:*:*:table/t",
                               "Condition": {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["usage#*"]}}}]}
 

@@ -463,6 +463,7 @@ def _usage_and_hold_reports(cluster: str, login_instance: str, add: Callable[...
         ("record key of another window (replayed into this one)", _set(usage, record + ["key"], f"{cluster}/x/alice/gpu")),
         ("status not one the agent sends", _set(usage, ["detail", "status"], "ok\u0000")),
         ("part past parts", _set(usage, ["detail", "part"], 2)),
+        ("window a day long (24x the capacity bound)", _set(usage, ["detail", "windowEnd"], "2026-11-24T08:00:00Z")),
     ], base=usage)
     add("rule UsageReport (node-report bus) -> RecordUsageReport", USAGE_REPORTS, "UsageReport", "UsageReportRejected", [
         ("well-formed report from a login node (not the controller)", usage),
@@ -477,6 +478,8 @@ def _usage_and_hold_reports(cluster: str, login_instance: str, add: Callable[...
         ("holds report user with a subshell", _set(holds, row + ["user"], SUBSHELL)),
         ("holds report state lifted (no such state)", _set(holds, row + ["state"], "lifted")),
         ("holds report reason of 10 kB", _set(holds, row + ["reason"], BIG)),
+        ("holds report IMDS probe answer not one the agent gives (doctor would call it blocked)",
+         _set(holds, ["detail", "imds"], {"nonRoot": "blocked; reboot", "lockdown": "off"})),
         ("holds report enforced is the string true", _set(holds, ["detail", "enforced"], "true")),
         ("holds report version with path traversal", _set(holds, ["detail", "version"], TRAVERSAL)),
         ("holds report unknown extra key releaseAll", _set(holds, ["detail", "releaseAll"], True)),

@@ -1,7 +1,9 @@
 """`make chaos` part 4: a cluster user holding only the node role (the twin's "agent" principal, IAM
 enforced) and none of the agent's files tries to act as a node. Each attack must be refused with a
 named error (and counted where an alarm watches it) and change nothing: no report stored, no
-session ended, nobody charged or held, every node still admitted.
+session ended, nobody charged or held, every node still admitted. One attack goes further: the
+enrolled controller's own key (a compromised or buggy controller agent) sending a usage window in
+parts, each within what the cluster could run and over it together.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from hpops_twin.attacker import Attacker, far_future, iso
 from hpops_twin.faults import ChaosTransport
+from hpops_twin.user_spend_twin import CONTROLLER_GROUP, ControllerNode
 from hpops_twin.world import TwinWorld
 
 REPORT = "HyperPod Login Node Report"
@@ -68,6 +71,10 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
 
     # The controller's id (a world without a controller group: an id nobody enrolled, as a new controller's).
     controller_id = controller[0].instance_id if controller else "i-0c0ffee0c0ffee0c0"
+    controller_node = None
+    if controller:  # its real agent, enrolled by its first usage report (no jobs: nothing charged)
+        controller_node = ControllerNode(world, controller_id, [], {"gpu": world.worker_group})
+        controller_node.run_agent(dt.datetime.now(dt.timezone.utc))
     window = iso((now - dt.timedelta(hours=2)).replace(minute=0, second=0, microsecond=0))
     window_end = iso((now - dt.timedelta(hours=1)).replace(minute=0, second=0, microsecond=0))
     usage = {"format": "hpops.node.usage.v1", "cluster": world.cluster_name, "instanceId": controller_id,
@@ -77,6 +84,21 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
                           "nodeSeconds": 3_600_000, "cpuSeconds": 0, "gpuSeconds": 0, "jobs": 1}]}
     future = usage | {"windowStart": "2099-01-01T00:00:00Z", "windowEnd": "2099-01-01T01:00:00Z",
                       "collectedAt": "2099-01-01T01:00:00Z", "records": []}
+    # A window in two parts, each just within the gpu group's capacity (its nodes x one hour).
+    capacity = len(world.sim.nodes(world.cluster_name, world.worker_group)) * 3600
+    split = usage | {"partitionGroups": {"gpu": world.worker_group}, "parts": 2,
+                     "records": [dict(usage["records"][0], nodeSeconds=capacity - 60)]}
+    halves = [split | {"part": 1}, split | {"part": 2, "records": [dict(split["records"][0], user="carol",
+                                                                      key=f"{world.cluster_name}/{window}/carol/gpu")]}]
+
+    def controller_part(number: int) -> Callable[[], str | None]:
+        def run() -> str | None:
+            before = len(world.dispatcher.invocations)
+            # Signed by the controller's enrolled key, sent with the node role (the report bus takes any node's).
+            attacker.put_report(USAGE, controller_node.agent.proof.sign_report(halves[number - 1]), sign=False)
+            return _last_error(world, before)
+        return run
+
     holds = {"format": "hpops.node.user-holds-report.v1", "cluster": world.cluster_name, "instanceId": controller_id,
              "agentVersion": "1.0.0", "reportedAt": far_future(), "version": "0123456789abcdef", "enforced": True,
              "enforceReason": "", "users": []}
@@ -149,14 +171,19 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
          borrowed_statement),
         ("unknown NodeChannel action", "MalformedNodeChannelRequest",
          lambda: attacker.invoke({"action": "become-root"}).get("error")),
-    ]
+    ] + ([
+        ("usage window part 2 of 2 within capacity alone, over it with part 1 (the enrolled controller's own key)",
+         "UsageExceedsCapacityError", controller_part(2), lambda: controller_part(1)()),
+    ] if controller_node is not None else [])
 
 
 def part_attacker(progress: Callable[[str], None] = lambda _: None) -> dict:
     began = time.perf_counter()
     outcomes: list[Attack] = []
     findings: list[str] = []
-    with TwinWorld() as world, ChaosTransport(world).installed() as chaos:
+    # A Slurm controller group, its agent enrolled: the attacks on its reports meet a real enrollment.
+    with TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)}) as world, \
+            ChaosTransport(world).installed() as chaos:
         result = world.wait([world.run_schedule()], timeout=120)[0]
         if result.status != "SUCCEEDED":
             findings.append(f"the first sync did not succeed: {result.error}")

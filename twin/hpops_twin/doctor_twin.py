@@ -117,7 +117,9 @@ class DoctorAccount:
             {"ReadWriteType": "All", "IncludeManagementEvents": True}])
         cloudtrail.start_logging(Name=TRAIL)
         self.cost_allocation_tags = [{"TagKey": "ClusterName", "Type": "UserDefined", "Status": "Active"}]
-        self.controller = UserSpendTwin(world).controller(jobs=[], partitions={"gpu": world.worker_group})
+        # Without the optional lockdown a user on the controller reaches IMDS, as on every HyperPod node.
+        self.controller = UserSpendTwin(world).controller(jobs=[], partitions={"gpu": world.worker_group},
+                                                          imds="reachable")
         self.controller_runs()
         # A working installation has swept once: the published host identity reached every agent.
         world.wait([world.run_schedule()])

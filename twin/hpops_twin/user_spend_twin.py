@@ -38,6 +38,7 @@ from hpops_core.budget_guard.spend_check import USER_ALERT_DETAIL_TYPE, USER_ALE
 from hpops_node_agent import usage
 from hpops_node_agent.agent import NodeAgent, UsageOutcome
 from hpops_node_agent.config import AgentConfig
+from hpops_node_agent.imds_guard import IMDS_V4
 
 UTC = dt.timezone.utc
 CONTROLLER_GROUP = "controller-machine"  # template.yaml's ControllerGroupName default
@@ -142,12 +143,15 @@ class ControllerNode:
     """A node of the cluster running the real node agent in the controller role, usage on.
 
     ``instance_id`` names the node the agent says it is (its config's instanceId): a login node's
-    id makes it the impostor RecordUsageReport must refuse."""
+    id makes it the impostor RecordUsageReport must refuse. ``imds``: what the agent's IMDS probe finds
+    (imds_guard's answers; None: no probe configured, as before the controller probed)."""
 
-    def __init__(self, world: Any, instance_id: str, jobs: Iterable[SlurmJob], partitions: dict[str, str]):
+    def __init__(self, world: Any, instance_id: str, jobs: Iterable[SlurmJob], partitions: dict[str, str],
+                 imds: str | None = None):
         self.world = world
         self.instance_id = instance_id
         self.now = 0.0
+        self.imds = imds
         files = tempfile.TemporaryDirectory(prefix="hpops-twin-controller-")
         world._stack.append(files)  # removed when the world ends
         self._dir = Path(files.name)
@@ -172,12 +176,26 @@ class ControllerNode:
             "provisioningParameters": str(provisioning), "stateDir": str(state_dir),
             "instanceId": instance_id, "role": "controller", "sacctCmd": str(sacct),
             "nodeChannel": world.output("NodeChannelFunctionName"), "ip": node.ip if node is not None else "10.0.0.1",
+            **({"imdsProbe": IMDS_V4} if imds is not None else {}),
         })
         # Its own session, as the node is its own process: its calls are not our Lambdas'.
-        session = boto3.session.Session(region_name=world.aws.region_name)
-        self.agent = NodeAgent(config, session, clock=lambda: self.now)
+        self._session = boto3.session.Session(region_name=world.aws.region_name)
+        self._config = config
         self.sacct = FakeSacct(jobs, clock=lambda: self.now)
-        self.agent.usage_collector().run = self.sacct
+        self.agent = self._start_agent()
+
+    def _start_agent(self) -> NodeAgent:
+        # The twin has no IMDS: the probe answers what the node's iptables would let ``nobody`` reach.
+        agent = NodeAgent(self._config, self._session, clock=lambda: self.now,
+                          imds_probe=lambda address: (self.imds, f"twin: {address} {self.imds} for non-root"))
+        agent.usage_collector().run = self.sacct
+        return agent
+
+    def restart(self) -> NodeAgent:
+        """The agent's process restarted (systemd): same key and state files, nothing cached (the IMDS
+        probe runs again at its first poll). Slurm doubles attached to the old one must be attached again."""
+        self.agent = self._start_agent()
+        return self.agent
 
     def run_agent(self, when: dt.datetime) -> UsageOutcome:
         """One usage run of the agent at ``when``: every due window collected and sent."""
@@ -221,19 +239,21 @@ class UserSpendTwin:
         events.put_targets(Rule="twin-user-spend-alerts", Targets=[{"Id": "inbox", "Arn": arn}])
 
     # ------------------------------------------------------------------ the controller
-    def controller(self, jobs: Iterable[SlurmJob], partitions: dict[str, str], instance_id: str | None = None) -> ControllerNode:
+    def controller(self, jobs: Iterable[SlurmJob], partitions: dict[str, str], instance_id: str | None = None,
+                   imds: str | None = None) -> ControllerNode:
         """The controller group's node with its agent (or, given ``instance_id``, any node's)."""
         if instance_id is None:
             [node] = self.world.sim.nodes(self.world.cluster_name, CONTROLLER_GROUP)
             instance_id = node.instance_id
-        return ControllerNode(self.world, instance_id, jobs, partitions)
+        return ControllerNode(self.world, instance_id, jobs, partitions, imds)
 
     def stored_windows(self, month: str) -> int:
         """Window parts RecordUsageReport kept for ``month`` (YYYY-MM)."""
         table = self.world.resolver.physical_ids["SyncStateTable"]
         pages = self.world.aws.client("dynamodb").get_paginator("query").paginate(
-            TableName=table, KeyConditionExpression="pk = :pk",
-            ExpressionAttributeValues={":pk": {"S": f"usage#{self.world.cluster_name}#{month}"}}, Select="COUNT")
+            TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :window)", Select="COUNT",
+            ExpressionAttributeValues={":pk": {"S": f"usage#{self.world.cluster_name}#{month}"},
+                                       ":window": {"S": "window#"}})  # not the windows' running totals
         return sum(page["Count"] for page in pages)
 
     def rejected_reports(self) -> list[dict]:

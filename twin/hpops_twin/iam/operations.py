@@ -295,6 +295,21 @@ def _leading_keys(service: str, operation: str, params: dict) -> tuple[tuple[str
     return (("dynamodb:leadingkeys", tuple(values)),) if values else ()
 
 
+# TransactWriteItems has no action of its own: each of its items is authorized as the single-item
+# operation it is (DynamoDB developer guide, "Using IAM with DynamoDB transactions").
+TRANSACT_ACTIONS = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem", "ConditionCheck": "ConditionCheckItem"}
+
+
+def _transact_checks(params: dict, lookup: Lookup) -> list[Check]:
+    found = []
+    for entry in params.get("TransactItems", []):
+        for kind, body in entry.items():
+            operation = TRANSACT_ACTIONS[kind]
+            context = _leading_keys("dynamodb", "GetItem" if kind == "ConditionCheck" else operation, body)
+            found.append(Check(f"dynamodb:{operation}", _fill(TABLE, body, lookup), context))
+    return found
+
+
 # Operations that hand a role to the service, and the parameter naming it.
 PASSES_ROLE = {("lambda", "CreateFunction"): "Role", ("sfn", "CreateStateMachine"): "roleArn"}
 
@@ -306,6 +321,8 @@ def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[C
     """The (action, resource, context) checks a request must pass, all of them."""
     if (service, operation) in NEEDS_NO_PERMISSION:
         return []
+    if (service, operation) == ("dynamodb", "TransactWriteItems"):
+        return _transact_checks(params, lookup)
     row = OPERATIONS.get((service, operation))
     if row is None:
         raise TwinIamError(f"{service} {operation}: no IAM mapping for this operation "

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict
 from typing import Any
 
 from hpops_core.budget_guard.usage_reports import MAX_REASON, MalformedUsageReport, UsageReport
 from hpops_core.common import validation
 from hpops_core.node_channel import contract, user_holds
+from hpops_core.node_channel import reports as node_reports
 
 _ISO = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
 _VERSION = re.compile(r"\A[0-9a-f]{16}\Z")
 _AGENT_VERSION = re.compile(r"\A[A-Za-z0-9:._-]{0,128}\Z")
 _FIELDS = ("format", "cluster", "instanceId", "agentVersion", "reportedAt", "version", "enforced", "enforceReason",
-           "users")
+           "users", "imds")
 MAX_BYTES = 64 * 1024
 
 
@@ -52,10 +54,12 @@ def parse_holds_event(event: Any) -> dict[str, Any]:
             report["users"].append({"user": row.get("user", validation.is_posix_user),
                                     "state": row.one_of("state", user_holds.HOLD_STATES),
                                     "reason": row.short("reason", MAX_REASON, default="", required=False)})
+    # The controller's own IMDS probe: the same section, and the same rule, as a login node's report.
+    imds = node_reports._imds(f.data.get("imds"), bad)
     if bad:
         shown = sorted(set(bad))
         raise MalformedUsageReport(f"holds report rejected; invalid field(s): {', '.join(shown[:5])}")
-    return report
+    return report if imds is None else dict(report, imds=asdict(imds))
 
 
 def origin_view(report: dict[str, Any]) -> UsageReport:

@@ -12,6 +12,7 @@ be able to make up what other users spent.
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from dataclasses import dataclass
@@ -71,6 +72,16 @@ class UsageReport:
         return self.window_start[:7]
 
 
+def _one_window(start: str, end: str) -> bool:
+    try:
+        begins, ends = (datetime.datetime.strptime(t, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.timezone.utc)
+                        for t in (start, end))
+    except ValueError:  # the shape matched, the date does not exist
+        return False
+    return begins.timestamp() % contract.USAGE_WINDOW_SECONDS == 0 and \
+        (ends - begins).total_seconds() == contract.USAGE_WINDOW_SECONDS
+
+
 def _record(raw: Any, index: int, cluster: str, window_start: str, bad: list[str]) -> UsageRecord | None:
     before = len(bad)
     f = validation.JsonFields(raw, f"records[{index}]", _RECORD_FIELDS, bad)
@@ -119,6 +130,9 @@ def parse_usage_event(event: Any) -> UsageReport:
     raw_records = f.get("records", lambda v: isinstance(v, list) and len(v) <= MAX_RECORDS, default=[])
     if part > parts:
         bad.append("part")
+    # The window is the capacity bound's length (usage_capacity): an hour on the hour, as the agent sends it.
+    if window_start is not None and window_end is not None and not _one_window(window_start, window_end):
+        bad.append("windowEnd")
     records: list[UsageRecord] = []
     if not bad:
         for index, raw in enumerate(raw_records):

@@ -6,6 +6,11 @@ collection replaces the older (a condition on collectedAt, so a late retry of an
 wins), and on reading only the parts of a window's newest collection count. One more item,
 sk ``status`` under pk ``usage#<cluster>``, keeps the collector's latest status, so a report can
 say "accounting not enabled" instead of showing zeros.
+
+Beside a window's parts, sk ``total#<windowStart>`` sums what its newest collection's parts claim
+(usage_capacity.WindowTotal). A part and the total it makes are written in one transaction, the
+total conditional on the version read: two parts of a window arriving at once cannot both add to
+the same sum, and a part that would take the window over the groups' capacity is refused whole.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from hpops_core.budget_guard import BudgetGuardError
+from hpops_core.budget_guard.usage_capacity import WindowTotal, check_window, next_total
 from hpops_core.budget_guard.usage_reports import UsageRecord, UsageReport
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.node_channel.contract import USAGE_OK
@@ -23,10 +30,21 @@ from hpops_core.node_channel.report_proof import ReportReplayError
 
 # Kept a good year, so last year's same month can still be charged back.
 USAGE_TTL_SECONDS = 400 * 24 * 3600
+# Two parts of a window racing for its total: each loser reads again; more than this many losses
+# in a row is not a race between a window's few parts.
+TOTAL_ATTEMPTS = 8
+
+
+class UsageWindowContendedError(BudgetGuardError):
+    """The window's total kept changing while this part was written; nothing stored (EventBridge retries)."""
 
 
 def month_key(cluster: str, month: str) -> str:
     return f"usage#{cluster}#{month}"
+
+
+def total_key(window_start: str) -> str:
+    return f"total#{window_start}"
 
 
 def status_key(cluster: str) -> str:
@@ -52,33 +70,97 @@ class CollectorStatus:
     instance_id: str
 
 
-def _put_if_newer(table: str, item: dict[str, Any], collected_at: str, sequence: int | None = None) -> bool:
-    """Store unless the kept item is newer. With a sequence (a signed window part), a kept part that is
-    newer (sequence or collection time) means a replayed or reordered report: ReportReplayError (the
-    same part again, an EventBridge redelivery, is stored again and changes nothing)."""
+def _newer_condition(item: dict[str, Any], collected_at: str, sequence: int | None) -> dict[str, Any]:
+    """A Put of ``item`` unless the kept item is newer (collection time; with a sequence, also the sequence)."""
     condition, values = "attribute_not_exists(pk) OR collectedAt <= :collected", {":collected": {"S": collected_at}}
+    put: dict[str, Any] = {"Item": item}
     if sequence is not None:
-        item = dict(item, sequence={"N": str(sequence)})
+        put["Item"] = dict(item, sequence={"N": str(sequence)})
         condition = f"({condition}) AND (attribute_not_exists(#sequence) OR #sequence <= :sequence)"
         values[":sequence"] = {"N": str(sequence)}
+        put["ExpressionAttributeNames"] = {"#sequence": "sequence"}
+    return dict(put, ConditionExpression=condition, ExpressionAttributeValues=values)
+
+
+def _older(sequence: int | None) -> bool:
+    """A kept part is newer: with a sequence (a signed window part) a replayed or reordered report,
+    ReportReplayError (the agent's re-sends are newer in both); without, not stored (False)."""
+    if sequence is not None:
+        raise ReportReplayError(f"usage report sequence {sequence} is older than the kept window part "
+                                "(replayed or reordered)")
+    return False
+
+
+def _put_if_newer(table: str, item: dict[str, Any], collected_at: str, sequence: int | None = None) -> bool:
+    """Store unless the kept item is newer (the same part again, an EventBridge redelivery, is stored
+    again and changes nothing)."""
     try:
         with transient_errors_named("dynamodb:PutItem"):
-            client("dynamodb").put_item(
-                TableName=table, Item=item, ConditionExpression=condition, ExpressionAttributeValues=values,
-                **({"ExpressionAttributeNames": {"#sequence": "sequence"}} if sequence is not None else {}),
-            )
+            client("dynamodb").put_item(TableName=table, **_newer_condition(item, collected_at, sequence))
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            if sequence is not None:  # the agent's re-sends are newer in both: this one is old
-                raise ReportReplayError(f"usage report sequence {sequence} is older than the kept window part "
-                                        "(replayed or reordered)") from None
-            return False
+            return _older(sequence)
         raise
     return True
 
 
-def store_usage(table: str, report: UsageReport, now_epoch: int, sequence: int | None = None) -> dict[str, bool]:
-    """Two conditional writes: the window part, and the collector's status. Re-sending changes nothing.
+def _read_total(table: str, pk: str, window_start: str) -> WindowTotal | None:
+    with transient_errors_named("dynamodb:GetItem"):
+        item = client("dynamodb").get_item(TableName=table, Key={"pk": {"S": pk}, "sk": {"S": total_key(window_start)}},
+                                           ConsistentRead=True).get("Item")
+    if not item:
+        return None
+    parts = {int(number): usage for number, usage in json.loads(item["parts"]["S"]).items()}
+    return WindowTotal(item["collectedAt"]["S"], parts, json.loads(item["partitionGroups"]["S"]),
+                       int(item["version"]["N"]))
+
+
+def _total_put(table: str, pk: str, window_start: str, total: WindowTotal, kept: WindowTotal | None,
+               ttl: int) -> dict[str, Any]:
+    item = {"pk": {"S": pk}, "sk": {"S": total_key(window_start)}, "collectedAt": {"S": total.collected_at},
+            "parts": {"S": json.dumps({str(n): u for n, u in sorted(total.parts.items())}, separators=(",", ":"))},
+            "partitionGroups": {"S": json.dumps(total.partition_groups, sort_keys=True)},
+            "version": {"N": str(total.version)}, "ttl": {"N": str(ttl)}}
+    if kept is None:
+        return {"TableName": table, "Item": item, "ConditionExpression": "attribute_not_exists(pk)"}
+    return {"TableName": table, "Item": item, "ConditionExpression": "#version = :version",
+            "ExpressionAttributeNames": {"#version": "version"},
+            "ExpressionAttributeValues": {":version": {"N": str(kept.version)}}}
+
+
+def _store_window(table: str, item: dict[str, Any], report: UsageReport, instance_groups: list[dict[str, Any]],
+                  sequence: int | None, ttl: int) -> bool:
+    """The part and the window's new total in one transaction; UsageExceedsCapacityError (nothing
+    written) when the window's parts would sum past the capacity."""
+    pk = item["pk"]["S"]
+    for _ in range(TOTAL_ATTEMPTS):
+        kept = _read_total(table, pk, report.window_start)
+        total = next_total(kept, report)
+        if total is None:  # a part of an older collection: kept as before, never read back, sums nothing
+            return _put_if_newer(table, item, report.collected_at, sequence)
+        check_window(total, report, instance_groups)
+        try:
+            with transient_errors_named("dynamodb:TransactWriteItems"):
+                client("dynamodb").transact_write_items(TransactItems=[
+                    {"Put": dict(TableName=table, **_newer_condition(item, report.collected_at, sequence))},
+                    {"Put": _total_put(table, pk, report.window_start, total, kept, ttl)}])
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise
+            reasons = [r.get("Code") for r in error.response.get("CancellationReasons") or []]
+            if reasons[:1] == ["ConditionalCheckFailed"]:
+                return _older(sequence)
+            # The total moved (another part of the window was kept first) or a transaction on it was in
+            # flight (TransactionConflict): read it again and decide again.
+    raise UsageWindowContendedError(f"window {report.window_start}'s total changed {TOTAL_ATTEMPTS} times while "
+                                    f"part {report.part} was written")
+
+
+def store_usage(table: str, report: UsageReport, now_epoch: int, instance_groups: list[dict[str, Any]],
+                sequence: int | None = None) -> dict[str, bool]:
+    """Conditional writes: the window part with its window's total (``instance_groups``: DescribeCluster's,
+    the capacity the total must fit), then the collector's status. Re-sending changes nothing.
 
     Only a report that read sacct stores its window: a collection that failed ("sacct failed",
     "accounting not enabled") must not replace the usage an earlier collection found."""
@@ -103,7 +185,8 @@ def store_usage(table: str, report: UsageReport, now_epoch: int, sequence: int |
         "instanceId": {"S": report.instance_id},
         "ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)},
     }
-    stored = report.status == USAGE_OK and _put_if_newer(table, window, report.collected_at, sequence)
+    stored = report.status == USAGE_OK and _store_window(table, window, report, instance_groups, sequence,
+                                                         now_epoch + USAGE_TTL_SECONDS)
     return {"window": stored, "status": _put_if_newer(table, status, report.collected_at)}
 
 

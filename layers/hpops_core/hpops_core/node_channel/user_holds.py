@@ -21,7 +21,10 @@ Report (the controller's agent, events:PutEvents to the node-report bus):
    "reportedAt": ISO-8601 UTC, "version": str|null (the document applied; null: none readable),
    "enforced": true|false|null (AccountingStorageEnforce includes limits and qos; null: unknown),
    "enforceReason": str,
-   "users": [{"user": str, "state": one of HOLD_STATES, "reason": str}]}
+   "users": [{"user": str, "state": one of HOLD_STATES, "reason": str}],
+   "imds": {"nonRoot": one of contract.IMDS_PROBE_RESULTS, "lockdown": one of contract.IMDS_LOCKDOWN_VALUES,
+            "reason": str} (optional: the controller's own IMDS probe, once per heartbeat, the login
+            reports' "imds" section; absent where the agent has no probe configured)}
 
 A report only informs (status, "could not apply" alerts); it never decides who is held.
 """
