@@ -12,6 +12,7 @@ recomputes only that key from the counts already there.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -148,6 +149,9 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     admission_runs = (per_month(template.functions()[admission_fn].events[0].properties["Schedule"])
                       if admission_fn in _resources(template, "AWS::Serverless::Function", defaults) else 0)
     admission_idle = bench["admission"]["rows"][0]
+    # Each usage part is written with its window's running total in one transaction (twice the write units
+    # of each item, by size: 1 KB a unit), then the collector's status: per run, over its parts.
+    usage_part_writes = usage["events"] * (2 * (math.ceil(usage["bytes_shipped"] / usage["events"] / 1024) + 1) + 1)
     user_tasks = 0 if user_spend else 2  # CheckUserSpend, PublishUserSpendAlert
 
     # Certificate mode adds its daily check of every registered node (measured with nothing due).
@@ -167,10 +171,11 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     writes = ("UpdateItem", "PutItem", "BatchWriteItem", "DeleteItem")
     reads = ("GetItem", "Query", "Scan", "BatchGetItem")
     ddb_writes = (sweeps * calls(sync, "dynamodb.", writes) + budget_sweeps * calls(budget, "dynamodb.", writes)
-                  + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage["records"]
+                  + session_sweeps * calls(session, "dynamodb.", writes) + heartbeats + usage_runs * usage_part_writes
                   + admission_runs * calls(admission_idle, "dynamodb.", writes))
     ddb_reads = (sweeps * calls(sync, "dynamodb.", reads) + budget_sweeps * calls(budget, "dynamodb.", reads)
-                 + session_sweeps * calls(session, "dynamodb.", reads) + admission_runs * calls(admission_idle, "dynamodb.", reads))
+                 + session_sweeps * calls(session, "dynamodb.", reads) + admission_runs * calls(admission_idle, "dynamodb.", reads)
+                 + usage_runs * usage["events"])  # each part reads its window's running total
     # Measured over a day of hourly sweeps at CostExplorerMaxAgeHours' default; a shorter max age asks
     # proportionally more often, never more than once a sweep.
     ce_per_day = budget_day["calls"].get("cost-explorer.GetCostAndUsage", 0) if user_spend else 0
@@ -202,7 +207,8 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
         Line("Lambda compute (arm64)", gb_seconds, "GB-seconds", gb_seconds * p["lambda_arm64_per_gb_second"],
              f"measured seconds per sweep in the twin x {memory_gb * 1024:.0f} MB; reports 0.1 s each (estimate)"),
         Line("DynamoDB on-demand writes", ddb_writes, "write units", ddb_writes / 1e6 * p["dynamodb_on_demand_per_1m_write_units"],
-             "measured per sweep; one per node report; one per usage record shipped"
+             "measured per sweep; one per node report; per usage part, its item and its window's total in a "
+             "transaction (2x) and the collector's status"
              + ("; one per admission run" if admission_runs else "")),
         Line("DynamoDB on-demand reads", ddb_reads, "read units", ddb_reads / 1e6 * p["dynamodb_on_demand_per_1m_read_units"],
              "measured per sweep" + (" and admission run" if admission_runs else "")),

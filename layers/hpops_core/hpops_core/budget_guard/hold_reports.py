@@ -55,7 +55,7 @@ def parse_holds_event(event: Any) -> dict[str, Any]:
                                     "state": row.one_of("state", user_holds.HOLD_STATES),
                                     "reason": row.short("reason", MAX_REASON, default="", required=False)})
     # The controller's own IMDS probe: the same section, and the same rule, as a login node's report.
-    imds = node_reports._imds(f.data.get("imds"), bad)
+    imds = node_reports.imds_section(f.data.get("imds"), bad)
     if bad:
         shown = sorted(set(bad))
         raise MalformedUsageReport(f"holds report rejected; invalid field(s): {', '.join(shown[:5])}")

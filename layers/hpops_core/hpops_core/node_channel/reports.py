@@ -231,7 +231,8 @@ def _user_caps(data: Any, bad: list[str]) -> UserCapsReport | None:
                           atCap=tuple(f.get("atCap", at_cap, default=[], required=False)) or None)
 
 
-def _imds(data: Any, bad: list[str]) -> ImdsReport | None:
+def imds_section(data: Any, bad: list[str]) -> ImdsReport | None:
+    """The "imds" section of a login or controller report (None when absent); field names appended to `bad`."""
     if data is None:
         return None
     f = validation.JsonFields(data, "imds", tuple(ImdsReport.__dataclass_fields__), bad)
@@ -284,7 +285,7 @@ def _report(detail: Any, bad: list[str]) -> NodeReport:
         loginLimits=_login_limits(f.data.get("loginLimits"), bad),
         sessions=_sessions(f.data.get("sessions"), bad),
         userCaps=_user_caps(f.data.get("userCaps"), bad),
-        imds=_imds(f.data.get("imds"), bad),
+        imds=imds_section(f.data.get("imds"), bad),
         sshKeepalive=_ssh_keepalive(f.data.get("sshKeepalive"), bad),
         load=_load(f.data.get("load"), bad),
     )
