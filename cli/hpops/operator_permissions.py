@@ -142,8 +142,11 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeVpcEndpoints", "ec2:DescribeVpcEndpoints", "*"),
         # nlb-path: the users' side, through a Client VPN endpoint in the load balancer's VPC
         Call("ec2", "DescribeClientVpnEndpoints", "ec2:DescribeClientVpnEndpoints", "*"),
-        Call("ec2", "DescribeClientVpnTargetNetworks", "ec2:DescribeClientVpnTargetNetworks", "*"),
-        Call("ec2", "DescribeClientVpnAuthorizationRules", "ec2:DescribeClientVpnAuthorizationRules", "*"),
+        # any endpoint of the account: which ones are in the NLB's VPC is only known by reading them
+        Call("ec2", "DescribeClientVpnTargetNetworks", "ec2:DescribeClientVpnTargetNetworks",
+             "arn:aws:ec2:{region}:{account}:client-vpn-endpoint/*"),
+        Call("ec2", "DescribeClientVpnAuthorizationRules", "ec2:DescribeClientVpnAuthorizationRules",
+             "arn:aws:ec2:{region}:{account}:client-vpn-endpoint/*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
@@ -177,8 +180,6 @@ WILDCARD_REASONS = {
     "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeClientVpnEndpoints": "Ec2DescribeActionsHaveNoResourceType",
-    "ec2:DescribeClientVpnTargetNetworks": "Ec2DescribeActionsHaveNoResourceType",
-    "ec2:DescribeClientVpnAuthorizationRules": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
     "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
     # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: without

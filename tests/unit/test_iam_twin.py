@@ -33,6 +33,7 @@ SAMPLE_REQUEST = {
     "Role": f"arn:aws:iam::{ACCOUNT}:role/hpops-exec", "roleArn": f"arn:aws:iam::{ACCOUNT}:role/hpops-exec", "name": "sync",
     "KmsKeyId": "0f1e2d3c-1111-2222-3333-444455556666", "GroupId": "sg-0123456789abcdef0",
     "ListenerArn": f"arn:aws:elasticloadbalancing:us-east-1:{ACCOUNT}:listener/net/hpops-nlb/0123/4567",
+    "ClientVpnEndpointId": "cvpn-endpoint-0123456789abcdef0",
 }
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")

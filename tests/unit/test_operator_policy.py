@@ -23,7 +23,7 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "FunctionName": "f", "TopicArn": "arn:aws:sns:us-east-1:1:t", "Name": "SSM-SessionManagerRunShell",
                "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg",
                "Bucket": "lifecycle", "RoleName": "hyperpod-exec", "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/p",
-               "KeyId": "0f1e2d3c-1111-2222-3333-444455556666",
+               "KeyId": "0f1e2d3c-1111-2222-3333-444455556666", "ClientVpnEndpointId": "cvpn-endpoint-0123456789abcdef0",
                "TrailName": f"arn:aws:cloudtrail:us-east-1:{ACCOUNT}:trail/management-events"}
     if call.service == "s3":
         request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)

@@ -135,6 +135,7 @@ def _rule(params: dict, lookup: Lookup) -> list[str]:
 
 
 TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
+CLIENT_VPN_ENDPOINT = "arn:aws:ec2:{region}:{account}:client-vpn-endpoint/{ClientVpnEndpointId}"
 TARGET_GROUP = "{TargetGroupArn}"
 SECURITY_GROUP = "arn:aws:ec2:{region}:{account}:security-group/{GroupId}"
 BUDGET = "arn:aws:budgets::{account}:budget/"
@@ -160,8 +161,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ec2", "DescribeRouteTables"): ("ec2:DescribeRouteTables", "*"),
     ("ec2", "DescribeVpcEndpoints"): ("ec2:DescribeVpcEndpoints", "*"),
     ("ec2", "DescribeClientVpnEndpoints"): ("ec2:DescribeClientVpnEndpoints", "*"),
-    ("ec2", "DescribeClientVpnTargetNetworks"): ("ec2:DescribeClientVpnTargetNetworks", "*"),
-    ("ec2", "DescribeClientVpnAuthorizationRules"): ("ec2:DescribeClientVpnAuthorizationRules", "*"),
+    # ... but these two are on the endpoint they read (the reference's client-vpn-endpoint resource type)
+    ("ec2", "DescribeClientVpnTargetNetworks"): ("ec2:DescribeClientVpnTargetNetworks", CLIENT_VPN_ENDPOINT),
+    ("ec2", "DescribeClientVpnAuthorizationRules"): ("ec2:DescribeClientVpnAuthorizationRules", CLIENT_VPN_ENDPOINT),
     ("ec2", "DescribeSecurityGroups"): ("ec2:DescribeSecurityGroups", "*"),
     # S3 (doctor reads the lifecycle prefix): objects arn:aws:s3:::{BucketName}/{ObjectName}, HeadObject is
     # s3:GetObject; listing is s3:ListBucket on arn:aws:s3:::{BucketName}
