@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from datetime import datetime
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -20,6 +19,7 @@ from hpops_core.common.observability import handler_tools
 from hpops_core.common.clients import start_named_execution
 from hpops_core.login_sync import admission, admission_store, target_group
 from hpops_core.login_sync.config import ADMISSION_RECORD_MAX_AGE_SECONDS, AdmissionConfig
+from hpops_core.login_sync.target_plan import LEAVING_STATES
 from hpops_core.node_channel import report_store
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
@@ -33,9 +33,8 @@ def decide_login_admission(event: dict, context: LambdaContext) -> dict:
     config = AdmissionConfig.from_env()
     now = int(time.time())
     registered = {t.ip: t.state for t in target_group.describe_targets(config.target_group_arn)
-                  if t.port == config.ssh_port and t.state != "draining"}
-    reports = {i: r | {"receivedEpoch": _epoch(r.get("receivedAt"))}
-               for i, r in report_store.cluster_reports(config.state_table, config.cluster_name).items()}
+                  if t.port == config.ssh_port and t.state not in LEAVING_STATES}
+    reports = report_store.cluster_reports(config.state_table, config.cluster_name)
     previous, version = admission_store.read_admission(config.state_table, config.cluster_name)
     nodes = admission.node_loads(reports, registered, previous, now, admission.REPORT_MAX_AGE_SECONDS)
     # Read each run: with ExistingTargetGroupArn the delay is the target group's owner's to change.
@@ -65,10 +64,3 @@ def decide_login_admission(event: dict, context: LambdaContext) -> dict:
                       for m in decision.moves],
             "out": sorted(decision.state.out), "imbalance": decision.imbalance, "syncStarted": started,
             "mode": config.mode}
-
-
-def _epoch(received_at: str | None) -> int:
-    try:
-        return int(datetime.fromisoformat(str(received_at).replace("Z", "+00:00")).timestamp())
-    except ValueError:
-        return 0

@@ -181,12 +181,14 @@ def test_the_record_round_trips():
 @pytest.mark.parametrize("registered", [{"10.0.0.10": "healthy", "10.0.0.11": "unhealthy"}])
 def test_node_loads_reads_the_stored_reports_and_the_target_health(registered):
     reports = {
-        "i-a": {"ip": "10.0.0.10", "role": "login", "receivedEpoch": T0 - 60,
+        "i-a": {"ip": "10.0.0.10", "role": "login", "receivedAt": "2027-01-15T07:59:00.000Z",
                 "load": {"cpuSome60": 40.0, "memorySome60": 55.5, "memoryFull60": 1.0},
                 "sessions": {"list": [{"user": "alice"}, {"user": "bob"}]}},
-        "i-b": {"ip": "10.0.0.11", "role": "login", "receivedEpoch": T0 - 5000, "load": {}, "sessions": {"list": []}},
-        "i-c": {"ip": "10.0.0.12", "role": "login", "receivedEpoch": T0, "load": {}},  # neither registered nor out
+        "i-b": {"ip": "10.0.0.11", "role": "login", "receivedAt": "2027-01-15T06:36:40.000Z", "load": {}, "sessions": {"list": []}},
+        "i-c": {"ip": "10.0.0.12", "role": "login", "receivedAt": "2027-01-15T08:00:00.000Z", "load": {}},  # neither registered nor out
     }
     a, b = node_loads(reports, registered, AdmissionState(), T0, 1230)
     assert (a.instance_id, a.fresh, a.pressure, a.sessions, a.healthy) == ("i-a", True, 55.5, 2, True)
     assert (b.instance_id, b.fresh, b.pressure, b.sessions, b.healthy) == ("i-b", False, None, None, False)
+    unreadable = reports | {"i-a": reports["i-a"] | {"receivedAt": None}}
+    assert not node_loads(unreadable, registered, AdmissionState(), T0, 1230)[0].fresh  # never judged on it

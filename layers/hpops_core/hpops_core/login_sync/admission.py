@@ -28,6 +28,7 @@ The rules, every move with its reason:
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -320,10 +321,10 @@ def held_out(state: AdmissionState, now: int, max_age_seconds: int) -> dict[str,
 
 def node_loads(reports: Mapping[str, Mapping[str, Any]], registered: Mapping[str, str], previous: AdmissionState,
                now: int, max_age_seconds: int) -> list[NodeLoad]:
-    """The nodes admission judges, from the login nodes' stored reports (instance id -> report with
-    receivedAt as epoch seconds under "receivedEpoch") and the target group (ip -> health state, not
-    draining): every node registered or out of rotation. A registered IP without a report is judged
-    as not fresh (never moved for it)."""
+    """The nodes admission judges, from the login nodes' stored reports (instance id -> report_store's
+    report with its receivedAt) and the target group (ip -> health state, not draining): every node
+    registered or out of rotation. A registered IP without a report is judged as not fresh (never moved
+    for it)."""
     by_ip = {str(r.get("ip")): (i, r) for i, r in reports.items() if r.get("role", "login") == "login"}
     wanted = set(registered) | {o.ip for o in previous.out.values()}
     nodes = []
@@ -333,7 +334,7 @@ def node_loads(reports: Mapping[str, Mapping[str, Any]], registered: Mapping[str
             instance_id = next((i for i, o in previous.out.items() if o.ip == ip), None)
             if instance_id is None:
                 continue  # a registered IP whose node never reported: nothing to judge or move
-        fresh = report is not None and now - int(report.get("receivedEpoch") or 0) <= max_age_seconds
+        fresh = report is not None and now - _epoch(report.get("receivedAt")) <= max_age_seconds
         load = (report or {}).get("load") or {}
         sessions = (report or {}).get("sessions")
         pressure = max(load["cpuSome60"], load["memorySome60"]) if fresh and "cpuSome60" in load else None
@@ -343,3 +344,11 @@ def node_loads(reports: Mapping[str, Mapping[str, Any]], registered: Mapping[str
                               pressure, in_rotation=state is not None,
                               healthy=state in (None, *TAKING_CONNECTIONS)))
     return nodes
+
+
+def _epoch(received_at: Any) -> int:
+    """RecordNodeReport's receivedAt (ISO 8601, Z) as epoch seconds; 0 (long ago) when unreadable."""
+    try:
+        return int(datetime.fromisoformat(str(received_at).replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return 0
