@@ -122,7 +122,12 @@ def _held_out(config: SyncConfig) -> dict[str, str]:
     """ip -> reason for the nodes load-aware admission keeps out of rotation (LoadAwareAdmission=on), oldest first."""
     if config.admission_mode != "on":
         return {}
-    state, _ = admission_store.read_admission(config.state_table, config.cluster_name)
+    try:
+        state, _ = admission_store.read_admission(config.state_table, config.cluster_name)
+    except admission_store.MalformedAdmissionRecord as error:
+        # Admission only ever narrows rotation: a record it cannot read must not stop the sync.
+        logger.warning("admission record ignored: every node stays in rotation", extra={"reason": str(error)})
+        return {}
     entries = admission.held_out(state, int(time.time()), ADMISSION_RECORD_MAX_AGE_SECONDS)
     return {ip: entry.reason for ip, entry in sorted(entries.items(), key=lambda e: (e[1].since, e[0]))}
 

@@ -15,7 +15,7 @@ import json
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.common.errors import TransientAwsError
+from hpops_core.common.errors import HpopsError, TransientAwsError
 from hpops_core.common.state_table import admission_partition
 from hpops_core.login_sync.admission import AdmissionState
 
@@ -26,13 +26,20 @@ def _key(cluster: str) -> dict:
     return {"pk": {"S": admission_partition(cluster)}, "sk": {"S": SK}}
 
 
+class MalformedAdmissionRecord(HpopsError):
+    """The admission record is not what the admission function writes; the sync then keeps nobody out."""
+
+
 def read_admission(table: str, cluster: str) -> tuple[AdmissionState, int]:
-    """The record and its version (0: none yet)."""
+    """The record and its version (0: none yet); MalformedAdmissionRecord when it cannot be read as one."""
     with transient_errors_named("dynamodb:GetItem"):
         item = client("dynamodb").get_item(TableName=table, Key=_key(cluster), ConsistentRead=True).get("Item")
     if not item:
         return AdmissionState(), 0
-    return AdmissionState.from_json(json.loads(item["state"]["S"])), int(item["version"]["N"])
+    try:
+        return AdmissionState.from_json(json.loads(item["state"]["S"])), int(item["version"]["N"])
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise MalformedAdmissionRecord(f"admission record of {cluster} unreadable ({type(error).__name__})") from None
 
 
 def write_admission(table: str, cluster: str, state: AdmissionState, read_version: int) -> None:
