@@ -277,7 +277,8 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
 
 
 # What a platform team can switch off by parameter, losing only that part.
-SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"}, {"LoadAwareAdmission": "off"})
+SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"}, {"LoadAwareAdmission": "off"},
+            {"LeaveNoticeMinutes": "off"})
 LEAN = {k: v for switch in SWITCHES for k, v in switch.items()}
 # Every feature on: the defaults already have the dashboard, per-user spend and session limits.
 EVERY_FEATURE = {"HostIdentityMode": "certificate"}
