@@ -652,10 +652,12 @@ def _decide_network_acls(session: Any, target: Target, cluster: dict, groups: di
     every = sorted(set(nodes + verifier + nlb))
     if not every:
         raise ValueError("no subnet of the login nodes, the verifier or the load balancer to check")
-    cidrs = {s["SubnetId"]: s["CidrBlock"] for s in ec2.describe_subnets(SubnetIds=every)["Subnets"]}
+    subnets = ec2.describe_subnets(SubnetIds=every)["Subnets"]
+    cidrs = {s["SubnetId"]: s["CidrBlock"] for s in subnets}
     acls = {}
+    # By VPC (a few ACLs each): every subnet is associated with exactly one of them.
     for page in ec2.get_paginator("describe_network_acls").paginate(
-            Filters=[{"Name": "association.subnet-id", "Values": every}]):
+            Filters=[{"Name": "vpc-id", "Values": sorted({s["VpcId"] for s in subnets})}]):
         for acl in page["NetworkAcls"]:
             for association in acl.get("Associations", []):
                 if association.get("SubnetId") in cidrs:

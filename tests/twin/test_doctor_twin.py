@@ -35,7 +35,7 @@ EXPECTED = {
         "aws ec2 authorize-client-vpn-ingress --client-vpn-endpoint-id cvpn-endpoint-0a1b2c3d4e5f60718"),
     "a new login node whose agent was never installed": ("never reported", "journalctl -u hpops-node-agent"),
     "one role for every group, and it may read every secret": (
-        "role hyperpod-exec may read the canonical host keys (NodeAgentPolicy, site-secrets (inline) allow",
+        "role hyperpod-exec may read the canonical host keys (site-secrets (inline) allow secretsmanager:GetSecretValue",
         "narrow site-secrets (inline) on role hyperpod-exec so secretsmanager:GetSecretValue does not cover"),
     "the nodes' network ACL denies SSH from the verifier's and NLB's subnet": (
         "drops TCP 22 into the login nodes' subnet", "aws ec2 create-network-acl-entry --network-acl-id acl-"),
