@@ -30,7 +30,7 @@ CHECK_HELP = {
                     "NAT or interface endpoints",
     "node-endpoints": "those interface endpoints admit HTTPS from the nodes, with full-access policies",
     "verifier-path": "the login nodes' security group admits SSH from the verifier's",
-    "nlb-path": "... and from the NLB's; Client VPN users reach the NLB",
+    "nlb-path": "the login nodes' security group admits SSH from the NLB's; Client VPN users reach the NLB",
     "network-acl": "network ACLs pass SSH and its replies between the verifier, the NLB and the login nodes",
     "host-identity": "a host identity (keys or CA) is published",
     "kms-key-policy": "the host identity key's policy lets IAM grant its use",

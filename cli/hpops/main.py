@@ -343,8 +343,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
         print(line)
     keys = [o for o in outcomes if o.fingerprint]
     if keys:  # node enrollment: an agent launched long ago is approved by its key's fingerprint
-        print("agent keys to approve for enrollment (compare with each node's own `ssh-keygen -lf "
-              f"{adoption.AGENT_KEY}`): " + ", ".join(f"{o.adoption.instance_id} {o.fingerprint}" for o in keys))
+        print(f"agent keys to approve for enrollment (what `{READ_AGENT_FINGERPRINT}` prints on each node): "
+              + ", ".join(f"{o.adoption.instance_id} {o.fingerprint}" for o in keys))
     failed = [o for o in outcomes if o.status == "failed"]
     if any(o.status == "adopted" for o in outcomes):
         print("a repair verifies the adopted login nodes and admits them:")

@@ -28,6 +28,8 @@ STALE = {
     "sets grpjobs=0 maxjobs=0 on their associations": "the hold QOS hpopshold",
     # Adopt does not admit nodes launched long ago by itself: their agents' keys need approval.
     "then a repair verifies and admits them": "approved keys, then admitted",
+    # One way to read an agent's fingerprint (contract.READ_AGENT_FINGERPRINT), from its private key.
+    "python3 -m hpops_node_agent identity": "sudo ssh-keygen -y -f /var/lib/hpops-node-agent/agent-key | ssh-keygen -lf -",
     # Never advise one default Run As user for everyone (they share one session limit).
     "(or set a default user)": "no default user",
 }
