@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from hpops_core.common.clients import client, transient_errors_named
@@ -44,6 +44,9 @@ class ReportedSessions:
     # The Session Manager shells the nodes list, as sessions of the user they run as: what the
     # report check counts (report_check.py); a run counts DescribeSessions' instead.
     ssm_shells: tuple[ActiveSession, ...] = ()
+    # A busy node's SSH sessions it counted without listing them (contract "omittedByUser"):
+    # node -> user -> sessions. Counted against the user's limit, never picked (no handle).
+    unlisted: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 def _received(value: str | None) -> datetime | None:
@@ -96,7 +99,7 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
         if item["sk"]["S"] == ledger.RUN_AS_SK:
             run_as = item.get("state", {}).get("S")
     ssh: list[NodeSshSession] = []
-    nodes, stale, ssm, omitted, ended = [], [], [], 0, {}
+    nodes, stale, ssm, omitted, ended, unlisted = [], [], [], 0, {}, {}
     for item in _partition(ddb, table, node_report_partition(cluster), "sk, report, receivedAt", {}):
         sk = item["sk"]["S"]
         if not sk.startswith(SK_PREFIX):
@@ -115,10 +118,12 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
         ssm.extend(ActiveSession(s["sessionId"], "", instance, _received(s["startedAt"]) or now, s["user"])
                    for s in sessions.get("list", []) if s.get("path") == "ssm" and s.get("sessionId"))
         omitted += int(sessions.get("omitted") or 0)
+        if sessions.get("omittedByUser"):
+            unlisted[instance] = dict(sessions["omittedByUser"])
         for outcome in sessions.get("ended", []):
             ended[f"{SSH_KEY_PREFIX}{instance}/{outcome['handle']}"] = outcome
     reported = ReportedSessions(tuple(ssh), len(ssm), tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended,
-                                tuple(ssm))
+                                tuple(ssm), unlisted)
     return ClusterState(reported, recorded, run_as)
 
 
