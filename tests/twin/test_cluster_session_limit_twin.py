@@ -213,7 +213,7 @@ def test_forged_reports_start_nothing(world, logins):
     checks_before = len(report_checks(world))
     forged = [{"handle": f"5eed0b07:{pid}:{pid * 10}", "user": "alice", "path": "ssh", "tty": True,
                "startedAt": "2026-11-23T08:00:00Z"} for pid in range(100, 103)]
-    huge = [dict(s, handle=f"5eed0b07:{pid}:{pid}") for pid, s in enumerate(forged * 34, start=1000)]
+    huge = [dict(s, handle=f"5eed0b07:{pid}:{pid}") for pid, s in enumerate(forged * (contract.MAX_REPORTED_SESSIONS // 3 + 1), start=1000)]
     events = world.aws.client("events")
     events.put_events(Entries=[_report(world, sender, victim.instance_id, forged),
                                _report(world, sender, sender.instance_id, huge)])
