@@ -223,9 +223,14 @@ def user_caps_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/user-caps"
 
 
+def end_sessions_path(cluster: str) -> str:
+    """Where every login node's end-sessions parameter lives (GetParametersByPath)."""
+    return parameter_prefix(cluster) + INSTRUCTIONS + "end-sessions"
+
+
 def end_sessions_parameter(cluster: str, instance_id: str) -> str:
     """Private: outside the node role's node/* grant; the enrolled agent fetches it (node_channel/fetch.py)."""
-    return parameter_prefix(cluster) + INSTRUCTIONS + "end-sessions/" + check_instance_id(instance_id)
+    return end_sessions_path(cluster) + "/" + check_instance_id(instance_id)
 
 
 def instruction_marker_parameter(instruction: str) -> str:

@@ -129,8 +129,8 @@ class NodeReport:
     load: LoadReport | None = None
 
     def to_json(self) -> str:
-        """The report as stored: fields that are None left out."""
-        return json.dumps(_without_none(asdict(self)), sort_keys=True)
+        """The report as stored: fields that are None left out, no blanks (DynamoDB bills items by the KB)."""
+        return json.dumps(_without_none(asdict(self)), sort_keys=True, separators=(",", ":"))
 
 
 def _without_none(value: Any) -> Any:
