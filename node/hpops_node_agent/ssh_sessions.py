@@ -63,7 +63,6 @@ _CHILD_TTYS = re.compile(r"\A(?:@(?P<ttys>notty|[a-z]+/?[0-9]+(?:,[a-z]+/?[0-9]+
 HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
 SSM_SESSION_ID = re.compile(r"\A[A-Za-z0-9._@+=-]{1,96}\Z")
 UNSET_AUDIT_ID = 4294967295  # (u32)-1: no audit session / login uid
-MAX_SESSIONS = 500  # per node report; a node with more says so instead of growing the report
 
 
 @dataclass(frozen=True)
@@ -497,6 +496,59 @@ def report_section(end_parameter_value: Optional[str], acted: Dict[str, Dict[str
         listed = list_sessions(proc)
     except OSError:
         return None, kept
-    entries = [s.to_report() for s in listed[: contract.MAX_REPORTED_SESSIONS]]
-    return ({"list": entries, "omitted": max(0, len(listed) - len(entries)),
-             "ended": list(kept.values())[: contract.MAX_END_SESSIONS]}, kept)
+    section = reported_sessions(listed)
+    section["ended"] = list(kept.values())[: contract.MAX_END_SESSIONS]
+    return section, kept
+
+
+def _entry_bytes(entry: Dict[str, object]) -> int:
+    import json
+
+    return len(json.dumps(entry, separators=(",", ":")).encode("utf-8")) + 1
+
+
+def _turns(sessions: List[NodeSession]) -> List[NodeSession]:
+    """One user's sessions in the order they are listed: newest, oldest, second newest, second oldest, ..."""
+    ordered, low, high = [], 0, len(sessions) - 1
+    while low <= high:
+        ordered.append(sessions[high])
+        high -= 1
+        if low <= high:
+            ordered.append(sessions[low])
+            low += 1
+    return ordered
+
+
+def reported_sessions(listed: List[NodeSession]) -> Dict[str, object]:
+    """The report's "list", "omitted" and "omittedByUser" (contract.py): every session while they
+    fit, else the Session Manager shells and then each user's SSH sessions in turns (every user's
+    newest, then every user's oldest, ...), the rest counted per user. Listed oldest first."""
+    from hpops_core.node_channel import contract
+
+    entries = [s.to_report() for s in listed]
+    sizes = [_entry_bytes(e) for e in entries]
+    if len(entries) <= contract.MAX_REPORTED_SESSIONS and sum(sizes) <= contract.REPORTED_SESSIONS_BYTES:
+        return {"list": entries, "omitted": 0}
+    index = {s.handle: i for i, s in enumerate(listed)}
+    by_user: Dict[str, List[NodeSession]] = {}
+    for session in listed:
+        if session.path == "ssh":
+            by_user.setdefault(session.user, []).append(session)
+    queues = [_turns(sessions) for _, sessions in sorted(by_user.items())]
+    candidates = [s for s in listed if s.path == "ssm"]
+    depth = max((len(q) for q in queues), default=0)
+    candidates += [q[turn] for turn in range(depth) for q in queues if turn < len(q)]
+    chosen, used = set(), 0
+    for session in candidates:
+        size = sizes[index[session.handle]]
+        if len(chosen) >= contract.MAX_REPORTED_SESSIONS or used + size > contract.REPORTED_SESSIONS_BYTES:
+            break
+        chosen.add(session.handle)
+        used += size
+    by_user_omitted: Dict[str, int] = {}
+    for session in listed:
+        if session.path == "ssh" and session.handle not in chosen:
+            by_user_omitted[session.user] = by_user_omitted.get(session.user, 0) + 1
+    counted = dict(sorted(by_user_omitted.items(), key=lambda item: (-item[1], item[0]))[: contract.MAX_OMITTED_USERS])
+    return {"list": [e for s, e in zip(listed, entries) if s.handle in chosen],
+            "omitted": len(listed) - len(chosen), "omittedByUser": dict(sorted(counted.items()))}
