@@ -33,8 +33,12 @@ SIGKILL after a grace period. A monitor handle whose connection now carries two 
 is not signalled (that would end channels nobody asked to end): the next listing names each.
 One channel of a multiplexed connection ends alone: SIGHUP to the channel's process through its
 pidfd (as a hangup of its terminal would; an interactive shell ignores SIGTERM), SIGKILL if it
-outlives the grace period, then its leftovers (same POSIX session, owned by the user); sshd
-closes that channel and the connection's other channels keep working. Anything that does not
+outlives the grace period, then its leftovers, owned by the user: its process tree and POSIX
+session as they were before the signal, and processes carrying its terminal in SSH_TTY (a
+``setsid nohup`` from its shell leaves the tree at once); sshd closes that channel and the
+connection's other channels keep working. Processes of the connection that no channel holds any
+more and that cannot be tied to one (a command channel's ``setsid`` child) are named in the
+result: they end when the connection does. Anything that does not
 match is refused, never signalled: ending the wrong user's session is worse than not limiting.
 """
 
@@ -322,6 +326,16 @@ def _end_channel(info: _Proc, user: str, uid: int, pidfd: Optional[int], proc: P
     if (info.sid != pid or parent is None or parent.uid != uid or _child_ttys(parent.title, user) is None
             or grandparent is None or grandparent.uid != 0 or monitor is None or monitor.group("user") != user):
         return "refused", f"pid {pid} is not a channel of {user}'s sshd connection"
+    # What the channel started, taken before it ends (its orphans are reparented then): its process
+    # tree, and what carries its terminal in SSH_TTY (a `setsid nohup` leaves the tree at once).
+    audit = _audit_ids(proc, pid)
+    tree = {(p.pid, p.start_ticks) for p in _descendants(proc, pid)}
+    terminal = _ssh_tty(proc, pid) if info.tty_nr else None
+
+    def started_by_channel(p: _Proc) -> bool:
+        return p.uid == uid and ((p.pid, p.start_ticks) in tree or p.sid == pid or (
+            terminal is not None and _audit_ids(proc, p.pid) == audit and _ssh_tty(proc, p.pid) == terminal))
+
     # SIGHUP, as a hangup of the channel's terminal: an interactive shell ignores SIGTERM.
     if not _send(pidfd, pid, signal.SIGHUP):
         return "gone", f"pid {pid} ended before the signal"
@@ -329,11 +343,46 @@ def _end_channel(info: _Proc, user: str, uid: int, pidfd: Optional[int], proc: P
     if not ended:
         _send(pidfd, pid, signal.SIGKILL)  # a channel's process, never the monitor: sshd closes the channel
         ended = _wait_exit(pidfd, proc, pid, grace)
-    leftovers = _end_group(proc, uid, pid, grace)
+    leftovers = _end_members(proc, lambda p: p.pid != pid and started_by_channel(p), grace)
     if not ended:
         return "failed", f"channel pid {pid} did not exit after SIGHUP and SIGKILL"
+    survivors = _untied(proc, uid, audit, parent.pid, info.start_ticks)
     return "ended", (f"SIGHUP to one channel of a multiplexed connection (its other channels keep working); "
-                     f"{leftovers} leftover process(es) of that channel ended")
+                     f"{leftovers} leftover process(es) of that channel ended"
+                     + (f"; still running in that connection, not tied to any channel (they end with it): pid(s) "
+                        f"{','.join(map(str, survivors[:10]))}" if survivors else ""))
+
+
+def _descendants(proc: Path, pid: int) -> List[_Proc]:
+    children: Dict[int, List[_Proc]] = {}
+    for p in _processes(proc):
+        children.setdefault(p.ppid, []).append(p)
+    found, queue = [], list(children.get(pid, []))
+    while queue:
+        p = queue.pop()
+        found.append(p)
+        queue.extend(children.get(p.pid, []))
+    return found
+
+
+def _ssh_tty(proc: Path, pid: int) -> Optional[bytes]:
+    """SSH_TTY from a process's environment: sshd sets it for a channel with a terminal, and every
+    process started from that channel inherits it."""
+    for entry in (_read(proc / str(pid) / "environ") or b"").split(b"\0"):
+        if entry.startswith(b"SSH_TTY="):
+            return entry[len(b"SSH_TTY="):]
+    return None
+
+
+def _untied(proc: Path, uid: int, audit: Tuple[int, int], user_child: int, since_ticks: int) -> List[int]:
+    """The user's live processes of this connection's audit session started since ``since_ticks`` that no
+    open channel holds (not under the connection's sshd user child): what an ended channel may have left."""
+    if audit[0] in (-1, UNSET_AUDIT_ID):
+        return []
+    under_connection = {p.pid for p in _descendants(proc, user_child)}
+    return sorted(p.pid for p in _processes(proc)
+                  if p.uid == uid and p.state != "Z" and p.pid not in under_connection and p.pid != user_child
+                  and p.start_ticks >= since_ticks and _audit_ids(proc, p.pid) == audit)
 
 
 def _send(pidfd: Optional[int], pid: int, signum: int) -> bool:
@@ -346,11 +395,6 @@ def _send(pidfd: Optional[int], pid: int, signum: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _end_group(proc: Path, uid: int, sid: int, grace: float) -> int:
-    """What an ended channel left behind (``nohup``, background jobs): its POSIX session, owned by the user."""
-    return _end_members(proc, lambda p: p.uid == uid and p.sid == sid, grace)
 
 
 def _wait_exit(pidfd: Optional[int], proc: Path, pid: int, timeout: float) -> bool:
