@@ -9,15 +9,23 @@ tests/node/unit_sandbox.py in a private mount namespace with the node's paths un
 Every feature is on, on every role that runs the service:
 
 * login: host keys from the cluster secret, maxlogins, per-user slice caps (written to
-  /etc/systemd/system), an end-sessions instruction, the session listing;
-* controller: Slurm usage (sacct) and budget holds (sacctmgr), stand-ins for the Slurm commands.
+  /etc/systemd/system, then a daemon-reload whose stand-in reads them), sshd keepalives, the login
+  slot message (/etc/profile.d), a real SSH session ended by an end-sessions instruction fetched
+  through NodeChannel, the IMDS probe run as nobody with the node's interpreter (/usr/bin/python3,
+  the bundle's lib/ vendored as on a node);
+* controller: Slurm usage (sacct) and budget holds (sacctmgr, squeue, scontrol stand-ins that keep
+  the hold), the holds list fetched through NodeChannel, the same IMDS probe.
 
-A write the unit forbids fails with "Read-only file system" as it would on a node, and the test with
-it. Settings another change adds to the unit (a ReadWritePaths entry, a StateDirectory) are covered
-as they land: nothing here lists the unit's paths, and a ReadWritePaths entry install.sh does not
-create stops the sandbox as it stops systemd (226/NAMESPACE).
+Each feature's write is asserted where the node keeps it, so a write outside the unit's
+ReadWritePaths fails the test ("Read-only file system", as on a node). Every hardening setting the
+unit sets is rebuilt (NoNewPrivileges, RestrictAddressFamilies... with setpriv and a seccomp filter)
+and checked from inside; a setting not rebuilt fails the test naming it. Settings another change
+adds to the unit (a ReadWritePaths entry, a StateDirectory) are covered as they land: nothing here
+lists the unit's paths, and a ReadWritePaths entry install.sh does not create stops the sandbox as
+it stops systemd (226/NAMESPACE). The IMDS lockdown unit is run as systemd would, in a network
+namespace of its own.
 
-Needs root (mount namespaces), unshare, sshd and ssh-keygen; skips without them, except under CI=true.
+Needs root (mount namespaces), unshare, setpriv, python3-seccomp, sshd and ssh-keygen; skips without them, except under CI=true.
 """
 
 from __future__ import annotations
@@ -70,6 +78,10 @@ def required():
     real_tools.require_root_and_programs(("/usr/bin/unshare", "/usr/bin/mount"), "unit sandbox tests",
                                          "apt-get install -y util-linux")
     real_tools.require((SSHD, SSH_KEYGEN), "unit sandbox tests", "apt-get install -y openssh-server")
+    real_tools.require(("/usr/bin/setpriv", NODE_PYTHON), "unit sandbox tests", "apt-get install -y util-linux python3")
+    if subprocess.run([NODE_PYTHON, "-c", "import seccomp"], capture_output=True).returncode:
+        real_tools.require(("python3-seccomp: import seccomp",), "unit sandbox tests (the unit's system-call settings)",
+                           "apt-get install -y python3-seccomp")
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +212,7 @@ def test_the_sandbox_is_read_from_the_unit_file():
         Sandbox.from_unit(UNIT.read_text().replace("[Service]\n", "[Service]\nBindPaths=/srv\n"))
 
 
-def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
+def test_a_write_the_unit_forbids_fails_in_the_sandbox(required, node_root):
     sandbox = Sandbox.from_unit(UNIT.read_text())
     missing = subprocess.run(sandbox.command(node_root, ["true"], HOST_PATHS), capture_output=True, text=True, timeout=60)
     assert missing.returncode == 226 and "226/NAMESPACE" in missing.stderr  # as systemd: a writable path is missing
@@ -220,6 +232,73 @@ def test_a_write_the_unit_forbids_fails_in_the_sandbox(node_root):
     # PrivateDevices=yes: the basic pseudo-devices only, no disks.
     devices = subprocess.run(sandbox.command(node_root, ["ls", "/dev"], HOST_PATHS), capture_output=True, text=True, timeout=60)
     assert set(devices.stdout.split()) == {"full", "null", "pts", "random", "shm", "tty", "urandom", "zero"}
+
+
+# One check per hardening setting, run inside the sandbox: "SETTING ok" when the setting holds.
+DIRECTIVE_PROBE = r"""
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+def denied(call, *args):
+    return call(*args) == -1 and ctypes.get_errno() == 1
+def says(name, ok):
+    print(name, "ok" if ok else "NOT APPLIED")
+status = open("/proc/self/status").read()
+says("NoNewPrivileges", "NoNewPrivs:\t1" in status)
+bounding = int(next(l.split()[1] for l in status.splitlines() if l.startswith("CapBnd:")), 16)
+try:
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close(); packet = False
+except OSError as error:
+    packet = error.errno == 97
+says("RestrictAddressFamilies", packet and socket.socket(socket.AF_INET) is not None)
+says("RestrictNamespaces", denied(libc.unshare, 0x04000000) and denied(libc.unshare, 0x40000000))
+says("LockPersonality", denied(libc.personality, 8))
+open("/tmp/suid", "w").close()
+try:
+    os.chmod("/tmp/suid", 0o4755); suid = False
+except PermissionError:
+    suid = True
+says("RestrictSUIDSGID", suid)
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1)); realtime = False
+except PermissionError:
+    realtime = True
+says("RestrictRealtime", realtime)
+says("ProtectHostname", denied(libc.sethostname, b"x", 1))
+timespec = (ctypes.c_long * 2)(0, 0)
+says("ProtectClock", denied(libc.clock_settime, 0, timespec) and not bounding & (1 << 25))
+says("ProtectKernelModules", denied(libc.delete_module, b"x", 0) and not bounding & (1 << 16)
+     and not os.access("/usr/lib/modules/.", os.R_OK | os.X_OK) if os.path.isdir("/usr/lib/modules") else
+     denied(libc.delete_module, b"x", 0) and not bounding & (1 << 16))
+says("ProtectKernelLogs", denied(libc.klogctl, 3, None, 0) and not bounding & (1 << 34))
+"""
+HARDENING = ("NoNewPrivileges", "RestrictAddressFamilies", "RestrictNamespaces", "LockPersonality", "RestrictSUIDSGID",
+             "RestrictRealtime", "ProtectHostname", "ProtectClock", "ProtectKernelModules", "ProtectKernelLogs")
+
+
+def test_every_hardening_setting_the_unit_sets_holds_in_the_sandbox(required, node_root):
+    text = UNIT.read_text()
+    sandbox = Sandbox.from_unit(text)
+    for path, _ in sandbox.writable:
+        (node_root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(sandbox.command(node_root, [sys.executable, "-c", DIRECTIVE_PROBE], HOST_PATHS),
+                            capture_output=True, text=True, timeout=60)
+    said = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    set_by_unit = [name for name in HARDENING if service_settings(text).get(name)]
+    assert set_by_unit and {name: said.get(name) for name in set_by_unit} == dict.fromkeys(set_by_unit, "ok"), \
+        result.stdout + result.stderr
+    # Without the settings, the same checks say so: they test the settings, not the machine.
+    bare = Sandbox.from_unit("[Service]\nProtectSystem=strict\nReadWritePaths=/etc/ssh\n")
+    loose = subprocess.run(bare.command(node_root, [sys.executable, "-c", DIRECTIVE_PROBE], HOST_PATHS),
+                           capture_output=True, text=True, timeout=60)
+    assert "NoNewPrivileges NOT APPLIED" in loose.stdout and "RestrictNamespaces NOT APPLIED" in loose.stdout, \
+        loose.stdout + loose.stderr
+
+
+@pytest.mark.parametrize("setting", ["SystemCallFilter=@system-service", "MemoryDenyWriteExecute=yes",
+                                     "CapabilityBoundingSet=CAP_NET_ADMIN", "RestrictAddressFamilies=~AF_PACKET"])
+def test_a_sandbox_setting_not_rebuilt_fails_naming_it(setting):
+    with pytest.raises(UnsupportedSetting, match=setting.split("=")[0]):
+        Sandbox.from_unit(UNIT.read_text().replace("[Service]\n", f"[Service]\n{setting}\n"))
 
 
 DAEMON_RELOAD_STAND_IN = """#!/bin/sh
