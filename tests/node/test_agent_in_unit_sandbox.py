@@ -48,6 +48,7 @@ import channel_stand_in
 import real_tools
 from real_tools import free_port
 from test_agent_real_process import BUS, CLUSTER, CREDENTIALS, REGION, SSH_KEYGEN, SSHD, LoginNode, Stack, stop_process
+from test_imds_guard import namespace, reaches  # noqa: F401 (the fixture, used by name)
 from unit_sandbox import Sandbox, UnsupportedSetting, service_settings
 
 from hpops_core.budget_guard.hold_reports import parse_holds_event
@@ -499,3 +500,32 @@ def test_controller_node_every_feature_on_under_the_unit(node_root, stack, chann
     assert holds[-1]["imds"]["nonRoot"] in ("reachable", "blocked", "no-imds"), holds[-1]
     assert parse_holds_event({"source": contract.REPORT_SOURCE, "detail-type": user_holds.HOLDS_DETAIL_TYPE,
                               "detail": {k: v for k, v in holds[-1].items() if k not in ("sequence", "proof")}})
+
+
+LOCKDOWN_UNIT = UNIT.parent / "hpops-imds-lockdown.service"
+
+
+def test_the_imds_lockdown_unit_runs_as_systemd_would_and_only_root_keeps_imds(namespace, node_root, stack,
+                                                                                 tmp_path):
+    unit = install(node_root, stack, identity("login", LOGIN_ID), tmp_path)
+    # The node's config with the lockdown on, and its unit as install.sh writes it (@PYTHON@ replaced).
+    config = node_root / "etc/hpops/node-agent.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | {"imdsLockdown": "on"}))
+    installed = node_root / "etc/systemd/system/hpops-imds-lockdown.service"
+    installed.write_text(LOCKDOWN_UNIT.read_text().replace("@PYTHON@", NODE_PYTHON))
+    settings = service_settings(installed.read_text())
+    assert settings["Type"] == ["oneshot"] and unit.exists()
+    argv, env = unit_command(node_root, installed)
+    # Its ExecStart with its Environment, in its (empty) sandbox, in the node's network namespace.
+    done = subprocess.run(["ip", "netns", "exec", namespace,
+                           *Sandbox.from_unit(installed.read_text()).command(node_root, argv, HOST_PATHS)],
+                          capture_output=True, text=True, timeout=60, env=agent_env(stack) | env, cwd="/")
+    assert done.returncode == 0 and done.stdout.startswith("IMDS lockdown applied"), done.stdout + done.stderr
+    assert reaches(namespace), "root must keep IMDS"
+    assert not reaches(namespace, (65534, 65534)), "a user must not reach IMDS"
+    # What every report then says, probed as the agent probes (as nobody, with the node's interpreter).
+    probe = subprocess.run(["ip", "netns", "exec", namespace, NODE_PYTHON, "-c",
+                            "from hpops_node_agent import imds_guard; print(imds_guard.probe()[0])"],
+                           capture_output=True, text=True, timeout=60, cwd="/",
+                           env=dict(os.environ, PYTHONPATH=env["PYTHONPATH"]))
+    assert probe.stdout.strip() == "blocked", probe.stdout + probe.stderr
