@@ -117,9 +117,9 @@ class Month:
             when += AGENT_EVERY
         return sent + self.run_agent(last)
 
-    def start_sweep(self, when: dt.datetime) -> str:
+    def start_sweep(self, when: dt.datetime, progress: Callable[[dt.datetime, int], None] | None = None) -> str:
         """The hourly BudgetSweep, started at ``when`` (after the agent's run just before it)."""
-        self.deliver_until(when - AGENT_BEFORE_SWEEP)
+        self.deliver_until(when - AGENT_BEFORE_SWEEP, progress)
         with execution_clock(when):
             return self.world.budget.sweep()
 
