@@ -18,7 +18,7 @@
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
                                              what the account or cluster lacks, one line per check
     hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
-    hpops iam-policy --stack-name S [--lifecycle-bucket B]
+    hpops iam-policy --stack-name S [--role operator | --role administrator] [--lifecycle-bucket B]
                                              the least-privilege IAM policy (JSON) for these commands on S
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
@@ -694,7 +694,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_iam_policy(args: argparse.Namespace) -> int:
-    """Print the operator's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
+    """Print one job's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
     from hpops.operator_permissions import operator_policy, policy_json
 
     session = _session(args.region)
@@ -705,7 +705,8 @@ def cmd_iam_policy(args: argparse.Namespace) -> int:
     resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
                  for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=args.stack_name)
                  for r in page["StackResourceSummaries"] if r.get("PhysicalResourceId")}
-    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources, args.lifecycle_bucket)
+    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources, args.lifecycle_bucket,
+                                      role=args.role)
     print(policy_json(document))
     for note in notes:
         print(note, file=sys.stderr)
@@ -841,12 +842,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(func=cmd_node)
 
     iam_policy = commands.add_parser(
-        "iam-policy", help="the least-privilege IAM policy the operator's commands need on a stack (JSON)",
-        description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
-                    "lifecycle and doctor on the stack, naming its resources. A wildcard resource only where the "
-                    "action has none; its statement's Sid says why.")
+        "iam-policy", help="the least-privilege IAM policy one job's commands need on a stack (JSON)",
+        description="Prints one IAM policy document, naming the stack's resources, for one job: --role operator "
+                    "(read-only: status, doctor, cost, lifecycle, host-keys show|ca-show, node enrollments) or "
+                    "--role administrator (what changes things: repair, host-keys generate|adopt|rotate|ca-generate, "
+                    "adopt, node approve-enrollment, cost subscribe|release). Each fits a managed policy. A wildcard "
+                    "resource only where the action has none; its statement's Sid says why.")
     iam_policy.add_argument("--stack-name", required=True, help="the deployed stack")
     iam_policy.add_argument("--region")
+    iam_policy.add_argument("--role", choices=("operator", "administrator"), default="operator",
+                            help="whose policy: the read-only operator's (default) or the administrator's")
     iam_policy.add_argument("--lifecycle-bucket", action="append", default=[], metavar="BUCKET",
                             help="the S3 bucket of the cluster's lifecycle scripts, which doctor reads (repeatable; "
                                  "without it doctor's S3 reads are on *)")
