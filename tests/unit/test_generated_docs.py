@@ -29,8 +29,8 @@ def test_a_parameter_outside_every_group_is_refused():
 def test_the_deployers_pages_are_generated_from_the_expanded_template():
     import json
 
-    from hpops_twin.deployer_iam import TEMPLATE_NAMES, deployer_policy, service_role_actions
-    from hpops_twin.generated_docs import deployer_policy_json, deployer_role_json, expanded_resource_types
+    from hpops_twin.deployer_iam import TEMPLATE_NAMES, deployer_policy, expanded_resource_types, service_role_actions
+    from hpops_twin.generated_docs import deployer_policy_json, deployer_role_json
 
     raw = TemplateModel().raw
     assert (DOCS / "deployer-policy.json").read_text(encoding="utf-8") == deployer_policy_json(raw), \

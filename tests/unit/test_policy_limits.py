@@ -2,11 +2,29 @@
 without whitespace), measured with the longest names a stack can have (a 64-character stack name), and
 none grants an IAM write, PassRole or StartSession on "*"."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from hpops.operator_permissions import policy_characters
+from hpops_twin.deployer_iam import LONGEST
 from hpops_twin.iam.evaluate import decide
-from hpops_twin.iam.policy_sizes import MANAGED_POLICY_LIMIT, documented_policies
+from hpops_twin.iam.policy_sizes import MANAGED_POLICY_LIMIT, operator_policies
+from hpops_twin.iam.principals import deployer_policies
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def documented_policies() -> dict[str, dict]:
+    """Every policy the project prints or documents, for the longest-named stack: the operator's and the
+    administrator's, the deployer's and the service role's (docs/deployer-role.json, filled as
+    CloudFormation would fill it), and docs/deployer-policy.json as published."""
+    deployer, service_role = deployer_policies(LONGEST)
+    found = {f"docs/deployer-role.json {name}": document for name, document in (deployer | service_role).items()}
+    found["docs/deployer-policy.json"] = json.loads((DOCS / "deployer-policy.json").read_text(encoding="utf-8"))
+    return found | operator_policies()
+
 
 # IAM actions that change who may do what (writes and tagging), and handing a role to a service.
 IAM_WRITE_PREFIXES = ("Add", "Attach", "Create", "Delete", "Detach", "Pass", "Put", "Remove", "Set", "Tag", "Untag",
@@ -94,9 +112,7 @@ def test_kms_is_used_only_through_secrets_manager():
 
 def test_the_sizes_docs_deployer_iam_states_are_the_measured_ones():
     import re
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[2] / "docs" / "deployer-iam.md").read_text(encoding="utf-8")
+    page = (DOCS / "deployer-iam.md").read_text(encoding="utf-8")
     rows = {line.split("|")[1].strip(): [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", line.split("|")[4])]
             for line in page.splitlines() if line.startswith("| ") and line.split("|")[4].strip()[:1].isdigit()}
     measured = {name: policy_characters(document) for name, document in POLICIES.items()}

@@ -38,10 +38,14 @@ and groups, code-signing configs) are left out.
 
 from __future__ import annotations
 
+import copy
+import glob
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from hpops_twin.iam import policy_sizes
@@ -137,13 +141,6 @@ def deployer_policy(n: Names) -> dict:
 
 
 # ------------------------------------------------------------------ the CloudFormation service role
-@dataclass(frozen=True)
-class Scope:
-    """Where a service's actions apply: resource type (the reference's ARN format's keyword) -> ARNs."""
-
-    by_type: Callable[[Names, Mapping[str, list[str]]], dict[str, list[str]]]
-
-
 def _logical_ids(template: Mapping[str, Any], kind: str) -> list[str]:
     return sorted(k for k, r in template["Resources"].items() if r["Type"] == kind)
 
@@ -211,8 +208,6 @@ def _reference(action: str) -> tuple[str, ...] | None:
 
 def service_role_actions(raw: Mapping[str, Any]) -> tuple[dict[str, list[str]], list[str]]:
     """(action -> the reference's resource types of it, actions left out and why)."""
-    from hpops_twin.generated_docs import expanded_resource_types, handler_permissions
-
     by_type = handler_permissions(expanded_resource_types(raw))
     actions, left_out = {}, []
     for action in sorted(set().union(*by_type.values())):
@@ -225,6 +220,56 @@ def service_role_actions(raw: Mapping[str, Any]) -> tuple[dict[str, list[str]], 
         else:
             actions[action] = list(formats)
     return actions, left_out
+
+
+def _artifact_uris(raw: Mapping[str, Any]) -> dict:
+    """The template as `sam package` hands it to CloudFormation: local code paths become S3 URIs."""
+    packaged = copy.deepcopy(dict(raw))
+    for name, resource in packaged["Resources"].items():
+        properties = resource.get("Properties", {})
+        for key in ("CodeUri", "DefinitionUri", "ContentUri"):
+            if isinstance(properties.get(key), str):
+                properties[key] = f"s3://aws-sam-cli-managed-default-bucket/{name}"
+    return packaged
+
+
+def expanded_resource_types(raw: Mapping[str, Any]) -> list[str]:
+    """The resource types CloudFormation creates: the template after the SAM transform (aws-sam-translator)."""
+    from samtranslator.translator.transform import transform
+
+    class NoManagedPolicies:  # the template names no AWS managed policy by name
+        def load(self) -> dict:
+            return {}
+
+    region = os.environ.get("AWS_DEFAULT_REGION")
+    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"  # the translator wants a region; the types do not depend on it
+    try:
+        expanded = transform(_artifact_uris(raw), {}, NoManagedPolicies())
+    finally:
+        if region is None:
+            os.environ.pop("AWS_DEFAULT_REGION")
+        else:
+            os.environ["AWS_DEFAULT_REGION"] = region
+    return sorted({r["Type"] for r in expanded["Resources"].values()})
+
+
+def handler_permissions(types: list[str]) -> dict[str, set[str]]:
+    """Each type's create/read/update/delete handler permissions, from the CloudFormation resource schemas
+    cfn-lint ships (the registry's own: what CloudFormation calls with the deployer's credentials)."""
+    import cfnlint
+
+    folder = Path(cfnlint.__file__).parent / "data" / "schemas" / "resources"
+    found: dict[str, set[str]] = {}
+    for path in sorted(glob.glob(str(folder / "*.json"))):
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+        if schema.get("typeName") in types:
+            handlers = schema.get("handlers", {})
+            found[schema["typeName"]] = {a for h in ("create", "read", "update", "delete")
+                                         for a in handlers.get(h, {}).get("permissions", [])}
+    missing = sorted(set(types) - set(found))
+    if missing:
+        raise ValueError(f"no resource schema for {', '.join(missing)}")
+    return found
 
 
 def _sid(*words: str) -> str:

@@ -10,13 +10,9 @@ regenerates each and fails when docs/ differs):
 
 from __future__ import annotations
 
-import copy
-import glob
 import json
-import os
 import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from hpops_twin.template_model import TemplateModel
@@ -63,56 +59,6 @@ def parameters_markdown(raw: Mapping[str, Any]) -> str:
             lines.append(f"| `{name}` | {_default(parameter)} | {text} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def _artifact_uris(raw: Mapping[str, Any]) -> dict:
-    """The template as `sam package` hands it to CloudFormation: local code paths become S3 URIs."""
-    packaged = copy.deepcopy(dict(raw))
-    for name, resource in packaged["Resources"].items():
-        properties = resource.get("Properties", {})
-        for key in ("CodeUri", "DefinitionUri", "ContentUri"):
-            if isinstance(properties.get(key), str):
-                properties[key] = f"s3://aws-sam-cli-managed-default-bucket/{name}"
-    return packaged
-
-
-def expanded_resource_types(raw: Mapping[str, Any]) -> list[str]:
-    """The resource types CloudFormation creates: the template after the SAM transform (aws-sam-translator)."""
-    from samtranslator.translator.transform import transform
-
-    class NoManagedPolicies:  # the template names no AWS managed policy by name
-        def load(self) -> dict:
-            return {}
-
-    region = os.environ.get("AWS_DEFAULT_REGION")
-    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"  # the translator wants a region; the types do not depend on it
-    try:
-        expanded = transform(_artifact_uris(raw), {}, NoManagedPolicies())
-    finally:
-        if region is None:
-            os.environ.pop("AWS_DEFAULT_REGION")
-        else:
-            os.environ["AWS_DEFAULT_REGION"] = region
-    return sorted({r["Type"] for r in expanded["Resources"].values()})
-
-
-def handler_permissions(types: list[str]) -> dict[str, set[str]]:
-    """Each type's create/read/update/delete handler permissions, from the CloudFormation resource schemas
-    cfn-lint ships (the registry's own: what CloudFormation calls with the deployer's credentials)."""
-    import cfnlint
-
-    folder = Path(cfnlint.__file__).parent / "data" / "schemas" / "resources"
-    found: dict[str, set[str]] = {}
-    for path in sorted(glob.glob(str(folder / "*.json"))):
-        schema = json.loads(Path(path).read_text(encoding="utf-8"))
-        if schema.get("typeName") in types:
-            handlers = schema.get("handlers", {})
-            found[schema["typeName"]] = {a for h in ("create", "read", "update", "delete")
-                                         for a in handlers.get(h, {}).get("permissions", [])}
-    missing = sorted(set(types) - set(found))
-    if missing:
-        raise ValueError(f"no resource schema for {', '.join(missing)}")
-    return found
 
 
 def deployer_policy_json(raw: Mapping[str, Any]) -> str:

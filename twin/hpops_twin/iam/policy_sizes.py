@@ -4,12 +4,7 @@ physical name CloudFormation generates as <stack>-<LogicalId>-<13 characters> cu
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from hpops.operator_permissions import COMMANDS, ROLES, operator_policy, policy_characters  # noqa: F401 (re-exported)
-
-DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 REGION = "ap-southeast-2"
 ACCOUNT = "123456789012"
@@ -59,15 +54,3 @@ def operator_policies() -> dict[str, dict]:
     assert {c for names in ROLES.values() for c in names} == set(COMMANDS)
     return found
 
-
-def documented_policies() -> dict[str, dict]:
-    """Every policy the project prints or documents, for the longest-named stack: the operator's and the
-    administrator's, the deployer's and the service role's (docs/deployer-role.json, filled as
-    CloudFormation would fill it), and docs/deployer-policy.json as published."""
-    from hpops_twin.deployer_iam import LONGEST
-    from hpops_twin.iam.principals import deployer_policies
-
-    deployer, service_role = deployer_policies(LONGEST)
-    found = {f"docs/deployer-role.json {name}": document for name, document in (deployer | service_role).items()}
-    found["docs/deployer-policy.json"] = json.loads((DOCS / "deployer-policy.json").read_text(encoding="utf-8"))
-    return found | operator_policies()
