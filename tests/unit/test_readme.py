@@ -83,7 +83,6 @@ SKIPPED = {
     "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
     "hpops node enrollments --stack-name S": AWS,
     "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
-    "python3 -m hpops_node_agent identity": f"{ON_A_NODE}, as root: prints the agent key's fingerprint",
     "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
@@ -115,6 +114,7 @@ SKIPPED = {
     "hpops iam-policy --stack-name S [--role operator | --role administrator] [--region R] [--lifecycle-bucket B]": AWS,
     "hpops iam-policy --stack-name S [--role administrator]": AWS,
     "hpops iam-policy --stack-name S": AWS,
+    "sam build && sam deploy": AWS,
     "hpops iam-policy --stack-name S --role administrator": AWS,
     "sam deploy --resolve-s3 --role-arn <ServiceRoleArn>": AWS,
     "aws cloudformation deploy --template-file docs/deployer-role.json --stack-name hpops-login-autopilot-deployer "
@@ -132,6 +132,11 @@ SKIPPED = {
     "hpops status --stack-name S": AWS,
     "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
     "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
+    "aws ec2 authorize-security-group-ingress --group-id <cluster-sg> --protocol tcp --port 22 --source-group "
+    "<LoadBalancerSecurityGroupId>": f"{AWS}; doctor's nlb-path and verifier-path check the rule (tests/twin/test_doctor_twin.py)",
+    "hpops cost --stack-name S": AWS,
+    "sam delete --stack-name S": AWS,
+    "aws budgets delete-budget --account-id ACCOUNT --budget-name hpops-<cluster>": AWS,
     "make docs": "rewrites docs/parameters.md, docs/deployer-policy.json and docs/deployer-role.json; "
                  "tests/unit/test_generated_docs.py "
                  "runs the same generators and compares",
@@ -152,6 +157,9 @@ MENTIONS = {
     "hpops host-keys generate": AWS,
     "hpops cost release": AWS,
     "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
+    "sam delete": AWS,
+    "aws ec2 create-vpc-endpoint": f"{AWS}: doctor's node-network fix (tests/unit/test_doctor_checks.py checks its words)",
+    "aws ec2 create-network-acl-entry": f"{AWS}: doctor's network-acl fix (tests/unit/test_doctor_checks.py checks its words)",
 }
 
 
