@@ -27,6 +27,8 @@
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
 A problem the command cannot get past (no region or credentials, an unknown stack, access denied,
 a missing or malformed file) is one line naming it and the fix, and exit status 2.
+Exit status, every command: 0 all is well; 1 it found a problem and named it (status, doctor, cost,
+repair's failed execution); 2 it could not tell or could not start.
 """
 
 from __future__ import annotations
@@ -631,7 +633,7 @@ def _cost_subscribe(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Exit 0: every check OK; 1: a check found a problem or could not tell; 2: could not start."""
+    """Exit 0: every check OK; 1: a check found a problem; 2: a check could not tell, or could not start."""
     if args.twin:
         return _twin("doctor", args)
     from hpops.doctor import StackView, Target, physical_ids, print_doctor, run_doctor, target_of_stack
@@ -827,8 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "or the problem and the command that fixes it:\n\n" + "\n".join(
                         f"  {name:<20}{CHECK_HELP[name]}{'' if name in NEEDS_STACK else ' [before a deploy too: --cluster]'}"
                         for name in CHECKS)
-                    + "\n\nExit 0: all OK (NOTE lines included); 1: a problem, or a check that could not tell; 2: usage "
-                    "or setup error.")
+                    + "\n\nExit 0: all OK (NOTE lines included); 1: a problem; 2: a check could not tell (and none "
+                    "found a problem), or usage or setup error.")
     where = doctor.add_mutually_exclusive_group()
     where.add_argument("--stack-name", help=STACK_HELP + "; every check")
     where.add_argument("--cluster", help="before a deploy: the HyperPod cluster (the checks that need no stack)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -621,8 +622,9 @@ class NodeAgent:
             caps = user_caps.caps_of_document(json.loads(parameter["Value"])) if parameter else None
         except (ValueError, TypeError) as error:  # BadCaps is a ValueError: nothing written
             return {"result": "failed", "reason": short("caps refused: {}".format(error))}
-        # systemd reads the drop-ins at daemon-reload; on a test root there is no systemd to tell.
-        reload_cmd = ["systemctl", "daemon-reload"] if self.config.root == "/" else None
+        # systemd reads the drop-ins at daemon-reload; another root has no systemd of its own to tell.
+        reload_cmd = (shlex.split(self.config.daemon_reload_cmd) if self.config.daemon_reload_cmd else
+                      ["systemctl", "daemon-reload"] if self.config.root == "/" else None)
         try:
             outcome = user_caps.apply(Path(self.config.root), caps, reload_cmd=reload_cmd)
         except (OSError, subprocess.SubprocessError) as error:
@@ -678,7 +680,15 @@ class NodeAgent:
         try:
             if path.exists() and path.read_bytes() == wanted:
                 return {"result": "unchanged", "reason": line}
-            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            if not path.parent.is_dir():
+                try:
+                    path.parent.mkdir(mode=0o755, parents=True)
+                except OSError as error:
+                    if error.errno not in (errno.EROFS, errno.EACCES):
+                        raise
+                    # The unit may write there only where it exists (ReadWritePaths=-/etc/profile.d).
+                    return {"result": "unchanged", "reason": "no {} on this node, and the service may not create "
+                                                             "it: no login message".format(path.parent)}
             host_keys.atomic_write(str(path), wanted, 0o644)
         except OSError as error:
             return {"result": "failed", "reason": short("cannot write {}: {}".format(path, error.strerror))}
