@@ -53,8 +53,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_holds
 
-from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, node_load, slurm_holds,
-               ssh_sessions, sshd_keepalive, usage, user_caps)
+from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, leave_notice, login_limits, node_load,
+               slurm_holds, ssh_sessions, sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
@@ -372,6 +372,7 @@ class NodeAgent:
             "userCaps": contract.user_caps_parameter(cluster),
             "keepalive": contract.ssh_keepalive_parameter(cluster),
             "slots": contract.login_slots_parameter(cluster),
+            "leave": contract.leave_notices_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -405,6 +406,7 @@ class NodeAgent:
             report["sshKeepalive"] = keepalive
             self._log_once("keepalive", "ssh-keepalive", keepalive)
         self._log_once("slot", "login-slot", self._login_slot(found.get(names["slots"]), node.ip))
+        self._log_once("leave", "leave-notice", self._leave_notice(found.get(names["leave"]), node.instance_id))
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -661,6 +663,15 @@ class NodeAgent:
             return {"result": "failed", "reason": short("keepalive refused: {}".format(error))}
         outcome = sshd_keepalive.apply(self.config.root, timeout, self.config.sshd_cmd, self.config.reload_cmd)
         return dict(outcome, reason=short(outcome["reason"]))
+
+    def _leave_notice(self, parameter: Optional[dict], instance_id: Optional[str]) -> Dict[str, Any]:
+        """While the stack says this node leaves rotation, each session's terminal is told once."""
+        if instance_id is None:
+            return {"result": "waiting", "reason": "no instance id"}
+        section, self.state["leaveNotice"] = leave_notice.converge(
+            parameter["Value"] if parameter else None, instance_id, self.state.get("leaveNotice") or {},
+            Path(self.config.under_root("/proc")), Path(self.config.under_root("/dev")))
+        return dict(section, reason=short(str(section["reason"])))
 
     def _login_slot(self, parameter: Optional[dict], ip: str) -> Dict[str, Any]:
         """The login message naming this node's slot (LoginNodeSlots); removed when it has none."""
