@@ -43,14 +43,30 @@ demo: $(STAMP)
 	@echo "hpops demo: loading the twin (moto); each step prints as it starts, with the seconds since the start"
 	$(BIN)/hpops demo $(if $(JSON),--json $(JSON))
 
-test: $(STAMP) checks
-	$(BIN)/pytest -q
+# The suite runs over the machine's CPUs (pytest-xdist): a test that uses a resource of the whole
+# machine (real sshd users, Slurm's daemons, network namespaces) carries its marker and runs in that
+# resource's xdist group, one at a time (tests/conftest.py, tests/README.md). WORKERS=0: one process.
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
+
+# The template checks run beside the tests (no test reads what they write, and the tests wait on
+# moto's threads and real daemons as much as they compute); their output follows the tests'. The
+# summary names the 20 slowest tests, then each directory's share of the time and each worker's
+# CPU and peak memory (bench-results/suite-times.json keeps them).
+test: $(STAMP)
+	@began=$$(date +%s); mkdir -p bench-results; \
+	$(MAKE) --no-print-directory checks > bench-results/checks.log 2>&1 & checks=$$!; \
+	HPOPS_SUITE_TIMES=bench-results/suite-times.json $(PYTEST) --durations=20; tested=$$?; \
+	wait $$checks; checked=$$?; \
+	echo "make checks (beside the tests), exit $$checked:"; cat bench-results/checks.log; \
+	echo "make test: tests exit $$tested, checks exit $$checked, $$(( $$(date +%s) - began )) s"; \
+	[ $$tested -eq 0 ] && [ $$checked -eq 0 ]
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 twin: $(STAMP)
-	$(BIN)/pytest -q tests/twin
+	$(PYTEST) tests/twin
 
 ssh: $(STAMP)
 	$(BIN)/pytest -q -m realssh
