@@ -10,7 +10,7 @@ from hpops_twin.iam.operations import OPERATIONS, Lookup, checks
 
 ACCOUNT = "123456789012"
 STACK_ID = f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/0f1e2d3c-aaaa-bbbb-cccc-000011112222"
-CALLS = sorted({call for calls in COMMANDS.values() for call in calls}, key=lambda c: (c.service, c.operation, c.action))
+CALLS = sorted({call for calls in COMMANDS.values() for call in calls}, key=lambda c: (c.service, c.operation, c.action, str(c)))
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")
 

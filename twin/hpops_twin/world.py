@@ -55,6 +55,7 @@ from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.iam.enforce import DEPLOYER, IamEnforcer, acting_as
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
+from hpops_twin.service_models import sessions_share_models
 from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
 from hpops_twin.template_model import Resolver, TemplateModel
@@ -259,6 +260,26 @@ class ApiCallCounter:
         return totals
 
 
+class HarnessSession(boto3.session.Session):
+    """The harness's own session (its polling and inspection are not our code's calls): one client
+    per service and region, made on first use, as the twin and its tests ask for them hundreds of
+    times per twin and a client takes longer to make than most calls take to answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clients: dict[tuple[str, str | None], Any] = {}
+        self._clients_lock = threading.Lock()
+
+    def client(self, service_name: str, region_name: str | None = None, **settings: Any) -> Any:
+        if settings:  # a client set up differently (credentials, endpoint, config) is made for the caller
+            return super().client(service_name, region_name=region_name, **settings)
+        with self._clients_lock:
+            key = (service_name, region_name)
+            if key not in self._clients:
+                self._clients[key] = super().client(service_name, region_name=region_name)
+            return self._clients[key]
+
+
 def _delivering_put_events(world: TwinWorld):
     real_put_events = EventsBackend.put_events
 
@@ -356,6 +377,9 @@ class TwinWorld:
         })
         env.start()
         self._stack.append(env)
+        shared_models = sessions_share_models()  # every session below parses botocore's models once per process
+        shared_models.start()
+        self._stack.append(shared_models)
         clone_fix = mock.patch.object(MotoStateMachine, "__deepcopy__", _clone_state_machine_without_history, create=True)
         clone_fix.start()
         self._stack.append(clone_fix)
@@ -375,7 +399,7 @@ class TwinWorld:
         boto3.DEFAULT_SESSION.events.register("before-call", self.counter)
         hpops_clients.reset_clients()
         # The harness has its own session so its own calls (polling, inspection) are not counted.
-        self.aws = boto3.session.Session(region_name=self.region)
+        self.aws = HarnessSession(region_name=self.region)
         self.sim = HyperPodSimulator(self.region, self.account_id, clock=lambda: datetime.now(timezone.utc))
         self.dispatcher.base_environment = {"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_DEV": "false"}
         self.hosts = NodeHosts(
