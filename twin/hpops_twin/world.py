@@ -157,15 +157,31 @@ def _choice_rule_as_strict_as_aws(rule: Any, env: Any) -> None:
     rule.comparison_function.eval(env)
 
 
-def _recording_interpreter_crashes(crashes: dict[str, str]):
+class ExecutionEnds:
+    """Each execution's end, as its interpreter thread leaves (moto sets the final status just before):
+    wait() sleeps until then instead of polling DescribeExecution, which cost CPU the interpreter needs."""
+
+    def __init__(self) -> None:
+        self._ended: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def of(self, execution_arn: str) -> threading.Event:
+        with self._lock:
+            return self._ended.setdefault(execution_arn, threading.Event())
+
+
+def _recording_interpreter_crashes(crashes: dict[str, str], ends: ExecutionEnds):
     real = ExecutionWorker._execution_logic
 
     def execution_logic(worker: ExecutionWorker) -> None:
+        arn = worker._evaluation_details.execution_details.arn
         try:
             real(worker)
         except Exception as error:  # re-raised: the thread still dies as before, but wait() knows why
-            crashes[worker._evaluation_details.execution_details.arn] = f"{type(error).__name__}: {error}"
+            crashes[arn] = f"{type(error).__name__}: {error}"
             raise
+        finally:
+            ends.of(arn).set()
 
     return execution_logic
 
@@ -354,6 +370,7 @@ class TwinWorld:
         self.agent_errors: list[str] = []  # tracebacks of node agent ticks that raised
         self.refused: list[tuple[dict, dict]] = []  # (event, failed PutEvents entry) not delivered
         self.interpreter_crashes: dict[str, str] = {}  # execution ARN -> why moto's interpreter thread died
+        self.execution_ends = ExecutionEnds()
         self._stack: list[Any] = []
         self._check_identity()
 
@@ -384,7 +401,7 @@ class TwinWorld:
         clone_fix.start()
         self._stack.append(clone_fix)
         for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
-                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes)),
+                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes, self.execution_ends)),
                     mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
             fix.start()
             self._stack.append(fix)
@@ -845,7 +862,8 @@ class TwinWorld:
                 elapsed = time.monotonic() - began
                 if crash or elapsed > timeout:
                     raise StuckExecutionError(arn, self.last_state(arn), elapsed, timeout, crash)
-                time.sleep(0.02)
+                # Woken as the interpreter thread ends; the bound only covers an end that slips past it.
+                self.execution_ends.of(arn).wait(0.25)
             results.append(ExecutionResult(
                 arn=arn, name=arn.rsplit(":", 1)[-1], status=described["status"],
                 error=described.get("error"), cause=described.get("cause"),
