@@ -391,6 +391,8 @@ class TwinWorld:
         env = mock.patch.dict(os.environ, {
             "AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region, "MOTO_ACCOUNT_ID": self.account_id,
             "AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin", "AWS_SESSION_TOKEN": "twin",
+            # moto's EC2 would otherwise make thousands of public AMIs, volumes and snapshots per twin; none is used.
+            "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
         })
         env.start()
         self._stack.append(env)
