@@ -148,11 +148,12 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeClientVpnAuthorizationRules", "ec2:DescribeClientVpnAuthorizationRules",
              "arn:aws:ec2:{region}:{account}:client-vpn-endpoint/*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
+        Call("ec2", "DescribeNetworkAcls", "ec2:DescribeNetworkAcls", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
-        # The published host identity, the agents' reports, the usage collector's status.
+        # The published host identity, the agents' reports and enrollments, the usage collector's status.
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
-        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS + ENROLLMENTS),
         Call("cloudtrail", "DescribeTrails", "cloudtrail:DescribeTrails", "*"),
         Call("cloudtrail", "GetTrailStatus", "cloudtrail:GetTrailStatus", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),
@@ -181,6 +182,7 @@ WILDCARD_REASONS = {
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeClientVpnEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeNetworkAcls": "Ec2DescribeActionsHaveNoResourceType",
     "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
     # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: without
     # --lifecycle-bucket it is unknown here.
