@@ -49,17 +49,18 @@ demo: $(STAMP)
 WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
 
-# The template checks run beside the tests (no test reads what they write, and the tests wait on
-# moto's threads and real daemons as much as they compute); their output follows the tests'. The
-# summary names the 20 slowest tests, then each directory's share of the time and each worker's
-# CPU and peak memory (bench-results/suite-times.json keeps them).
-test: $(STAMP)
+# sam build first (tests/unit/test_footprint.py measures the layers it builds); the other template
+# checks (sam validate --lint, cfn-lint, checkov with its venv) run beside the tests, which read
+# nothing they write and wait on moto's threads and real daemons as much as they compute; their
+# output follows the tests'. The summary names the 20 slowest tests, then each directory's share
+# and each worker's CPU and peak memory (bench-results/suite-times.json keeps them).
+test: $(STAMP) build
 	@began=$$(date +%s); mkdir -p bench-results; \
-	$(MAKE) --no-print-directory checks > bench-results/checks.log 2>&1 & checks=$$!; \
+	$(MAKE) --no-print-directory lint checkov > bench-results/checks.log 2>&1 & checks=$$!; \
 	HPOPS_SUITE_TIMES=bench-results/suite-times.json $(PYTEST) --durations=20; tested=$$?; \
 	wait $$checks; checked=$$?; \
-	echo "make checks (beside the tests), exit $$checked:"; cat bench-results/checks.log; \
-	echo "make test: tests exit $$tested, checks exit $$checked, $$(( $$(date +%s) - began )) s"; \
+	echo "make lint checkov (beside the tests), exit $$checked:"; cat bench-results/checks.log; \
+	echo "make test: tests exit $$tested, checks exit $$checked, $$(( $$(date +%s) - began )) s after sam build"; \
 	[ $$tested -eq 0 ] && [ $$checked -eq 0 ]
 
 unit: $(STAMP)
