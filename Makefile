@@ -46,8 +46,10 @@ demo: $(STAMP)
 # The suite runs over the machine's CPUs (pytest-xdist): a test that uses a resource of the whole
 # machine (real sshd users, Slurm's daemons, network namespaces) carries its marker and runs in that
 # resource's xdist group, one at a time (tests/conftest.py, tests/README.md). WORKERS=0: one process.
+# PYTEST_ARGS: more pytest options, e.g. a shuffled order (tests/README.md).
 WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
-PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup
+PYTEST_ARGS ?=
+PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # sam build first (tests/unit/test_footprint.py measures the layers it builds); the other template
 # checks (sam validate --lint, cfn-lint, checkov with its venv) run beside the tests, which read
