@@ -218,6 +218,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # EventBridge, SNS, SQS
     ("eventbridge", "PutEvents"): ("events:PutEvents", _event_buses),
     ("sns", "Publish"): ("sns:Publish", "{TopicArn}"),
+    # PublishBatch is authorized as sns:Publish on the topic (the Service Authorization Reference has no action of its own)
+    ("sns", "PublishBatch"): ("sns:Publish", "{TopicArn}"),
     ("sns", "Subscribe"): ("sns:Subscribe", "{TopicArn}"),
     ("sns", "ListSubscriptionsByTopic"): ("sns:ListSubscriptionsByTopic", "{TopicArn}"),
     # doctor: the host identity key's policy
