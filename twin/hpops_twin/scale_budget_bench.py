@@ -37,11 +37,12 @@ import boto3
 import botocore.client
 from moto import mock_aws
 
-from hpops_core.budget_guard import alert_outbox, spend_check, usage_store
+from hpops_core.budget_guard import alert_outbox, hold_state, spend_check, usage_store
 from hpops_core.budget_guard.config import UserAlertConfig, UserSpendConfig
 from hpops_core.budget_guard.usage_reports import UsageRecord, UsageReport
 from hpops_core.budget_guard.user_spend import MonthUsage
 from hpops_core.common import clients
+from hpops_core.common.state_table import user_holds_partition
 from hpops_core.node_channel import contract, user_holds, user_holds_store
 from hpops_twin.bench_section import run_alone
 from hpops_twin.template_model import REPO_ROOT
@@ -88,6 +89,10 @@ class ScaleRow:
     largest_item_bytes: int
     marker_bytes: int
     usage_windows_read: int
+    steady_calls: int  # the next hour's check and its empty send, nobody new crossing
+    steady_seconds: float
+    steady_peak_mb: float
+    steady_alerts: int
 
     def verdicts(self) -> dict[str, bool]:
         n = f"{self.users:,} users"
@@ -102,6 +107,8 @@ class ScaleRow:
                 self.holds_answer_bytes < ANSWER_LIMIT and self.largest_item_bytes < ITEM_LIMIT,
             f"scale budget, {n}: the month's usage read is the last day's windows, not the month's":
                 self.usage_windows_read <= 25,
+            f"scale budget, {n}: an hourly check at month end with nobody new: under 30 calls and its MemorySize":
+                self.steady_calls < 30 and self.steady_peak_mb < self.check_memory_mb and self.steady_alerts == 0,
         }
 
 
@@ -276,10 +283,17 @@ def sweep(now: dt.datetime, owner: str, calls: Counter, topics: RecordingTopics,
     return check, send
 
 
-def _largest_item() -> int:
-    """The largest item the budget paths keep (JSON of its attributes, close to DynamoDB's item size)."""
-    pages = boto3.client("dynamodb").get_paginator("scan").paginate(TableName=TABLE)
-    return max(len(json.dumps(item)) for page in pages for item in page["Items"])
+def _largest_item(month: str) -> int:
+    """The largest item the budget paths keep for a list that grows with users (JSON of its attributes,
+    close to DynamoDB's item size): the holds pages, the hold state's, the running total's, a window part."""
+    dynamodb = boto3.client("dynamodb")
+    largest = 0
+    for pk in (user_holds_partition(CLUSTER), hold_state.state_partition(CLUSTER), usage_store.month_key(CLUSTER, month),
+               usage_store.status_key(CLUSTER)):
+        for page in dynamodb.get_paginator("query").paginate(
+                TableName=TABLE, KeyConditionExpression="pk = :pk", ExpressionAttributeValues={":pk": {"S": pk}}):
+            largest = max([largest] + [len(json.dumps(item)) for item in page["Items"]])
+    return largest
 
 
 def measure(users: int) -> ScaleRow:
@@ -297,13 +311,15 @@ def measure(users: int) -> ScaleRow:
             summary = user_holds_store.summary(TABLE, CLUSTER)
             marker = boto3.client("ssm").get_parameter(Name=contract.instruction_marker_parameter(
                 user_holds.user_holds_parameter(CLUSTER)))["Parameter"]["Value"]
-            largest = _largest_item()
+            largest = _largest_item(f"{MONTH_END:%Y-%m}")
             usage, outcome = usage_store.month_totals(TABLE, CLUSTER, f"{MONTH_END:%Y-%m}", MONTH_END, save=False)
             queued_left = alert_outbox.count(TABLE, CLUSTER)
             os.environ["USER_MONTHLY_BUDGET_USD"] = RAISED_LIMIT_USD
             later = MONTH_END + dt.timedelta(minutes=10)
             release_check, release_send = sweep(later, "arn:execution:raised", calls, topics)
             released = release_check["result"]["holdAlerts"]
+            # The next hour's check with nothing new crossing: what every hourly sweep costs at month end.
+            steady, steady_send = sweep(later + dt.timedelta(hours=1), "arn:execution:steady", calls, topics)
             still_held = user_holds.parse_document(user_holds_store.read(TABLE, CLUSTER)["value"])["users"]
     # Each user: one actual and one projected alert (the highest threshold crossed), and one hold alert.
     expected = 3 * users
@@ -316,19 +332,21 @@ def measure(users: int) -> ScaleRow:
         send_pages=send["pages"], send_calls=send["calls"], send_peak_mb=round(send["peak"], 1),
         send_memory_mb=memory["PublishUserSpendAlertFunction"], send_output_bytes=send["output"],
         holds_answer_bytes=holds_answer, holds_pages=summary["pages"], largest_item_bytes=largest,
-        marker_bytes=len(marker.encode()), usage_windows_read=outcome["folded"] + outcome["recent"])
+        marker_bytes=len(marker.encode()), usage_windows_read=outcome["folded"] + outcome["recent"],
+        steady_calls=steady["calls"] + steady_send["calls"], steady_seconds=round(steady["seconds"], 2),
+        steady_peak_mb=round(steady["peak"], 1), steady_alerts=steady["result"]["alertCount"])
 
 
 def render(rows: list[ScaleRow]) -> str:
     lines = ["users | alerts sent | held/released | CheckUserSpend calls, s, peak MB / MemorySize | output B "
              "| SendUserAlerts pages, calls, peak MB | holds answer B (6 MB), pages | largest item B (400 KB) "
-             "| marker B (4 KB) | windows read"]
+             "| marker B (4 KB) | windows read | next hour: calls, s, peak MB"]
     for r in rows:
         lines.append(f"{r.users:,} | {r.alerts_sent:,}/{r.alerts_expected:,} | {r.held:,}/{r.released:,} | "
                      f"{r.check_calls:,}, {r.check_seconds}, {r.check_peak_mb}/{r.check_memory_mb} | "
                      f"{r.check_output_bytes:,} | {r.send_pages}, {r.send_calls:,}, {r.send_peak_mb}/{r.send_memory_mb} | "
                      f"{r.holds_answer_bytes:,}, {r.holds_pages} | {r.largest_item_bytes:,} | {r.marker_bytes} | "
-                     f"{r.usage_windows_read}")
+                     f"{r.usage_windows_read} | {r.steady_calls}, {r.steady_seconds}, {r.steady_peak_mb}")
     return "\n".join(lines)
 
 
