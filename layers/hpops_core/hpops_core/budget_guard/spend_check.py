@@ -33,6 +33,8 @@ MAX_USER_ROWS = 200
 MAX_ALERT_SUMMARIES = 10
 MAX_WARNINGS = 20
 SEND_BATCH = 10  # SNS PublishBatch and EventBridge PutEvents take at most 10 entries a call
+# Sent alerts are deleted every 50 (two BatchWriteItem calls): a send that dies resends at most these.
+DELETE_EVERY = 50
 
 
 def gather_report(config: Any, observed: Mapping[str, Any], now: dt.datetime, *, ce: Any, pricing: Any,
@@ -101,10 +103,11 @@ def send_queued_alerts(config: Any, *, sns: Any, events: Any, dynamodb: Any = No
     queued, more = alert_outbox.page(config.state_table, config.cluster_name, limit, dynamodb)
     sent: list[str] = []
     failed: dict[str, str] = {}
-    for start in range(0, len(queued), SEND_BATCH):
-        batch = queued[start:start + SEND_BATCH]
-        failed.update(_send_batch(config, batch, sns, events))
-        done = [key for key, _ in batch if key not in failed]
+    for start in range(0, len(queued), DELETE_EVERY):
+        chunk = queued[start:start + DELETE_EVERY]
+        for first in range(0, len(chunk), SEND_BATCH):
+            failed.update(_send_batch(config, chunk[first:first + SEND_BATCH], sns, events))
+        done = [key for key, _ in chunk if key not in failed]
         alert_outbox.remove(config.state_table, config.cluster_name, done, dynamodb)
         sent += done
     if failed:
