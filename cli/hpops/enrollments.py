@@ -2,9 +2,8 @@
 
 An agent enrolls its own key at on_create, inside the enrollment window after launch. A node that
 was running before the stack had enrollment (an upgrade), a node whose agent lost its key, and a
-contested node need the operator: read the fingerprint on the node as root (Session Manager:
-`sudo python3 -m hpops_node_agent identity` in /opt/hpops-node-agent) and approve exactly that
-instance and fingerprint. The approval is single use and expires after a day.
+contested node need the operator: read the fingerprint on the node (Session Manager:
+contract.READ_AGENT_FINGERPRINT) and approve exactly that instance and fingerprint. The approval is single use and expires after a day.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def approve(dynamodb: Any, sagemaker: Any, table: str, cluster: str, login_group
 
 def listing(dynamodb: Any, table: str, cluster: str) -> list[str]:
     """One line per enrollment and per pending approval."""
-    records, approvals = enrollment_store.list_enrollments(table, cluster, dynamodb=dynamodb)
+    records, approvals = enrollment_store.list_enrollments(table, cluster, dynamodb=dynamodb, with_approvals=True)
     lines = [f"{r.instance_id}  {r.role:<10} {r.status:<9} {r.fingerprint}  since {r.enrolled_at} via {r.via}"
              + (f"  contested by {', '.join(r.contested_by)}" if r.contested_by else "")
              for r in sorted(records, key=lambda r: r.instance_id)]

@@ -22,7 +22,7 @@ def test_adopt_installs_the_agent_on_running_nodes_which_are_then_admitted_and_n
         account = DoctorAccount(world)
         runner = TwinSessionRunner(world)
         now = dt.datetime.now(dt.timezone.utc)
-        with world.iam.operator(account.operator_policy()) as denials:
+        with world.iam.operator(account.operator_policy("administrator")) as denials:
             import boto3
 
             session = boto3.session.Session(region_name=world.region)

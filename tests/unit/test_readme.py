@@ -83,7 +83,6 @@ SKIPPED = {
     "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
     "hpops node enrollments --stack-name S": AWS,
     "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
-    "python3 -m hpops_node_agent identity": f"{ON_A_NODE}, as root: prints the agent key's fingerprint",
     "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
@@ -112,8 +111,15 @@ SKIPPED = {
     "hpops doctor --stack-name S": AWS,
     "hpops doctor --cluster NAME --region R": AWS,
     "hpops cost release --stack-name S USER --reason TEXT": AWS,
-    "hpops iam-policy --stack-name S [--region R] [--lifecycle-bucket B]": AWS,
+    "hpops iam-policy --stack-name S [--role operator | --role administrator] [--region R] [--lifecycle-bucket B]": AWS,
+    "hpops iam-policy --stack-name S [--role administrator]": AWS,
     "hpops iam-policy --stack-name S": AWS,
+    "sam build && sam deploy": AWS,
+    "hpops iam-policy --stack-name S --role administrator": AWS,
+    "sam deploy --resolve-s3 --role-arn <ServiceRoleArn>": AWS,
+    "aws cloudformation deploy --template-file docs/deployer-role.json --stack-name hpops-login-autopilot-deployer "
+    "--capabilities CAPABILITY_IAM --parameter-overrides StackName=hpops-login-autopilot "
+    "ClusterExecutionRoleName=<role>": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
@@ -124,10 +130,15 @@ SKIPPED = {
     "hpops adopt --stack-name S": f"{AWS}; tests/twin/test_adopt_twin.py runs its path against the twin's nodes",
     "hpops adopt --stack-name S --print": AWS,
     "hpops status --stack-name S": AWS,
-    "sam build && sam deploy": AWS,
     "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
     "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
-    "make docs": "rewrites docs/parameters.md and docs/deployer-policy.json; tests/unit/test_generated_docs.py "
+    "aws ec2 authorize-security-group-ingress --group-id <cluster-sg> --protocol tcp --port 22 --source-group "
+    "<LoadBalancerSecurityGroupId>": f"{AWS}; doctor's nlb-path and verifier-path check the rule (tests/twin/test_doctor_twin.py)",
+    "hpops cost --stack-name S": AWS,
+    "sam delete --stack-name S": AWS,
+    "aws budgets delete-budget --account-id ACCOUNT --budget-name hpops-<cluster>": AWS,
+    "make docs": "rewrites docs/parameters.md, docs/deployer-policy.json and docs/deployer-role.json; "
+                 "tests/unit/test_generated_docs.py "
                  "runs the same generators and compares",
 }
 # Commands the prose names without their arguments: skipped as well (they need AWS), and only
@@ -141,10 +152,14 @@ MENTIONS = {
     "hpops adopt": AWS,
     "hpops lifecycle": f"{AWS}; the parameter table names it, `hpops lifecycle --stack-name S ...` is above",
     "hpops iam-policy": AWS,
+    "hpops iam-policy --role administrator": AWS,
     "hpops host-keys ca-generate": AWS,
     "hpops host-keys generate": AWS,
     "hpops cost release": AWS,
     "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
+    "sam delete": AWS,
+    "aws ec2 create-vpc-endpoint": f"{AWS}: doctor's node-network fix (tests/unit/test_doctor_checks.py checks its words)",
+    "aws ec2 create-network-acl-entry": f"{AWS}: doctor's network-acl fix (tests/unit/test_doctor_checks.py checks its words)",
 }
 
 
@@ -696,3 +711,34 @@ def test_admission_figures(bench):
     assert (int(tasks_low), int(tasks_high)) == (min(r["lambda_invocations"] for r in moves) - 1,
                                                  max(r["lambda_invocations"] for r in moves) - 1)
     assert float(usd) == per_1000
+
+
+def test_sessions_at_scale(bench):
+    """The scale table: each size's sessions, report and item sizes, read units, outcomes, memory and cost,
+    as the scale section of `make bench` measured them."""
+    measured = {(r["login_nodes"], r["users"]): r for r in bench["scale_sessions"]["rows"]}
+    rows = table(docs_text(), "sessions at scale")
+    assert len(rows) == len(measured), "a size was added or dropped: the table and the bench disagree"
+    for label, sessions, busiest, report_kb, item_kb, read_units, ended, targets, peaks, usd in rows:
+        nodes, users, logged_in = claim(label, r"(\d+) login nodes, ([\d,]+) users \(([\d,]+) logged in\)")
+        r = measured[(int(nodes), int(number(users)))]
+        assert int(number(logged_in)) == r["logged_in"] and int(number(sessions)) == r["sessions"], label
+        assert busiest == f"{r['busiest_node_sessions']:,} ({r['busiest_node_listed']:,} listed)", label
+        assert (float(report_kb), float(item_kb)) == (round(r["max_report_bytes"] / 1024, 1),
+                                                      round(r["max_item_bytes"] / 1024, 1)), label
+        assert float(read_units) == r["check_read_units"], label
+        assert (ended, targets) == ("yes" if r["ended_right"] else "no", "yes" if r["targets_right"] else "no"), label
+        quoted = [number(mb) for mb in claim(peaks, r"(\d+) / (\d+) / (\d+) of (\d+)")]
+        functions = ("RecordNodeReportFunction", "CheckReportedSessionsFunction", "EnforceSessionLimitsFunction")
+        assert all(near(q, r["peak_mb"][f]) for q, f in zip(quoted, functions)), label
+        assert quoted[3] == r["memory_mb"]["EnforceSessionLimitsFunction"], label
+        assert float(usd.strip("$")) == r["monthly_usd"], label
+    text = section("Performance (`make bench`)")
+    from hpops_twin.scale_sessions_bench import SIZES
+
+    costs = [measured[size[:2]]["cost"] for size in SIZES]
+    quoted = claim(text, r"every 1,000 session changes cost \$([\d.]+) at 4 login nodes, \$([\d.]+) at 12 and "
+                         r"\$([\d.]+) at 50.*?each logged-in user \$([\d.]+) a month")
+    assert [float(q) for q in quoted[:3]] == [c["per_1000_session_changes_usd"] for c in costs]
+    assert float(quoted[3]) == costs[0]["per_active_user_usd"]
+

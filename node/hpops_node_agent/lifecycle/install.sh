@@ -145,6 +145,8 @@ fi
 
 # The unit names both directories in ReadWritePaths, which systemd needs to exist on every role.
 mkdir -p -m 0700 "$prefix/var/lib/hpops-node-agent" "$prefix/var/backups/hpops-host-keys"
+# The login message's directory (present on Ubuntu): the unit may write there only where it exists.
+[ "$role" != "login" ] || mkdir -p -m 0755 "$prefix/etc/profile.d"
 # The agent's own key (root-only): the stack trusts only what it signs. A failure here must not fail
 # provisioning: the agent makes the key at start if it is missing.
 if fingerprint="$(agent identity)"; then
