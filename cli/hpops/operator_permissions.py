@@ -36,6 +36,8 @@ TABLE = "arn:aws:dynamodb:{region}:{account}:table/{output:SyncStateTableName}"
 CLUSTER = "{parameter:ClusterArn}"
 SYNC = "{output:LoginNodeSyncStateMachineArn}"
 RUN_SHELL = "arn:aws:ssm:{region}:{account}:document/SSM-SessionManagerRunShell"
+# An AWS-owned document: its ARN is written with and without the account; "*" takes both.
+ADOPT_DOCUMENT = "arn:aws:ssm:{region}:*:document/AWS-StartNonInteractiveCommand"
 HOST_KEY = "{resource:HostIdentityKey}"
 
 # The state table's item kinds (hpops_core.common.state_table and budget_guard's usage_store and
@@ -110,12 +112,15 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
     ),
-    # Session Manager into each running node of the cluster, then a repair.
+    # Session Manager into each running node of the cluster (its one document only: the target's type is
+    # UNCONFIRMED, the document's is not), the approval of the key it read there as root, then a repair.
     "adopt": READ_STACK + (
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
-        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS + ENROLLMENTS),
         Call("ssm", "StartSession", "ssm:StartSession", "*"),
+        Call("ssm", "StartSession", "ssm:StartSession", ADOPT_DOCUMENT),
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
         Call("sfn", "StartExecution", "states:StartExecution", SYNC),
         Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
     ),

@@ -67,6 +67,12 @@ def _cluster(params: dict, lookup: Lookup) -> list[str]:
     return [lookup.cluster_arn(params["ClusterName"])]
 
 
+def _session_resources(params: dict, lookup: Lookup) -> list[str]:
+    """StartSession's target ("*": see the row) and its document; without one, the account's shell document."""
+    document = params.get("DocumentName") or "SSM-SessionManagerRunShell"
+    return ["*", f"arn:aws:ssm:{lookup.region}:{lookup.account}:document/{document}"]
+
+
 def _parameters(field: str) -> Callable[[dict, Lookup], list[str]]:
     def arns(params: dict, lookup: Lookup) -> list[str]:
         names = params.get(field)
@@ -188,8 +194,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
     ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
     # `hpops adopt`: a sagemaker-cluster: target is none of StartSession's resource types in the reference
-    # (document, instance, managed-instance, task); how AWS authorizes it is UNCONFIRMED, so "*".
-    ("ssm", "StartSession"): ("ssm:StartSession", "*"),
+    # (document, instance, managed-instance, task); how AWS authorizes it is UNCONFIRMED, so "*". The
+    # document is authorized on its own ARN as well.
+    ("ssm", "StartSession"): ("ssm:StartSession", _session_resources),
     ("ssm", "TerminateSession"): ("ssm:TerminateSession", "arn:aws:ssm:{region}:{account}:session/{SessionId}"),
     ("ssm", "GetDocument"): ("ssm:GetDocument", "arn:aws:ssm:{region}:{account}:document/{Name}"),
     # Secrets Manager (the KMS permission each needs is added in `checks`)
