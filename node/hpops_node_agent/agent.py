@@ -55,7 +55,7 @@ from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_h
 from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, node_load, slurm_holds,
                ssh_sessions, sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
-from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
+from .identity import IdentityError, NodeIdentity, describe_groups_with, imds_identity_document, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
 
 LOGIN_SLOT_SCRIPT = "etc/profile.d/hpops-login-slot.sh"
@@ -176,7 +176,8 @@ def backoff_active(state: Dict[str, Any], key: str, now: float) -> Optional[str]
 class NodeAgent:
     def __init__(self, config: AgentConfig, session: Any, clock: Callable[[], float] = time.time,
                  identity: Optional[NodeIdentity] = None,
-                 imds_probe: Callable[[str], tuple] = imds_guard.probe) -> None:
+                 imds_probe: Callable[[str], tuple] = imds_guard.probe,
+                 identity_document: Callable[[], Optional[Dict[str, str]]] = imds_identity_document) -> None:
         self.config = config
         self._imds_probe = imds_probe
         self._imds: Optional[Dict[str, Any]] = None
@@ -201,7 +202,8 @@ class NodeAgent:
         self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, lambda item: self._fetch(item))
         if config.node_channel:
             self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
-                                       lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd)
+                                       lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd,
+                                       identity_document=identity_document)
 
     # ------------------------------------------------------------------ plumbing
 

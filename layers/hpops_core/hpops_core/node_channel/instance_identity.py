@@ -28,8 +28,6 @@ from typing import Any
 from hpops_core.node_channel.enrollment import EnrollmentRefusedError, MalformedNodeChannelRequest
 from hpops_core.node_channel.identity_certificates import RSA_CERTIFICATES, SOURCE
 
-MAX_DOCUMENT_CHARS = 4096
-MAX_SIGNATURE_CHARS = 1024
 _REGION = re.compile(r"\A[a-z]{2}(-[a-z]+)+-[0-9]\Z")
 _PENDING = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
 
@@ -52,13 +50,6 @@ class IdentityDocument:
     account_id: str
     private_ip: str
     pending_time: datetime
-
-
-def wire_ok(value: Any) -> bool:
-    """The statement's identityDocument field: {"document": <text as served>, "signature": <base64>}."""
-    return (isinstance(value, dict) and set(value) == {"document", "signature"}
-            and isinstance(value["document"], str) and 0 < len(value["document"]) <= MAX_DOCUMENT_CHARS
-            and isinstance(value["signature"], str) and 0 < len(value["signature"]) <= MAX_SIGNATURE_CHARS)
 
 
 def verify(document_text: str, signature_b64: str, certificates: dict[str, str] | None = None) -> IdentityDocument:
