@@ -66,6 +66,7 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, ADMISSION),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, ENROLLMENTS),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
@@ -121,6 +122,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ssm", "StartSession", "ssm:StartSession", "*"),
         Call("ssm", "StartSession", "ssm:StartSession", ADOPT_DOCUMENT),
         Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
+        # After the repair: which nodes it touched are in the target group.
+        Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
         Call("sfn", "StartExecution", "states:StartExecution", SYNC),
         Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
     ),

@@ -45,7 +45,7 @@ import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -249,6 +249,27 @@ class NodeAgent:
         except (agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
             log("enrollment-failed", reason=short(str(error)))
         return None
+
+    def enroll_now(self) -> Tuple[bool, str]:
+        """One enrollment attempt at once (`hpops-node-agent enroll`): first thing on a new node, and after
+        an operator's approval (`hpops adopt` records one); (enrolled?, what happened, in one line)."""
+        if self.proof is None:
+            return False, "no NodeChannel configured (agent.json nodeChannel): nothing to enroll with"
+        try:
+            node = self.identity()
+            if node.role not in ("login", "controller"):
+                return True, "{} node: its agent does not enroll".format(node.role)
+            instance_id = node.instance_id if node.role == "login" else self.usage_collector().instance_id
+            if instance_id is None:
+                return False, "this node's instance id is unknown (resource_config.json, IMDS)"
+            enrolled = self.proof.ensure_enrolled(instance_id, node.ip, force=True)
+        except (IdentityError, agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
+            return False, short(str(error))
+        except AWS_ERRORS as error:
+            return False, aws_reason("lambda:Invoke", error)
+        if enrolled:
+            return True, "enrolled {} ({})".format(instance_id, self.proof.state.get("via") or "already")
+        return False, "refused for {}: {}".format(instance_id, self.proof.state.get("refusal") or "see the log")
 
     def _fetch(self, item: str) -> Optional[dict]:
         """One NodeChannel fetch of ``item`` for this node, signed by the enrolled key (fetch_client)."""

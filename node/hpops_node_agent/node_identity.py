@@ -118,9 +118,12 @@ class AgentIdentity:
         if answer.get("ok"):
             self.state["enrolledFingerprint"] = answer.get("fingerprint")
             self.state["role"] = answer.get("role")
+            self.state["via"] = answer.get("via")
+            self.state.pop("refusal", None)
             self.log("enrolled", instanceId=instance_id, fingerprint=answer.get("fingerprint"), via=answer.get("via"))
         else:
             self.state.pop("enrolledFingerprint", None)
+            self.state["refusal"] = "{}: {}".format(str(answer.get("error"))[:64], str(answer.get("message"))[:300])
             if answer.get("error") == NO_CERTIFICATE_FOR_REGION:
                 self.state["documentRefused"] = NO_CERTIFICATE_FOR_REGION
                 self.state.pop("lastAttemptAt", None)  # ask again at once, without the document

@@ -152,7 +152,13 @@ def put_approval(table: str, cluster: str, instance_id: str, fingerprint: str, a
 
 def list_enrollments(table: str, cluster: str, dynamodb: Any = None) -> tuple[list[Enrollment], list[dict]]:
     """(enrollments, pending approvals as {"instanceId", "fingerprint", "approvedAt"}) of the cluster."""
-    enrollments, approvals = [], []
+    enrollments, approvals, _ = read_enrollments(table, cluster, dynamodb)
+    return enrollments, approvals
+
+
+def read_enrollments(table: str, cluster: str, dynamodb: Any = None) -> tuple[list[Enrollment], list[dict], bool]:
+    """list_enrollments, and whether a verified instance identity document was ever seen (one Query)."""
+    enrollments, approvals, documents = [], [], False
     paginator = (dynamodb or client("dynamodb")).get_paginator("query")
     with transient_errors_named("dynamodb:Query"):
         for page in paginator.paginate(TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
@@ -164,4 +170,6 @@ def list_enrollments(table: str, cluster: str, dynamodb: Any = None) -> tuple[li
                 elif sk.startswith(APPROVAL_PREFIX):
                     approvals.append({"instanceId": sk[len(APPROVAL_PREFIX):], "fingerprint": item["fingerprint"]["S"],
                                       "approvedAt": item.get("approvedAt", {}).get("S", "")})
-    return enrollments, approvals
+                elif sk == DOCUMENTS_SK:
+                    documents = True
+    return enrollments, approvals, documents
