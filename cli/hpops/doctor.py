@@ -59,7 +59,7 @@ DOCTOR_IAM_ACTIONS = (
     "kms:GetKeyPolicy",  # the host identity key's policy
 )
 # Lines for checks that need what only a deployed stack has.
-NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports",
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports", "enrollment",
                "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
@@ -193,6 +193,8 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
         return [guarded("", lambda: checks.decide_load_balancer_path(_load_balancer_facts(session, target, cluster, groups)))]
     if check == "agent-reports":
         return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
+    if check == "enrollment":
+        return [guarded("", lambda: _decide_enrollment(session, target))]
     if check == "cloudtrail":
         return [guarded("", lambda: checks.decide_trail(target.region, _trails(session, target.region)))]
     if check == "run-as":
@@ -460,6 +462,15 @@ def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
     version = published.get("version") if published.get("mode") in ("keys", "certificate") else None
     return checks.decide_reports(target.login_group, running, read_node_reports(dynamodb, table, target.cluster),
                                  version, agent_version, now, REPORT_MAX_AGE, stack.name)
+
+
+def _decide_enrollment(session: Any, target: Target) -> Finding:
+    from hpops_core.node_channel import enrollment_store
+
+    records, _, documents = enrollment_store.read_enrollments(
+        target.stack.outputs["SyncStateTableName"], target.cluster, dynamodb=session.client("dynamodb"))
+    return checks.decide_enrollment_proof({r.instance_id: r.via for r in records},
+                                          [r.instance_id for r in records if not r.usable], documents, target.stack.name)
 
 
 def _trails(session: Any, region: str) -> list[checks.TrailFacts]:

@@ -18,7 +18,7 @@ NOTE = "NOTE"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
 CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path", "nlb-path",
-          "host-identity", "kms-key-policy", "agent-reports", "alert-subscription", "cloudtrail", "run-as",
+          "host-identity", "kms-key-policy", "agent-reports", "enrollment", "alert-subscription", "cloudtrail", "run-as",
           "cost-allocation-tag", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Checks with one line per agent group (login, controller).
 PER_GROUP = ("lifecycle-script", "node-agent-policy", "node-network", "node-endpoints")
@@ -344,6 +344,27 @@ def _parse_time(text: str | None) -> dt.datetime | None:
 def _age(now: dt.datetime, then: dt.datetime) -> str:
     minutes = int((now - then).total_seconds() // 60)
     return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h"
+
+
+def decide_enrollment_proof(how: Mapping[str, str], contested: Sequence[str], documents_seen: bool,
+                            stack_name: str | None) -> Finding:
+    """``how``: instance id -> how its agent's key was enrolled (window, document, approval); ``contested``:
+    instance ids whose enrollment two keys claimed; ``documents_seen``: an agent of the cluster enrolled
+    with a verified instance identity document (so the nodes' IMDS serves them)."""
+    stack = stack_name or "S"
+    if contested:
+        return Finding("enrollment", PROBLEM, f"{', '.join(sorted(contested))} contested: two keys claimed "
+                       "it; its reports and secrets stop until settled",
+                       f"hpops adopt --stack-name {stack} (reads each key as root on its node and approves it)")
+    verified = sum(1 for value in how.values() if value == "document")
+    counts = f"{len(how)} agent key(s) enrolled, {verified} with a verified instance identity document"
+    if not documents_seen:
+        return Finding("enrollment", NOTE, f"{counts}: no agent has sent one, so this cluster's IMDS does not serve "
+                       "them (UNCONFIRMED on HyperPod) or its agents predate them; a new node's key is trusted as the "
+                       "first presented inside its enrollment window, as before documents",
+                       "accept it, or narrow the race: HostIdentityMode=certificate (no shared private key to win) "
+                       "and ImdsLockdown=on (docs/security.md)")
+    return Finding("enrollment", OK, f"{counts}; the nodes' IMDS serves them")
 
 
 def decide_reports(group: str, running: Sequence[str], reports: Mapping[str, Mapping[str, Any]],

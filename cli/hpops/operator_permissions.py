@@ -158,9 +158,9 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
-        # The published host identity, the agents' reports, the usage collector's status.
+        # The published host identity, the agents' reports and enrollments, the usage collector's status.
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE + ("usage#{parameter:ClusterName}",)),
-        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS + ENROLLMENTS),
         Call("cloudtrail", "DescribeTrails", "cloudtrail:DescribeTrails", "*"),
         Call("cloudtrail", "GetTrailStatus", "cloudtrail:GetTrailStatus", "arn:aws:cloudtrail:*:{account}:trail/*"),
         Call("cloudtrail", "GetEventSelectors", "cloudtrail:GetEventSelectors", "arn:aws:cloudtrail:*:{account}:trail/*"),

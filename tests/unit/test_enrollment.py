@@ -13,6 +13,7 @@ from hpops_core.host_identity.gate import gate_registrations
 from hpops_core.node_channel.enrollment import (
     Approval,
     Enrollment,
+    IdentityDocument,
     MalformedNodeChannelRequest,
     NotEnrolledError,
     Statement,
@@ -21,7 +22,6 @@ from hpops_core.node_channel.enrollment import (
     precheck,
 )
 from hpops_core.node_channel import report_proof
-from hpops_core.node_channel.instance_identity import IdentityDocument
 from hpops_core.node_channel.report_proof import (
     ReportFromFutureError,
     ReportRoleError,

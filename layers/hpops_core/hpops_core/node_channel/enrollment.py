@@ -32,13 +32,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpops_core.common import validation
 from hpops_core.common.errors import HpopsError
-
-if TYPE_CHECKING:  # instance_identity.py imports this module's errors
-    from hpops_core.node_channel.instance_identity import IdentityDocument
 
 ENROLLED = "enrolled"
 CONTESTED = "contested"
@@ -92,6 +89,17 @@ class Statement:
     issued_at: datetime
     nonce: str
     identity_document: dict | None
+
+
+@dataclass(frozen=True)
+class IdentityDocument:
+    """The fields of an instance identity document whose AWS signature verified (instance_identity.py)."""
+
+    instance_id: str
+    region: str
+    account_id: str
+    private_ip: str
+    pending_time: datetime
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,10 @@ import base64
 import binascii
 import json
 import re
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from hpops_core.node_channel.enrollment import EnrollmentRefusedError, MalformedNodeChannelRequest
+from hpops_core.node_channel.enrollment import EnrollmentRefusedError, IdentityDocument, MalformedNodeChannelRequest
 from hpops_core.node_channel.identity_certificates import RSA_CERTIFICATES, SOURCE
 
 _REGION = re.compile(r"\A[a-z]{2}(-[a-z]+)+-[0-9]\Z")
@@ -39,17 +38,6 @@ class IdentityDocumentRefusedError(EnrollmentRefusedError):
 
 class NoCertificateForRegionError(IdentityDocumentRefusedError):
     """The document names a Region whose AWS certificate this release does not carry (identity_certificates.py)."""
-
-
-@dataclass(frozen=True)
-class IdentityDocument:
-    """The fields of a verified document the stack uses (the rest is not read)."""
-
-    instance_id: str
-    region: str
-    account_id: str
-    private_ip: str
-    pending_time: datetime
 
 
 def verify(document_text: str, signature_b64: str, certificates: dict[str, str] | None = None) -> IdentityDocument:
