@@ -89,7 +89,7 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
     if not decision.accepted:
         raise EnrollmentRefusedError(decision.reason)
     record = decision.record
-    if decision.resets:
+    if decision.resets and existing is not None and existing.fingerprint != record.fingerprint:
         # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes.
         report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
     if record.via == DOCUMENT and decision.outcome != "already":

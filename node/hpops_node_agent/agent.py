@@ -177,7 +177,7 @@ class NodeAgent:
     def __init__(self, config: AgentConfig, session: Any, clock: Callable[[], float] = time.time,
                  identity: Optional[NodeIdentity] = None,
                  imds_probe: Callable[[str], tuple] = imds_guard.probe,
-                 identity_document: Callable[[], Optional[Dict[str, str]]] = imds_identity_document) -> None:
+                 identity_document: Optional[Callable[[], Optional[Dict[str, str]]]] = None) -> None:
         self.config = config
         self._imds_probe = imds_probe
         self._imds: Optional[Dict[str, Any]] = None
@@ -200,6 +200,10 @@ class NodeAgent:
         # Instructions for this node only, fetched with the enrolled key when their public marker moves.
         self._end_sessions = fetch_client.Instructions(fetch_client.END_SESSIONS, lambda item: self._fetch(item))
         self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, lambda item: self._fetch(item))
+        if identity_document is None:
+            # IMDS at the address the bundle names (imdsProbe); none configured (tests): no document.
+            def identity_document() -> Optional[Dict[str, str]]:
+                return imds_identity_document(config.imds_probe) if config.imds_probe else None
         if config.node_channel:
             self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
                                        lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd,

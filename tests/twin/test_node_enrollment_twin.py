@@ -252,3 +252,61 @@ def test_upgrade_running_nodes_keep_their_users_and_enroll_only_by_an_operators_
     world.agents_poll()
     assert node_reports(world)[nodes[0].instance_id] != before[nodes[0].instance_id]
     assert world.target_ips() == targets
+
+
+def test_where_imds_serves_no_document_a_lost_race_takes_no_working_node_out_and_an_approval_restores_it_fully():
+    """The UNCONFIRMED case: HyperPod's IMDS serves no identity document. Enrollment works as before
+    documents; a user's keys contest nodes but take no serving node out of the load balancer, a pinned
+    sequence is refused, and the operator's approval of the real key restores a raced node fully."""
+    import warnings
+
+    from hpops.enrollments import approve
+    from hpops_twin.world import TwinWorld
+
+    with warnings.catch_warnings(), TwinWorld(identity_documents=False) as world:
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
+        succeeded(world, [world.run_schedule()])
+        assert {r.via for r in enrollments(world).values()} == {"window"} and len(world.target_ips()) == 3
+        attacker = Attacker(world)
+        # Any user contests the three working (new, inside their window) nodes: none leaves the NLB.
+        for node in login_nodes(world):
+            assert attacker.enroll(node.instance_id, node.ip)["error"] == "EnrollmentConflictError"
+        assert {r.status for r in enrollments(world).values()} == {"contested"}
+        succeeded(world, [world.run_schedule()])
+        assert world.target_ips() == world.login_truth() and len(world.target_ips()) == 3
+
+        # A fourth node: the attacker names it first, then pins its sequence and asks for the host keys.
+        world.hosts.lifecycle_installs_agent = False
+        world.sim.scale_group(world.cluster_name, world.login_group, 4)
+        world.sim.finish_provisioning(world.cluster_name)
+        new = next(n for n in login_nodes(world) if n.instance_id not in world.hosts.agents)
+        assert attacker.enroll(new.instance_id, new.ip)["ok"]
+        report = forged_sessions(world, login_nodes(world)[0]) | {"instanceId": new.instance_id, "ip": new.ip}
+        attacker.put_report(REPORT, report, sequence=2**63 - 1)
+        assert refusals(world)[-1] == "ReportFromFutureError" and new.instance_id not in node_reports(world)
+        assert attacker.fetch(new.instance_id, ["hostKeys"])["error"] == "FetchRefusedError"
+        attacker.put_report(REPORT, report)  # counted for now (no document here to tell): dropped at approval
+        assert new.instance_id in node_reports(world)
+        # Its agent comes: two keys without documents, the node is contested and not admitted.
+        world.hosts.lifecycle_installs_agent = True
+        world.hosts.ensure_agents()
+        assert enrollments(world)[new.instance_id].status == "contested"
+        succeeded(world, [world.run_schedule()])
+        assert new.ip not in world.target_ips()
+
+        # The operator approves each real key (read as root on the node): everything is restored.
+        table = world.resolver.physical_ids["SyncStateTable"]
+        for node in login_nodes(world):
+            agent = world.hosts.agents[node.instance_id]
+            approve(world.aws.client("dynamodb"), world.aws.client("sagemaker"), table, world.cluster_name,
+                    world.login_group, "controller-machine", node.instance_id, agent.proof.fingerprint())
+            assert agent.proof.ensure_enrolled(node.instance_id, node.ip, force=True)
+        assert {(r.status, r.via) for r in enrollments(world).values()} == {("enrolled", "approval")}
+        assert new.instance_id not in node_reports(world), "what the impostor left was dropped"
+        world.agents_poll()
+        succeeded(world, [world.run_schedule()])
+        assert new.ip in world.target_ips() and len(world.target_ips()) == 4
+        assert world.presented_fingerprints(new.instance_id) == world.canonical_fingerprints()
+        # Its agent's own reports count now, and none of the impostor's invented sessions are left.
+        kept = node_reports(world)[new.instance_id]
+        assert kept["instanceId"] == new.instance_id and "5eed0b07" not in json.dumps(kept)

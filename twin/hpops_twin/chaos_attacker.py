@@ -203,8 +203,11 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
                                document=identity_documents.served(victim, world.document_account_id)).get("error")
 
     def refusal_echo() -> str | None:
-        answer = attacker.enroll(other.instance_id, victim.ip)
-        leaked = [value for value in (other.ip, other.instance_group_name) if value in answer.get("message", "")]
+        # The raced node (the attacker's own key, so AWS is asked) claimed at the victim's IP: the refusal
+        # must not say where the node really is.
+        node = raced["login"]
+        answer = attacker.enroll(node.instance_id, victim.ip)
+        leaked = [value for value in (node.ip, "Running") if value in answer.get("message", "")]
         return f"leaks {leaked}" if leaked else answer.get("error")
 
     def borrowed_statement() -> str | None:
@@ -236,7 +239,8 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
          enroll(victim, launched_hours_ago=5)),
         ("enrollment for a node that never enrolled, launched hours ago", "EnrollmentRefusedError",
          enroll(worker)),
-        ("enrollment claiming another node's IP", "EnrollmentRefusedError", enroll(other, ip=victim.ip)),
+        ("enrollment for a proven node claiming another node's IP (refused before AWS is asked)",
+         "EnrollmentConflictError", enroll(other, ip=victim.ip)),
         ("enrollment naming the victim agent's public key, signed with the attacker's", "NodeProofKeyMismatchError",
          borrowed_statement),
         ("unknown NodeChannel action", "MalformedNodeChannelRequest",
