@@ -1,5 +1,6 @@
 """CheckReportedSessions: a login node's session list changed (RecordNodeReport's announcement, after
-its origin check) -> the stored reports and the ledger (one Query each); when someone is over their limit cluster-wide,
+its origin check) -> the stored reports (one eventually consistent Query, the announcing node's read strongly) and
+the ledger; when someone is over their limit cluster-wide,
 start a SessionLimits execution at once (hpops_core.session_limits.report_check says when and why). It also logs
 how evenly the login nodes carry sessions ("login spread"), which the dashboard graphs.
 """
@@ -24,7 +25,8 @@ def check_reported_sessions(event: dict, context: LambdaContext) -> dict:
     """EventBridge sessions-changed announcement -> {start, started, name, users, reason}."""
     config = ReportCheckConfig.from_env()
     node = report_check.announced_node(event, config.cluster_name)
-    state = node_sessions.read_cluster_state(config.state_table, config.cluster_name, datetime.now(timezone.utc))
+    state = node_sessions.read_cluster_state(config.state_table, config.cluster_name, datetime.now(timezone.utc),
+                                             fresh_node=node)
     check = report_check.decide_report_check(config.cluster_name, state, config.policy)
     # No custom metric: the checks it starts are SessionLimits executions (AWS/States counts them).
     started = report_check.start_check(config.state_machine_arn, check) if check.start else False

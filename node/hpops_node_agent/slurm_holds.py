@@ -14,14 +14,21 @@ QOS's limits are ignored: the jobs run) and ``qos`` (else ``--qos=<other>`` esca
 every pass (``scontrol show config``), and a user is reported held only when both are there, every
 association reads the hold QOS back and every pending job of theirs is in it.
 
-Lifting restores exactly what was there: each association's QOS list and DefaultQOS (or their
-inheritance from the parent association, when they were inherited) and each pending job's previous
-QOS. The association values are kept twice, before any change: in the agent's state file (0600) and
+Lifting restores exactly what each association set itself, as ``sacctmgr show assoc WOPLimits
+WithRawQOSLevel`` reads it: an explicit QOS list (even one equal to its account's: it stays its
+own), a delta (``+lowq``, ``-highq``: the account's next change still reaches the user), or
+nothing (inherited), and its own DefaultQOS or none; and each pending job's previous QOS. A delta
+is written back in two steps: a delta written onto an explicit list only edits that list
+(slurmdbd's ``if (qos='', ...)``), so the list is cleared first. The association values are kept twice, before any change: in the agent's state file (0600) and
 in Slurm itself, in the hold QOS's Description (associations have no comment field); a lost state
 file therefore loses at most which QOS each pending job had (they then go to the association's
 default). Only what hpops set is hpops's to lift: an association whose QOS an administrator changed
 during a hold keeps the administrator's value. Holds set by earlier versions (``GrpJobs=0
 MaxJobs=0``) are still lifted by their old rule.
+
+A held user's job that starts anyway (an administrator edited the hold QOS or the association) is
+named in the report, which then says ``failed`` with the job ids and the first change Slurm's
+transaction log shows after the hold (who, when, what), until the job ended and an hour passed.
 
 Level-triggered: every poll compares Slurm with the desired users, so a hold removed by hand, or an
 association added while a user is held, is held at the next poll.
@@ -53,6 +60,12 @@ HOLD_QOS_FLAG = "OverPartQOS"
 RECORD_PREFIX = "hpops budget hold, lifts restore from here, do not edit:"
 ASSOC_FIELDS = ("id", "parent", "cluster", "account", "user", "partition", "qos", "defaultQos", "GrpJobs", "MaxJobs")
 ASSOC_FORMAT = "ID,ParentID,Cluster,Account,User,Partition,QOS,DefaultQOS,GrpJobs,MaxJobs"
+# What an association sets itself, not what it inherits: raw QOS (deltas with their +/-) and own limits.
+OWN_VALUES = ("WOPLimits", "WithRawQOSLevel")
+# squeue states of a job that started (a CANCELLED one only if it ran: one cancelled while pending has 0:00).
+STARTED_STATES = frozenset({"RUNNING", "COMPLETING", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                            "PREEMPTED", "SUSPENDED", "BOOT_FAIL", "DEADLINE", "STOPPED"})
+ESCAPE_REPORT_SECONDS = 3600
 LEGACY_LIMITS = ("GrpJobs", "MaxJobs")
 LEGACY_HOLD_VALUE = "0"
 NEEDED_ENFORCE = ("limits", "qos")
@@ -143,6 +156,68 @@ def job_target(previous: Optional[str], allowed: List[str], default: str) -> Opt
     return "normal" if "normal" in allowed else (allowed[0] if allowed else None)
 
 
+def is_delta(raw_qos: str) -> bool:
+    return any(part[:1] in ("+", "-") for part in raw_qos.split(",") if part)
+
+
+def restore_steps(raw_qos: Optional[str], raw_default: Optional[str]) -> List[Dict[str, str]]:
+    """The ``sacctmgr modify user ... set`` assignments that give an association back what it set itself.
+
+    ``raw_qos``: "" (or None, a record of an earlier version) inherits; "a,b" is its own list; "+a,-b" a
+    delta. A delta written onto the hold's explicit list would only edit that list, so it is cleared
+    (inherit) first. ``raw_default``: its own DefaultQOS, "" inherits (-1 clears it)."""
+    qos, default = raw_qos or "", raw_default or "-1"
+    if is_delta(qos):
+        return [{"QOS": "", "DefaultQOS": "-1"}, {"QOS": qos, "DefaultQOS": default}]
+    return [{"QOS": qos, "DefaultQOS": default}]
+
+
+def slurm_time(epoch: float) -> str:
+    """Slurm's commands read and print times in the controller's local time."""
+    return datetime.datetime.fromtimestamp(epoch).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def epoch_of(slurm_text: str) -> Optional[float]:
+    try:
+        return datetime.datetime.strptime(slurm_text, "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return None
+
+
+def started_jobs(squeue_text: str, since: float) -> List[str]:
+    """``squeue -h -r -t all -o %i|%T|%S|%M`` -> ids of jobs that started at or after ``since``."""
+    found = []
+    for line in squeue_text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 4 or not fields[0]:
+            continue
+        job_id, state, start, used = fields
+        ran = state in STARTED_STATES or (state == "CANCELLED" and used not in ("0:00", ""))
+        at = epoch_of(start)
+        if ran and at is not None and at >= since:
+            found.append(job_id)
+    return found
+
+
+def first_change(transactions_text: str, association_ids: List[str], hold_qos_id: Optional[str]) -> Optional[str]:
+    """``sacctmgr -nP list transactions format=Time,Actor,Action,Where,Info`` (since the hold): the first
+    change to the hold QOS's limits or to one of these associations that is not hpops's own (its record
+    updates are Description only, its hold sets the association to the hold QOS's id alone, its repairs
+    come after the change they repair)."""
+    ours = "def_qos_id={0}, qos=',{0},', delta_qos=''".format(hold_qos_id) if hold_qos_id else None
+    where_assoc = {"(id_assoc={})".format(assoc_id) for assoc_id in association_ids}
+    for line in transactions_text.splitlines():
+        fields = line.split("|", 4)
+        if len(fields) != 5:
+            continue
+        at, actor, action, where, info = fields
+        if action == "Modify QOS" and "'{}'".format(HOLD_QOS) in where and not info.startswith("description="):
+            return short("{} by {} at {}: {}".format("QOS " + HOLD_QOS + " modified", actor, at, info))[:160]
+        if action == "Modify Associations" and where in where_assoc and info != ours:
+            return short("association {} modified by {} at {}: {}".format(where.strip("()"), actor, at, info))[:160]
+    return None
+
+
 class SlurmHolds:
     """Converges Slurm to a holds document; keeps what it changed, and the values before, in a state file
     and in the hold QOS's Description."""
@@ -202,15 +277,18 @@ class SlurmHolds:
         name = config_value(scontrol_config or "", "ClusterName")
         return name if name and validation.is_cluster_name(name.replace("_", "-")) else None
 
-    def _show_assoc(self, where: List[str]) -> Tuple[Optional[List[Dict[str, str]]], str]:
-        code, out, err = self._command(self.sacctmgr, "-nP", "show", "assoc", "where", *where,
-                                       "format=" + ASSOC_FORMAT)
+    def _show_assoc(self, where: List[str], own: bool = False) -> Tuple[Optional[List[Dict[str, str]]], str]:
+        code, out, err = self._command(self.sacctmgr, "-nP", "show", "assoc", *(OWN_VALUES if own else ()),
+                                       "where", *where, "format=" + ASSOC_FORMAT)
         if code != 0:
             return None, self._failed("sacctmgr show assoc", code, out, err)
         return parse_associations(out), ""
 
-    def associations(self, user: str, cluster: Optional[str]) -> Tuple[Optional[List[Dict[str, str]]], str]:
-        rows, problem = self._show_assoc(["user=" + user] + (["cluster=" + cluster] if cluster else []))
+    def associations(self, user: str, cluster: Optional[str], own: bool = True
+                     ) -> Tuple[Optional[List[Dict[str, str]]], str]:
+        """``user``'s associations; ``own``: the values each sets itself (raw QOS, "" when inherited),
+        else the effective ones slurmctld applies."""
+        rows, problem = self._show_assoc(["user=" + user] + (["cluster=" + cluster] if cluster else []), own)
         return (None if rows is None else [row for row in rows if row["user"] == user]), problem
 
     def _modify(self, user: str, cluster: Optional[str], values: Dict[str, str],
@@ -268,6 +346,11 @@ class SlurmHolds:
                 return self._failed("sacctmgr modify qos " + HOLD_QOS, code, out, err)
             self.log("hold-qos-reset", qos=HOLD_QOS)
         return ""
+
+    def _hold_qos_id(self) -> Optional[str]:
+        code, out, _ = self._command(self.sacctmgr, "-nP", "show", "qos", "where", "name=" + HOLD_QOS, "format=ID")
+        found = out.split()
+        return found[0] if code == 0 and len(found) == 1 and found[0].isdigit() else None
 
     def _slurm_copy(self) -> Dict[str, Any]:
         return {user: {assoc_id: {k: v for k, v in previous.items() if k in ("qos", "defaultQos")}
@@ -353,20 +436,14 @@ class SlurmHolds:
         if not associations:
             return user_holds.FAILED, ("{} has no Slurm association on this cluster: nothing to hold (with "
                                        "AccountingStorageEnforce=associations they cannot submit)".format(user))
-        parents, problem = self._parents(associations)
-        if parents is None:
-            return user_holds.FAILED, problem
         record = self.state["users"].setdefault(user, {"since": int(now), "associations": {}, "jobs": {}})
         unknown = []
         for assoc in associations:
             previous = record["associations"].setdefault(assoc["id"], {
                 "account": assoc["account"], "partition": assoc["partition"]})
             if not in_hold(assoc):
-                # Not (or no longer) ours: the administrator's latest values are what a lift restores.
-                parent = parents.get(assoc["parent"])
-                previous["qos"] = None if parent and qos_set(parent["qos"]) == qos_set(assoc["qos"]) else assoc["qos"]
-                previous["defaultQos"] = (None if parent and parent["defaultQos"] == assoc["defaultQos"]
-                                          else assoc["defaultQos"])
+                # Not (or no longer) ours: what the association sets itself now is what a lift restores.
+                previous["qos"], previous["defaultQos"] = assoc["qos"], assoc["defaultQos"]
             elif "qos" not in previous:
                 kept = self._previous(user, assoc["id"])
                 if kept is None:
@@ -396,14 +473,47 @@ class SlurmHolds:
             failed = self._move_jobs([job[0] for job in moving], HOLD_QOS)
             if failed:
                 return user_holds.FAILED, failed
-        return self._verify(user, cluster, enforced, enforce_reason, unknown)
+        state, reason = self._verify(user, cluster, enforced, enforce_reason, unknown)
+        if state == user_holds.HELD and "heldAt" not in record:
+            record["heldAt"] = now  # from here on, a job of theirs that starts escaped the hold
+            self.save()
+        escaped = self._escaped(user, record, [a["id"] for a in associations], now)
+        return (user_holds.FAILED, short(escaped + "; " + reason)) if escaped else (state, reason)
 
-    def _parents(self, associations: List[Dict[str, str]]) -> Tuple[Optional[Dict[str, Dict[str, str]]], str]:
-        ids = sorted({assoc["parent"] for assoc in associations if assoc["parent"].isdigit()})
-        if not ids:
-            return {}, ""
-        rows, problem = self._show_assoc(["id=" + ",".join(ids)])
-        return (None if rows is None else {row["id"]: row for row in rows}), problem
+    def _escaped(self, user: str, record: Dict[str, Any], association_ids: List[str], now: float) -> str:
+        """Why the report must say the hold did not hold: jobs of ``user`` that started after it was in
+        place, and the first change Slurm logged after it; "" when none (or none within the last hour)."""
+        held_at = record.get("heldAt")
+        if held_at is None:
+            return ""
+        code, out, err = self._command(self.squeue, "-h", "-r", "-t", "all", "-u", user, "-o", "%i|%T|%S|%M")
+        if code != 0:
+            return ""  # the read-back already failed on squeue, or will next pass
+        running = set(started_jobs(out, float(held_at)))
+        escapes = record.setdefault("escaped", {})
+        new = sorted(running - set(escapes))
+        if new:
+            code, out, err = self._command(self.sacctmgr, "-nP", "list", "transactions",
+                                           "Start=" + slurm_time(float(held_at)), "format=Time,Actor,Action,Where,Info")
+            change = first_change(out, association_ids, self._hold_qos_id()) if code == 0 else None
+            for job_id in new:
+                escapes[job_id] = {"seen": now, "change": change}
+            self.log("hold-escaped", user=user, jobs=new[:20], change=change)
+        for job_id, seen in list(escapes.items()):
+            if job_id in running:
+                seen["last"] = now
+            elif now - float(seen.get("last", seen["seen"])) >= ESCAPE_REPORT_SECONDS:
+                del escapes[job_id]
+        if new or escapes != record.get("escaped"):
+            self.save()
+        if not escapes:
+            record.pop("escaped", None)
+            return ""
+        ids = sorted(escapes, key=lambda j: (len(j), j))
+        change = next((escapes[j]["change"] for j in ids if escapes[j].get("change")), None)
+        return "job(s) {} of {} started while held ({}); the hold is put back every poll".format(
+            ",".join(ids[:10]), user, "Slurm's log: " + change if change else
+            "no change to QOS {} or the user's associations in Slurm's transaction log".format(HOLD_QOS))
 
     def _verify(self, user: str, cluster: Optional[str], enforced: Optional[bool], enforce_reason: str,
                 unknown: List[str]) -> Tuple[str, str]:
@@ -445,17 +555,16 @@ class SlurmHolds:
                 problems.append("previous QOS of association {} unknown (state file and the copy in QOS {} "
                                 "lost): set its QOS by hand".format(assoc["id"], HOLD_QOS))
                 continue
-            restore = {}
-            if in_hold(assoc):
-                restore.update(QOS=previous["qos"] or "", DefaultQOS=previous["defaultQos"] or "-1")
+            steps = restore_steps(previous["qos"], previous["defaultQos"]) if in_hold(assoc) else [{}]
             # A hold of an earlier version: restore a limit while it still reads the 0 it set.
-            restore.update({name: previous.get(name) or "-1" for name in LEGACY_LIMITS
-                            if name in previous and assoc[name] == LEGACY_HOLD_VALUE
-                            and previous.get(name, "") != LEGACY_HOLD_VALUE})
-            if restore:
-                failed = self._modify(user, cluster, restore, assoc["account"], assoc["partition"] or None)
-                if failed:
-                    return failed
+            steps[-1].update({name: previous.get(name) or "-1" for name in LEGACY_LIMITS
+                              if name in previous and assoc[name] == LEGACY_HOLD_VALUE
+                              and previous.get(name, "") != LEGACY_HOLD_VALUE})
+            for restore in steps:
+                if restore:
+                    failed = self._modify(user, cluster, restore, assoc["account"], assoc["partition"] or None)
+                    if failed:
+                        return failed
         if problems:
             return problems[0]
         problem = self._jobs_back(user, cluster, record)
@@ -474,7 +583,7 @@ class SlurmHolds:
         held = [job for job in jobs if job[1] == HOLD_QOS]
         if not held:
             return ""
-        associations, problem = self.associations(user, cluster)
+        associations, problem = self.associations(user, cluster, own=False)
         if associations is None:
             return problem
         by_place = {(a["account"], a["partition"]): a for a in associations}

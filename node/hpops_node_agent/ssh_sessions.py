@@ -33,8 +33,12 @@ SIGKILL after a grace period. A monitor handle whose connection now carries two 
 is not signalled (that would end channels nobody asked to end): the next listing names each.
 One channel of a multiplexed connection ends alone: SIGHUP to the channel's process through its
 pidfd (as a hangup of its terminal would; an interactive shell ignores SIGTERM), SIGKILL if it
-outlives the grace period, then its leftovers (same POSIX session, owned by the user); sshd
-closes that channel and the connection's other channels keep working. Anything that does not
+outlives the grace period, then its leftovers, owned by the user: its process tree and POSIX
+session as they were before the signal, and processes carrying its terminal in SSH_TTY (a
+``setsid nohup`` from its shell leaves the tree at once); sshd closes that channel and the
+connection's other channels keep working. Processes of the connection that no channel holds any
+more and that cannot be tied to one (a command channel's ``setsid`` child) are named in the
+result: they end when the connection does. Anything that does not
 match is refused, never signalled: ending the wrong user's session is worse than not limiting.
 """
 
@@ -59,7 +63,6 @@ _CHILD_TTYS = re.compile(r"\A(?:@(?P<ttys>notty|[a-z]+/?[0-9]+(?:,[a-z]+/?[0-9]+
 HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
 SSM_SESSION_ID = re.compile(r"\A[A-Za-z0-9._@+=-]{1,96}\Z")
 UNSET_AUDIT_ID = 4294967295  # (u32)-1: no audit session / login uid
-MAX_SESSIONS = 500  # per node report; a node with more says so instead of growing the report
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,16 @@ def _end_channel(info: _Proc, user: str, uid: int, pidfd: Optional[int], proc: P
     if (info.sid != pid or parent is None or parent.uid != uid or _child_ttys(parent.title, user) is None
             or grandparent is None or grandparent.uid != 0 or monitor is None or monitor.group("user") != user):
         return "refused", f"pid {pid} is not a channel of {user}'s sshd connection"
+    # What the channel started, taken before it ends (its orphans are reparented then): its process
+    # tree, and what carries its terminal in SSH_TTY (a `setsid nohup` leaves the tree at once).
+    audit = _audit_ids(proc, pid)
+    tree = {(p.pid, p.start_ticks) for p in _descendants(proc, pid)}
+    terminal = _ssh_tty(proc, pid) if info.tty_nr else None
+
+    def started_by_channel(p: _Proc) -> bool:
+        return p.uid == uid and ((p.pid, p.start_ticks) in tree or p.sid == pid or (
+            terminal is not None and _audit_ids(proc, p.pid) == audit and _ssh_tty(proc, p.pid) == terminal))
+
     # SIGHUP, as a hangup of the channel's terminal: an interactive shell ignores SIGTERM.
     if not _send(pidfd, pid, signal.SIGHUP):
         return "gone", f"pid {pid} ended before the signal"
@@ -330,11 +343,46 @@ def _end_channel(info: _Proc, user: str, uid: int, pidfd: Optional[int], proc: P
     if not ended:
         _send(pidfd, pid, signal.SIGKILL)  # a channel's process, never the monitor: sshd closes the channel
         ended = _wait_exit(pidfd, proc, pid, grace)
-    leftovers = _end_group(proc, uid, pid, grace)
+    leftovers = _end_members(proc, lambda p: p.pid != pid and started_by_channel(p), grace)
     if not ended:
         return "failed", f"channel pid {pid} did not exit after SIGHUP and SIGKILL"
+    survivors = _untied(proc, uid, audit, parent.pid, info.start_ticks)
     return "ended", (f"SIGHUP to one channel of a multiplexed connection (its other channels keep working); "
-                     f"{leftovers} leftover process(es) of that channel ended")
+                     f"{leftovers} leftover process(es) of that channel ended"
+                     + (f"; still running in that connection, not tied to any channel (they end with it): pid(s) "
+                        f"{','.join(map(str, survivors[:10]))}" if survivors else ""))
+
+
+def _descendants(proc: Path, pid: int) -> List[_Proc]:
+    children: Dict[int, List[_Proc]] = {}
+    for p in _processes(proc):
+        children.setdefault(p.ppid, []).append(p)
+    found, queue = [], list(children.get(pid, []))
+    while queue:
+        p = queue.pop()
+        found.append(p)
+        queue.extend(children.get(p.pid, []))
+    return found
+
+
+def _ssh_tty(proc: Path, pid: int) -> Optional[bytes]:
+    """SSH_TTY from a process's environment: sshd sets it for a channel with a terminal, and every
+    process started from that channel inherits it."""
+    for entry in (_read(proc / str(pid) / "environ") or b"").split(b"\0"):
+        if entry.startswith(b"SSH_TTY="):
+            return entry[len(b"SSH_TTY="):]
+    return None
+
+
+def _untied(proc: Path, uid: int, audit: Tuple[int, int], user_child: int, since_ticks: int) -> List[int]:
+    """The user's live processes of this connection's audit session started since ``since_ticks`` that no
+    open channel holds (not under the connection's sshd user child): what an ended channel may have left."""
+    if audit[0] in (-1, UNSET_AUDIT_ID):
+        return []
+    under_connection = {p.pid for p in _descendants(proc, user_child)}
+    return sorted(p.pid for p in _processes(proc)
+                  if p.uid == uid and p.state != "Z" and p.pid not in under_connection and p.pid != user_child
+                  and p.start_ticks >= since_ticks and _audit_ids(proc, p.pid) == audit)
 
 
 def _send(pidfd: Optional[int], pid: int, signum: int) -> bool:
@@ -347,11 +395,6 @@ def _send(pidfd: Optional[int], pid: int, signum: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _end_group(proc: Path, uid: int, sid: int, grace: float) -> int:
-    """What an ended channel left behind (``nohup``, background jobs): its POSIX session, owned by the user."""
-    return _end_members(proc, lambda p: p.uid == uid and p.sid == sid, grace)
 
 
 def _wait_exit(pidfd: Optional[int], proc: Path, pid: int, timeout: float) -> bool:
@@ -453,6 +496,59 @@ def report_section(end_parameter_value: Optional[str], acted: Dict[str, Dict[str
         listed = list_sessions(proc)
     except OSError:
         return None, kept
-    entries = [s.to_report() for s in listed[: contract.MAX_REPORTED_SESSIONS]]
-    return ({"list": entries, "omitted": max(0, len(listed) - len(entries)),
-             "ended": list(kept.values())[: contract.MAX_END_SESSIONS]}, kept)
+    section = reported_sessions(listed)
+    section["ended"] = list(kept.values())[: contract.MAX_END_SESSIONS]
+    return section, kept
+
+
+def _entry_bytes(entry: Dict[str, object]) -> int:
+    import json
+
+    return len(json.dumps(entry, separators=(",", ":")).encode("utf-8")) + 1
+
+
+def _turns(sessions: List[NodeSession]) -> List[NodeSession]:
+    """One user's sessions in the order they are listed: newest, oldest, second newest, second oldest, ..."""
+    ordered, low, high = [], 0, len(sessions) - 1
+    while low <= high:
+        ordered.append(sessions[high])
+        high -= 1
+        if low <= high:
+            ordered.append(sessions[low])
+            low += 1
+    return ordered
+
+
+def reported_sessions(listed: List[NodeSession]) -> Dict[str, object]:
+    """The report's "list", "omitted" and "omittedByUser" (contract.py): every session while they
+    fit, else the Session Manager shells and then each user's SSH sessions in turns (every user's
+    newest, then every user's oldest, ...), the rest counted per user. Listed oldest first."""
+    from hpops_core.node_channel import contract
+
+    entries = [s.to_report() for s in listed]
+    sizes = [_entry_bytes(e) for e in entries]
+    if len(entries) <= contract.MAX_REPORTED_SESSIONS and sum(sizes) <= contract.REPORTED_SESSIONS_BYTES:
+        return {"list": entries, "omitted": 0}
+    index = {s.handle: i for i, s in enumerate(listed)}
+    by_user: Dict[str, List[NodeSession]] = {}
+    for session in listed:
+        if session.path == "ssh":
+            by_user.setdefault(session.user, []).append(session)
+    queues = [_turns(sessions) for _, sessions in sorted(by_user.items())]
+    candidates = [s for s in listed if s.path == "ssm"]
+    depth = max((len(q) for q in queues), default=0)
+    candidates += [q[turn] for turn in range(depth) for q in queues if turn < len(q)]
+    chosen, used = set(), 0
+    for session in candidates:
+        size = sizes[index[session.handle]]
+        if len(chosen) >= contract.MAX_REPORTED_SESSIONS or used + size > contract.REPORTED_SESSIONS_BYTES:
+            break
+        chosen.add(session.handle)
+        used += size
+    by_user_omitted: Dict[str, int] = {}
+    for session in listed:
+        if session.path == "ssh" and session.handle not in chosen:
+            by_user_omitted[session.user] = by_user_omitted.get(session.user, 0) + 1
+    counted = dict(sorted(by_user_omitted.items(), key=lambda item: (-item[1], item[0]))[: contract.MAX_OMITTED_USERS])
+    return {"list": [e for s, e in zip(listed, entries) if s.handle in chosen],
+            "omitted": len(listed) - len(chosen), "omittedByUser": dict(sorted(counted.items()))}

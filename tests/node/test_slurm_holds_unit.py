@@ -190,3 +190,37 @@ def test_a_controller_without_an_imds_probe_configured_reports_no_imds_section(t
     aws.value = document("alice")
     agent.holds_tick()
     assert "imds" not in aws.sent[-1]
+
+
+def test_each_own_qos_setting_is_written_back_as_slurm_stores_it():
+    from hpops_node_agent.slurm_holds import restore_steps
+    assert restore_steps("", "") == [{"QOS": "", "DefaultQOS": "-1"}]  # inherits both again
+    assert restore_steps(None, None) == [{"QOS": "", "DefaultQOS": "-1"}]  # a record of an earlier version
+    assert restore_steps("highq,normal", "highq") == [{"QOS": "highq,normal", "DefaultQOS": "highq"}]
+    # A delta onto the hold's own list would only edit that list: the list is cleared first.
+    assert restore_steps("+lowq,-highq", "") == [{"QOS": "", "DefaultQOS": "-1"}, {"QOS": "+lowq,-highq",
+                                                                                   "DefaultQOS": "-1"}]
+
+
+def test_only_jobs_that_ran_after_the_hold_count_as_escaped():
+    from hpops_node_agent.slurm_holds import slurm_time, started_jobs
+    held_at = 1_800_000_000.0
+    before, after = slurm_time(held_at - 60), slurm_time(held_at + 60)
+    squeue = "\n".join([f"11|RUNNING|{before}|5:00",  # ran before the hold: not the hold's business
+                        f"12|RUNNING|{after}|0:59", f"13|COMPLETED|{after}|0:02",
+                        f"14|CANCELLED|{after}|0:00",  # cancelled while pending: never ran
+                        f"15|CANCELLED|{after}|0:10", f"16|PENDING|{after}|0:00", "garbage"])
+    assert started_jobs(squeue, held_at) == ["12", "13", "15"]
+
+
+def test_the_change_named_is_the_first_that_is_not_hpops_own():
+    from hpops_node_agent.slurm_holds import first_change
+    log = "\n".join([
+        "2026-11-28T15:29:52|root|Modify QOS|(name='hpopshold')|description='hpops budget hold...'",
+        "2026-11-28T15:29:53|root|Modify Associations|(id_assoc=4)|def_qos_id=5, qos=',5,', delta_qos=''",
+        "2026-11-28T15:29:54|admin|Modify Associations|(id_assoc=9)|qos=',1,'",  # someone else's association
+        "2026-11-28T15:29:55|admin|Modify Associations|(id_assoc=4)|def_qos_id=1, qos=',1,', delta_qos=''",
+        "2026-11-28T15:29:56|root|Modify Associations|(id_assoc=4)|def_qos_id=5, qos=',5,', delta_qos=''"])
+    assert first_change(log, ["4"], "5") == ("association id_assoc=4 modified by admin at 2026-11-28T15:29:55: "
+                                             "def_qos_id=1, qos=',1,', delta_qos=''")
+    assert first_change(log.splitlines()[0] + "\n" + log.splitlines()[1], ["4"], "5") is None

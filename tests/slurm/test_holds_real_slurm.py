@@ -8,6 +8,7 @@ and sacctmgr's QOS list and default of their associations.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 from conftest import PARTITION, SACCTMGR, SBATCH, TOOLS, running_slurm
@@ -17,7 +18,7 @@ from hpops_node_agent import slurm_holds
 
 pytestmark = pytest.mark.realslurm
 
-ALICE, BOB, CAROL = "hpholds-alice", "hpholds-bob", "hpholds-carol"
+ALICE, BOB, CAROL, DAVE = "hpholds-alice", "hpholds-bob", "hpholds-carol", "hpholds-dave"
 SQUEUE = "/usr/bin/squeue"
 SCANCEL = "/usr/bin/scancel"
 SCONTROL = "/usr/bin/scontrol"
@@ -29,10 +30,11 @@ QOS_PARTITION = "qospart"
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    with running_slurm(tmp_path_factory.mktemp("slurm-holds"), (ALICE, BOB, CAROL), "real Slurm hold tests",
+    with running_slurm(tmp_path_factory.mktemp("slurm-holds"), (ALICE, BOB, CAROL, DAVE), "real Slurm hold tests",
                        TOOLS + (SQUEUE, SCANCEL, SCONTROL), enforce=ENFORCE) as cluster:
         cluster.run(SACCTMGR, "-i", "add", "qos", "partq", *SITE_QOS_LIMITS)
         cluster.run(SACCTMGR, "-i", "add", "qos", "highq")
+        cluster.run(SACCTMGR, "-i", "add", "qos", "lowq")
         cluster.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=normal,highq")
         cluster.run(SCONTROL, "create", "PartitionName=" + QOS_PARTITION, "Nodes=" + cluster.host, "QOS=partq")
         yield cluster
@@ -113,7 +115,7 @@ def test_a_held_users_new_and_pending_jobs_pend_bobs_run_and_no_qos_escapes(slur
         earlier = submit(slurm, ALICE, "-n1", "--wrap=sleep 1", partition=partition)
         wait_job(slurm, earlier, pending)
 
-        report = agent.converge(document(ALICE), 0)
+        report = agent.converge(document(ALICE), time.time())
         assert report["enforced"] is True, report
         assert by_user(report)[ALICE]["state"] == "held", report
         wait_job(slurm, earlier, held)  # the reason shows at the scheduler's next pass
@@ -128,7 +130,7 @@ def test_a_held_users_new_and_pending_jobs_pend_bobs_run_and_no_qos_escapes(slur
         assert held(job(slurm, earlier)) and held(job(slurm, later)), (job(slurm, earlier), job(slurm, later))
         assert qos_of(slurm, BOB) == before  # bob's associations untouched
 
-        report = agent.converge(document(), 0)
+        report = agent.converge(document(), time.time())
         assert report["users"] == [], report
         assert qos_of(slurm, ALICE) == before
         wait_job(slurm, earlier, started)
@@ -148,14 +150,14 @@ def test_a_lift_restores_each_qos_list_default_and_pending_jobs_qos_exactly(slur
             submit(slurm, CAROL, "-n1", "--qos=normal", "--wrap=sleep 1"): "normal"}
     assert {job_id: job(slurm, job_id)[2] for job_id in jobs} == jobs
 
-    report = agent.converge(document(ALICE, CAROL), 0)
+    report = agent.converge(document(ALICE, CAROL), time.time())
     assert {user: row["state"] for user, row in by_user(report).items()} == {ALICE: "held", CAROL: "held"}, report
     for job_id in jobs:
         wait_job(slurm, job_id, held)
     assert qos_of(slurm, ALICE) == qos_of(slurm, CAROL) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
     assert job(slurm, submit(slurm, CAROL, "-n1", "--wrap=sleep 1"))[2] == slurm_holds.HOLD_QOS
 
-    report = agent.converge(document(), 0)
+    report = agent.converge(document(), time.time())
     assert report["users"] == [], report
     assert qos_of(slurm, ALICE) == alice_before and qos_of(slurm, CAROL) == carol_before
     # Still pending behind bob: each is back in the QOS it had (carol's new one in her default).
@@ -172,29 +174,99 @@ def test_a_lift_restores_each_qos_list_default_and_pending_jobs_qos_exactly(slur
         wait_job(slurm, job_id, started)
 
 
+def own_qos(slurm, user: str) -> tuple[str, str]:
+    """What the association sets itself (WOPLimits WithRawQOSLevel): "" inherits, "+x"/"-x" are deltas."""
+    out = slurm.run(SACCTMGR, "-nP", "show", "assoc", "WOPLimits", "WithRawQOSLevel", "where", "user=" + user,
+                    "format=QOS,DefaultQOS").stdout
+    qos, _, default = out.strip().partition("|")
+    return qos, default
+
+
+# Each user's own QOS setting under account research (QOS normal,highq): a list equal to the account's,
+# a += delta, a -= delta, nothing (inherits).
+LAYOUTS = {ALICE: ("QOS=highq,normal",), BOB: ("QOS+=lowq",), CAROL: ("QOS-=highq",), DAVE: ()}
+
+
+def test_a_lift_gives_each_association_back_exactly_what_it_set_itself(slurm, agent):
+    for user, sets in LAYOUTS.items():
+        if sets:
+            slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + user, "set", *sets)
+    own = {user: own_qos(slurm, user) for user in LAYOUTS}
+    effective = {user: qos_of(slurm, user) for user in LAYOUTS}
+    assert own == {ALICE: ("highq,normal", ""), BOB: ("+lowq", ""), CAROL: ("-highq", ""), DAVE: ("", "")}
+    try:
+        report = agent.converge(document(*LAYOUTS), time.time())
+        assert {row["user"]: row["state"] for row in report["users"]} == dict.fromkeys(LAYOUTS, "held"), report
+        assert {user: own_qos(slurm, user) for user in LAYOUTS} == dict.fromkeys(
+            LAYOUTS, (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS))
+
+        report = agent.converge(document(), time.time())
+        assert report["users"] == [], report
+        assert {user: own_qos(slurm, user) for user in LAYOUTS} == own
+        assert {user: qos_of(slurm, user) for user in LAYOUTS} == effective
+        # The account's next changes reach each user as before the hold: alice keeps her own list, bob
+        # adds lowq to the account's, carol drops highq from it, dave takes it as it is.
+        slurm.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=normal")
+        assert {user: qos_of(slurm, user)[0] for user in LAYOUTS} == {
+            ALICE: "highq,normal", BOB: "lowq,normal", CAROL: "normal", DAVE: "normal"}
+        slurm.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=highq,lowq,normal")
+        assert {user: qos_of(slurm, user)[0] for user in LAYOUTS} == {
+            ALICE: "highq,normal", BOB: "highq,lowq,normal", CAROL: "lowq,normal", DAVE: "highq,lowq,normal"}
+    finally:
+        slurm.run(SACCTMGR, "-i", "modify", "account", "where", "name=research", "set", "QOS=normal,highq")
+        for user in LAYOUTS:
+            slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + user, "set", "QOS=", "DefaultQOS=-1")
+
+
+def test_a_job_that_starts_while_held_is_reported_with_the_change_slurm_logged(slurm, agent):
+    report = agent.converge(document(ALICE), time.time())
+    assert by_user(report)[ALICE]["state"] == "held", report
+    escaped = submit(slurm, ALICE, "-n1", "--wrap=sleep 60")
+    try:
+        wait_job(slurm, escaped, held)
+        # An administrator lifts the hold QOS's limits by hand: the held job starts.
+        slurm.run(SACCTMGR, "-i", "modify", "qos", "where", "name=" + slurm_holds.HOLD_QOS, "set",
+                  "MaxJobsPerUser=-1", "GrpJobs=-1")
+        wait_job(slurm, escaped, started)
+
+        report = agent.converge(document(ALICE), time.time())
+        row = by_user(report)[ALICE]
+        assert row["state"] == "failed" and row["reason"].startswith(f"job(s) {escaped} of {ALICE} started"), row
+        assert "QOS {} modified by root".format(slurm_holds.HOLD_QOS) in row["reason"], row
+        assert "max_jobs_per_user" in row["reason"], row
+        # The hold QOS is put back: her next job waits; the report keeps naming the one that ran.
+        later = submit(slurm, ALICE, "-n1", "--wrap=sleep 1")
+        wait_job(slurm, later, held)
+        row = by_user(agent.converge(document(ALICE), time.time()))[ALICE]
+        assert row["state"] == "failed" and row["reason"].startswith(f"job(s) {escaped} of {ALICE} started"), row
+    finally:
+        slurm.run(SCANCEL, escaped, check=False)
+        agent.converge(document(), time.time())
+
+
 def test_with_the_state_file_lost_the_lift_restores_from_slurm_itself(slurm, agent, tmp_path, monkeypatch):
     slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=highq", "DefaultQOS=highq")
     before = qos_of(slurm, ALICE)
-    agent.converge(document(ALICE), 0)
+    agent.converge(document(ALICE), time.time())
     assert qos_of(slurm, ALICE) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
     os.remove(agent.state_path)
     fresh = slurm_holds.SlurmHolds(agent.state_path, "/usr/bin")  # a reinstalled agent, no state
-    report = fresh.converge(document(ALICE), 0)
+    report = fresh.converge(document(ALICE), time.time())
     assert by_user(report)[ALICE]["state"] == "held" and "unknown" not in by_user(report)[ALICE]["reason"]
-    report = fresh.converge(document(), 0)
+    report = fresh.converge(document(), time.time())
     assert report["users"] == [] and qos_of(slurm, ALICE) == before
     slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=", "DefaultQOS=-1")
 
 
 def test_a_hold_removed_by_hand_is_put_back_and_an_administrators_change_is_what_a_lift_restores(slurm, agent):
-    agent.converge(document(ALICE), 0)
+    agent.converge(document(ALICE), time.time())
     slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=normal", "DefaultQOS=normal")
-    report = agent.converge(document(ALICE), 0)
+    report = agent.converge(document(ALICE), time.time())
     assert by_user(report)[ALICE]["state"] == "held"
     assert qos_of(slurm, ALICE) == (slurm_holds.HOLD_QOS, slurm_holds.HOLD_QOS)
     alice_job = submit(slurm, ALICE, "-n1", "--wrap=sleep 1")
     wait_job(slurm, alice_job, held)
-    agent.converge(document(), 0)
+    agent.converge(document(), time.time())
     wait_job(slurm, alice_job, started)
     assert qos_of(slurm, ALICE) == ("normal", "normal")
     slurm.run(SACCTMGR, "-i", "modify", "user", "where", "name=" + ALICE, "set", "QOS=", "DefaultQOS=-1")
@@ -202,15 +274,16 @@ def test_a_hold_removed_by_hand_is_put_back_and_an_administrators_change_is_what
 
 def test_the_months_turn_dry_runs_and_refused_documents(slurm, agent):
     before = qos_of(slurm, ALICE)
-    report = agent.converge(document(ALICE, dry_run=True), 0)
+    report = agent.converge(document(ALICE, dry_run=True), time.time())
     assert report["users"] == [] and qos_of(slurm, ALICE) == before
-    agent.converge(document(ALICE, expires="2026-12-01T00:00:00Z"), 0)
+    turn = (int(time.time()) // 3600 + 2) * 3600  # the month's end, as the document names it
+    month_end = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(turn))
+    agent.converge(document(ALICE, expires=month_end), time.time())
     forged = document(ALICE).replace(ALICE, BOB)  # version no longer matches: refused, nothing changes
-    report = agent.converge(forged, 0)
+    report = agent.converge(forged, time.time())
     assert report["version"] is None and by_user(report)[ALICE]["state"] == "failed"
     assert qos_of(slurm, ALICE)[0] == slurm_holds.HOLD_QOS and qos_of(slurm, BOB) == before
-    turn = 1_796_083_200  # 2026-12-01T00:00:00Z: the same document, read after the month turned
-    agent.converge(document(ALICE, expires="2026-12-01T00:00:00Z"), turn)
+    agent.converge(document(ALICE, expires=month_end), turn)  # the same document, read after the month turned
     assert qos_of(slurm, ALICE) == before
 
 
@@ -228,13 +301,13 @@ def test_without_qos_in_accounting_storage_enforce_the_report_says_the_hold_cann
 
     restart("associations,limits")
     try:
-        report = agent.converge(document(ALICE), 0)
+        report = agent.converge(document(ALICE), time.time())
         assert report["enforced"] is False and "lacks qos" in report["enforceReason"], report
         row = by_user(report)[ALICE]
         assert row["state"] == "failed" and "cannot apply" in row["reason"] and "qos" in row["reason"], row
         escaped = submit(slurm, ALICE, "-n1", "--qos=normal", "--wrap=sleep 1")
         wait_job(slurm, escaped, started)  # what the report warns of
-        agent.converge(document(), 0)
+        agent.converge(document(), time.time())
         assert qos_of(slurm, ALICE)[0] != slurm_holds.HOLD_QOS
     finally:
         restart(ENFORCE)

@@ -36,6 +36,7 @@ pytestmark = pytest.mark.realssh
 SSHD, SSH, SSH_KEYGEN = "/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"
 MUX_USER, BOB, DIRECTORY_USER = "hpt30mux", "hpt30bob", "hpt30b@example.edu"
 INSTANCE = "i-00000000000000030"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "session-limits.md"
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,8 @@ def sshd(keys, tmp_path):
     # MaxSessions 10 is OpenSSH's default, written out: the channels a connection may carry.
     (tmp_path / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path}/host_key\nPidFile {tmp_path}/sshd.pid\n"
-        "UsePAM yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nMaxSessions 10\nLogLevel VERBOSE\n")
+        "UsePAM yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nMaxSessions 10\nLogLevel VERBOSE\n"
+        "Subsystem sftp internal-sftp\n")
     with (tmp_path / "sshd.log").open("ab") as log:
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp_path / "sshd_config")], stdout=log, stderr=log,
                                    stdin=subprocess.DEVNULL)
@@ -185,6 +187,85 @@ def test_four_shells_on_one_controlmaster_connection_under_a_limit_of_two_end_ex
     assert answers(shells[0], "shell-1-still") and answers(shells[1], "shell-2-still")
     assert master.poll() is None and answers(bob, "bob-still")
     assert len(wait_for(sshd, MUX_USER, 2)) == 2 and len(wait_for(sshd, BOB, 1)) == 1
+
+
+def mux_master(sshd, tmp_path) -> tuple[str, ...]:
+    """A ControlMaster connection of MUX_USER; the options that open a channel on it."""
+    mux = ("-o", f"ControlPath={tmp_path}/cm-%r")
+    master = sshd(MUX_USER, "-N", "-o", "ControlMaster=yes", *mux)
+    deadline = time.monotonic() + 10
+    while not list(tmp_path.glob("cm-*")):
+        assert time.monotonic() < deadline and master.poll() is None, master.stderr.read()
+        time.sleep(0.05)
+    return ("-o", "ControlMaster=no", *mux)
+
+
+def running(marker: str) -> list[int]:
+    """Live processes whose command line is exactly ``sleep <marker>``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode() and \
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_ending_one_channel_ends_what_it_started_setsid_included_and_names_what_it_cannot_tie(sshd, tmp_path):
+    mux = mux_master(sshd, tmp_path)
+    shell = sshd(MUX_USER, "-tt", *mux)
+    assert answers(shell, "first")
+    # From the shell: a nohup'd job (same POSIX session) and a setsid'd one (leaves the tree at once).
+    shell.stdin.write(b"nohup sleep 7772 >/dev/null 2>&1 & setsid nohup sleep 7771 >/dev/null 2>&1 </dev/null &\n")
+    shell.stdin.flush()
+    time.sleep(0.05)
+    # A command channel whose double-forked setsid child has left its tree and has no terminal to tie it.
+    command = sshd(MUX_USER, "-T", *mux, "-o",
+                   "RemoteCommand=(setsid sleep 7773 >/dev/null 2>&1 </dev/null &); exec sleep 600")
+    time.sleep(0.05)
+    other = sshd(MUX_USER, "-tt", *mux)
+    assert answers(other, "other")
+    deadline = time.monotonic() + 10
+    while not (running("7771") and running("7772") and running("7773")):
+        assert time.monotonic() < deadline, "the user's background jobs did not start"
+        time.sleep(0.05)
+    listed = sorted(wait_for(sshd, MUX_USER, 3), key=lambda s: s.started_at)
+    assert len(listed) == 3, listed
+
+    ended = ssh_sessions.end_session(listed[0].handle, MUX_USER)
+
+    assert ended.result == "ended", ended
+    shell.wait(timeout=10)
+    assert running("7771") == running("7772") == [], ended  # both of that shell's jobs ended with it
+    assert running("7773") and answers(other, "other-still") and command.poll() is None
+
+    untied = ssh_sessions.end_session(listed[1].handle, MUX_USER)
+
+    assert untied.result == "ended" and command.wait(timeout=10) == 255
+    assert f"not tied to any channel (they end with it): pid(s) {running('7773')[0]}" in untied.reason, untied
+    assert answers(other, "other-after")
+    for pid in running("7773"):
+        os.kill(pid, 9)
+
+
+def test_an_internal_sftp_channel_has_a_process_of_its_own_and_counts(sshd, tmp_path):
+    mux = mux_master(sshd, tmp_path)
+    shell = sshd(MUX_USER, "-tt", *mux)
+    assert answers(shell, "beside-sftp")
+    sftp = subprocess.Popen(["/usr/bin/sftp", "-q", "-o", "BatchMode=yes", *mux, f"{MUX_USER}@127.0.0.1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        listed = wait_for(sshd, MUX_USER, 2)
+        titles = subprocess.run(["ps", "-o", "args=", "-u", MUX_USER], capture_output=True, text=True).stdout
+        # What docs/session-limits.md says: its own process, titled so, counted like a shell.
+        assert f"sshd: {MUX_USER}@internal-sftp" in titles.splitlines(), titles
+        assert len(listed) == 2 and sorted(s.tty for s in listed) == [False, True], listed
+        assert f"`sshd: USER@internal-sftp`" in DOC.read_text()
+    finally:
+        sftp.kill()
+        sftp.wait(timeout=5)
 
 
 def test_a_channel_handle_of_another_user_is_refused_and_nothing_is_signalled(sshd, tmp_path):

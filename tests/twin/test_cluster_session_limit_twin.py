@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from hpops_core.node_channel import contract
 from hpops_twin.ssh_logins import SshLogins
 from hpops_twin.world import ENFORCING, TwinWorld
 
@@ -212,7 +213,7 @@ def test_forged_reports_start_nothing(world, logins):
     checks_before = len(report_checks(world))
     forged = [{"handle": f"5eed0b07:{pid}:{pid * 10}", "user": "alice", "path": "ssh", "tty": True,
                "startedAt": "2026-11-23T08:00:00Z"} for pid in range(100, 103)]
-    huge = [dict(s, handle=f"5eed0b07:{pid}:{pid}") for pid, s in enumerate(forged * 34, start=1000)]
+    huge = [dict(s, handle=f"5eed0b07:{pid}:{pid}") for pid, s in enumerate(forged * (contract.MAX_REPORTED_SESSIONS // 3 + 1), start=1000)]
     events = world.aws.client("events")
     events.put_events(Entries=[_report(world, sender, victim.instance_id, forged),
                                _report(world, sender, sender.instance_id, huge)])
@@ -226,3 +227,37 @@ def test_forged_reports_start_nothing(world, logins):
     assert checks_started_by_reports(world) == []
     parameters = world.aws.client("ssm").describe_parameters()["Parameters"]
     assert not [p for p in parameters if "/end-sessions/" in p["Name"]]
+
+
+def test_on_a_login_node_with_1000_sessions_every_user_counts_and_a_login_over_the_limit_ends_within_two_polls(
+        world, logins):
+    # A busy node: 499 other users at the default limit of 2 (998 sessions) and alice at hers, one
+    # session here and one on the second node; her newest, on the busy node, is the 1,000th there.
+    first, second, _ = login_nodes(world)
+    now = time.time()
+    others = [logins.open(f"user{n:03d}", first, now - 3600 + n + k / 2) for n in range(499) for k in range(2)]
+    held = [logins.open("alice", first, now - 1800), logins.open("alice", second, now - 1700)]
+    world.agents_poll()
+    assert checks_started_by_reports(world) == [] and report_checks(world)[-1]["start"] is False
+
+    third = logins.open("alice", first, now)
+    world.agents_poll()  # poll 1: the busy node's report (not all of it listed) starts one check
+
+    (run,) = checks_started_by_reports(world)
+    out = run.output["enforcement"]["report"]
+    assert [(u["user"], u["activeCount"]) for u in out["usersOverLimit"]] == [("alice", 3)]
+    assert [(e["node"], e["handle"]) for e in out["ssh"]["toEnd"]] == [(first, third.handle)]
+    assert out["ssh"]["sessionsReported"] + out["ssh"]["omittedByNodes"] == 1001
+    stored = world.aws.client("dynamodb").query(
+        TableName=world.resolver.physical_ids["SyncStateTable"], KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": f"node-report#{world.cluster_name}"}})["Items"]
+    busy = next(i for i in stored if i["sk"]["S"].endswith(first))
+    report = json.loads(busy["report"]["S"])
+    assert report["sessions"]["omitted"] > 0, "the node lists what fits and counts the rest"
+    assert len(busy["report"]["S"].encode()) < contract.MAX_REPORT_BYTES < 256 * 1024, "EventBridge, Lambda, DynamoDB"
+    counted = {e["user"] for e in report["sessions"]["list"]} | set(report["sessions"].get("omittedByUser", {}))
+    assert counted == {f"user{n:03d}" for n in range(499)} | {"alice"}, "every user counted"
+
+    world.agents_poll()  # poll 2: the busy node ends alice's newest, nobody else's
+
+    assert not third.connected and all(s.connected for s in held + others)

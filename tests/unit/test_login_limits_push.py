@@ -281,3 +281,23 @@ def test_the_handler_in_a_dry_run_publishes_nothing(aws, login_group, app, monke
     output = app.publish_login_limits({"request": SWEEP, "now": NOW.isoformat()}, CONTEXT)
     assert output["dryRun"] and output["wouldPublish"] and not output["published"] and "dry run" in output["skipped"]
     assert aws.puts == []
+
+
+def test_a_node_that_left_the_group_loses_its_end_sessions_instruction_and_a_node_still_listed_keeps_it(
+        aws, login_group, app):
+    from hpops_core.node_channel import instructions
+
+    gone, updating, running = "i-0000000000000000a", "i-0000000000000000b", "i-0000000000000000c"
+    login_group += [node(running), node(updating, status="SystemUpdating")]
+    for instance in (gone, updating, running):
+        instructions.write_instruction(contract.end_sessions_parameter("ml", instance), '{"sessions":[]}')
+    output = app.publish_login_limits({"request": SWEEP, "now": NOW.isoformat()}, CONTEXT)
+    left = {p["Name"] for p in aws.ssm.describe_parameters()["Parameters"]}
+    assert output["instructionsRemoved"] == [gone]
+    assert not {contract.end_sessions_parameter("ml", gone),
+                contract.instruction_marker_parameter(contract.end_sessions_parameter("ml", gone))} & left
+    for instance in (updating, running):  # a node still in the group may yet fetch what it was told
+        assert {contract.end_sessions_parameter("ml", instance),
+                contract.instruction_marker_parameter(contract.end_sessions_parameter("ml", instance))} <= left
+    dry = app.publish_login_limits({"request": dict(SWEEP, dryRun=True), "now": NOW.isoformat()}, CONTEXT)
+    assert "instructionsRemoved" not in dry or dry["instructionsRemoved"] == []

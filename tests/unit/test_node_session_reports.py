@@ -57,6 +57,12 @@ def test_a_session_list_the_agent_sends_parses_and_is_stored_whole():
     ({"list": [entry(n) for n in range(1, contract.MAX_REPORTED_SESSIONS + 2)]}, "sessions.list"),
     ({"list": [], "ended": [{"handle": "5eed0b07:9:90", "user": "alice", "result": "done", "reason": ""}]},
      "sessions.ended[].result"),
+    ({"list": [], "omittedByUser": {"root": 3}}, "sessions.omittedByUser"),
+    ({"list": [], "omittedByUser": {"alice; rm -rf /": 3}}, "sessions.omittedByUser"),
+    ({"list": [], "omittedByUser": {"alice": -1}}, "sessions.omittedByUser"),
+    ({"list": [], "omittedByUser": {"alice": True}}, "sessions.omittedByUser"),
+    ({"list": [], "omittedByUser": {f"u{n}": 1 for n in range(contract.MAX_OMITTED_USERS + 1)}},
+     "sessions.omittedByUser"),
 ])
 def test_forged_session_lists_are_refused_by_name_without_echoing_them(sessions, named):
     with pytest.raises(MalformedNodeReport) as error:
@@ -104,3 +110,56 @@ def test_forged_at_cap_lists_are_refused_by_name(at_cap):
     detail["detail"]["userCaps"] = {"result": "unchanged", "reason": "", "atCap": at_cap}
     with pytest.raises(MalformedNodeReport, match="userCaps.atCap"):
         parse_report_event(detail)
+
+
+def busy_node(users: int, per_user: int, started: float = 1_764_000_000.0) -> list:
+    from hpops_node_agent.ssh_sessions import NodeSession
+
+    return sorted((NodeSession(f"5eed0b07:{1000 + u * per_user + k}:{u * 100 + k}", f"user{u:04d}", "ssh", True,
+                               started + u + k * 0.001) for u in range(users) for k in range(per_user)),
+                  key=lambda s: (s.started_at, s.handle))
+
+
+def test_a_node_lists_every_session_while_they_fit_as_before():
+    from hpops_node_agent.ssh_sessions import reported_sessions
+
+    listed = busy_node(100, 1)
+    section = reported_sessions(listed)
+    assert section == {"list": [s.to_report() for s in listed], "omitted": 0}
+
+
+@pytest.mark.parametrize("users, per_user", [(500, 2), (100, 10), (1500, 1), (40, 250)])
+def test_a_busy_node_counts_every_users_sessions_lists_each_users_newest_and_fits_every_limit(users, per_user):
+    from hpops_node_agent.ssh_sessions import reported_sessions
+
+    listed = busy_node(users, per_user)
+    section = reported_sessions(listed) | {"ended": []}
+    listed_now = [e for e in section["list"]]
+    counted = {}
+    for e in listed_now:
+        counted[e["user"]] = counted.get(e["user"], 0) + 1
+    for user, n in section.get("omittedByUser", {}).items():
+        counted[user] = counted.get(user, 0) + n
+    assert counted == {f"user{u:04d}": per_user for u in range(users)}, "every session of every user counted"
+    newest = {}
+    for s in listed:
+        newest[s.user] = s.handle  # oldest first: the last one is each user's newest
+    handles = {e["handle"] for e in listed_now}
+    # Each user's newest is listed (a limit can end it), or, with more users than fit, only newest ones are.
+    assert set(newest.values()) <= handles or handles <= set(newest.values())
+    assert section["omitted"] == len(listed) - len(listed_now) > 0
+    report = parse_report_event(event(section))  # the stack accepts it whole
+    assert len(report.to_json().encode()) < contract.MAX_REPORT_BYTES < 256 * 1024
+
+
+def test_sessions_a_busy_node_did_not_list_count_against_the_limit_but_are_never_picked():
+    now = datetime(2026, 11, 23, 8, 0, tzinfo=timezone.utc)
+    listed = [NodeSshSession(NODE_A, f"5eed0b07:{n}:{n}", "alice", now.replace(minute=n)) for n in (1, 2)]
+    policy = LimitPolicy(default_max=3)
+    under = decide_cluster_wide(listed, [], policy)
+    assert under.ssh_to_end == ()
+    over = decide_cluster_wide(listed, [], policy, unlisted={NODE_B: {"alice": 2, "bob": 3}})
+    assert [(s.instance_id, s.handle) for s in over.ssh_to_end] == [(NODE_A, "5eed0b07:2:2")]
+    assert over.by_user["alice"]["ssh"] == {NODE_A: 2, NODE_B: 2} and over.by_user["bob"]["ssh"] == {NODE_B: 3}
+    (alice,) = [v for v in over.verdicts if v.user == "alice"]
+    assert alice.active_count == 4 and alice.over_limit

@@ -701,3 +701,34 @@ def test_admission_figures(bench):
     assert (int(tasks_low), int(tasks_high)) == (min(r["lambda_invocations"] for r in moves) - 1,
                                                  max(r["lambda_invocations"] for r in moves) - 1)
     assert float(usd) == per_1000
+
+
+def test_sessions_at_scale(bench):
+    """The scale table: each size's sessions, report and item sizes, read units, outcomes, memory and cost,
+    as the scale section of `make bench` measured them."""
+    measured = {(r["login_nodes"], r["users"]): r for r in bench["scale_sessions"]["rows"]}
+    rows = table(docs_text(), "sessions at scale")
+    assert len(rows) == len(measured), "a size was added or dropped: the table and the bench disagree"
+    for label, sessions, busiest, report_kb, item_kb, read_units, ended, targets, peaks, usd in rows:
+        nodes, users, logged_in = claim(label, r"(\d+) login nodes, ([\d,]+) users \(([\d,]+) logged in\)")
+        r = measured[(int(nodes), int(number(users)))]
+        assert int(number(logged_in)) == r["logged_in"] and int(number(sessions)) == r["sessions"], label
+        assert busiest == f"{r['busiest_node_sessions']:,} ({r['busiest_node_listed']:,} listed)", label
+        assert (float(report_kb), float(item_kb)) == (round(r["max_report_bytes"] / 1024, 1),
+                                                      round(r["max_item_bytes"] / 1024, 1)), label
+        assert float(read_units) == r["check_read_units"], label
+        assert (ended, targets) == ("yes" if r["ended_right"] else "no", "yes" if r["targets_right"] else "no"), label
+        quoted = [number(mb) for mb in claim(peaks, r"(\d+) / (\d+) / (\d+) of (\d+)")]
+        functions = ("RecordNodeReportFunction", "CheckReportedSessionsFunction", "EnforceSessionLimitsFunction")
+        assert all(near(q, r["peak_mb"][f]) for q, f in zip(quoted, functions)), label
+        assert quoted[3] == r["memory_mb"]["EnforceSessionLimitsFunction"], label
+        assert float(usd.strip("$")) == r["monthly_usd"], label
+    text = section("Performance (`make bench`)")
+    from hpops_twin.scale_sessions_bench import SIZES
+
+    costs = [measured[size[:2]]["cost"] for size in SIZES]
+    quoted = claim(text, r"every 1,000 session changes cost \$([\d.]+) at 4 login nodes, \$([\d.]+) at 12 and "
+                         r"\$([\d.]+) at 50.*?each logged-in user \$([\d.]+) a month")
+    assert [float(q) for q in quoted[:3]] == [c["per_1000_session_changes_usd"] for c in costs]
+    assert float(quoted[3]) == costs[0]["per_active_user_usd"]
+

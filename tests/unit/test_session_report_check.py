@@ -165,3 +165,38 @@ def test_a_name_step_functions_already_ran_is_success_and_other_errors_are_not(m
     fake.code = "AccessDeniedException"
     with pytest.raises(ClientError):
         report_check.start_check(arn, check)
+
+
+class _Reads:
+    """A DynamoDB client whose Query still returns a node's report from before the change (eventual consistency)."""
+
+    def __init__(self, before: dict, after: dict, other: dict) -> None:
+        self.items, self.fresh, self.kinds = [before, other], after, []
+
+    def query(self, **kwargs):
+        self.kinds.append(("Query", kwargs["ExpressionAttributeValues"][":pk"]["S"], kwargs["ConsistentRead"]))
+        return {"Items": self.items if kwargs["ExpressionAttributeValues"][":pk"]["S"].startswith("node-report#") else []}
+
+    def get_item(self, **kwargs):
+        self.kinds.append(("GetItem", kwargs["Key"]["sk"]["S"], kwargs["ConsistentRead"]))
+        return {"Item": self.fresh}
+
+
+def test_the_check_reads_the_announcing_nodes_report_strongly_and_the_others_at_half_the_units(monkeypatch):
+    from hpops_core.session_limits import node_sessions
+
+    now = datetime(2026, 11, 23, 8, 1, tzinfo=timezone.utc)
+
+    def item(instance: str, entries: list[dict]) -> dict:
+        return {"sk": {"S": f"node-report#{instance}"}, "receivedAt": {"S": "2026-11-23T08:00:30Z"},
+                "report": {"S": report(entries, instance).to_json()}}
+    reads = _Reads(item(NODE_A, [entry(1)]), item(NODE_A, [entry(1), entry(2)]), item(NODE_B, [entry(3)]))
+    monkeypatch.setattr(node_sessions, "client", lambda service: reads)
+
+    state = node_sessions.read_cluster_state("t", CLUSTER, now, fresh_node=NODE_A)
+
+    assert sorted(s.handle for s in state.nodes.ssh) == [entry(n)["handle"] for n in (1, 2, 3)], "the new login is counted"
+    assert (report_check.decide_report_check(CLUSTER, state, POLICY).users == ("alice",))
+    assert ("Query", f"node-report#{CLUSTER}", False) in reads.kinds
+    assert ("GetItem", f"node-report#{NODE_A}", True) in reads.kinds
+    assert ("Query", f"session#{CLUSTER}", True) in reads.kinds  # the ledger: small, and what was ended must count

@@ -193,6 +193,7 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     keys = _resources(template, "AWS::KMS::Key", defaults)
     secrets = _resources(template, "AWS::SecretsManager::Secret", defaults)
     log_gb = invocations * LOG_BYTES_PER_INVOCATION / 1e9
+    traces = invocations - heartbeats * (1 - _traced("RecordNodeReportFunction", template))
     nlb = _resources(template, "AWS::ElasticLoadBalancingV2::LoadBalancer", defaults)
 
     lines = [
@@ -226,8 +227,9 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
              "the operator dashboard", optional="CreateDashboard"),
         Line("CloudWatch Logs ingestion", log_gb, "GB", log_gb * p["cloudwatch_logs_ingest_per_gb"],
              f"estimate: {LOG_BYTES_PER_INVOCATION} bytes per Lambda invocation; state machines log errors only"),
-        Line("X-Ray traces", invocations, "traces", invocations / 1e6 * p["xray_per_1m_traces"],
-             "Tracing: Active on every function; at most one trace per invocation (before the free 100,000)"),
+        Line("X-Ray traces", traces, "traces", traces / 1e6 * p["xray_per_1m_traces"],
+             "Tracing: Active but on the per-report functions (PassThrough); at most one trace per traced "
+             "invocation (before the free 100,000)"),
         Line("KMS", len(keys), "keys", len(keys) * p["kms_key_per_month"],
              "one customer managed key; requests only when a node fetches changed keys (a few a month)"),
         Line("Secrets Manager", len(secrets), "secrets", len(secrets) * p["secretsmanager_secret_per_month"],
@@ -257,7 +259,8 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
     """What users' logins add, which the month's table cannot count (it depends on how often they log
     in), in USD per 1,000: a node leaving or rejoining rotation by load-aware admission (the sync it
     starts: measured transitions and Lambda tasks, about 0.1 s each), a session list that changed on a node (one default-bus event, one
-    CheckReportedSessions invocation of about 0.1 s, its two Queries: the nodes' reports, the ledger) and a crossing of a limit (one
+    CheckReportedSessions invocation of about 0.1 s, its reads at 4 login nodes: the nodes' reports and the ledger; the
+    scale bench measures them by item size at more nodes, activity_cost) and a crossing of a limit (one
     SessionLimits execution: its measured transitions and its 2 Lambda tasks, about 0.5 s)."""
     bound = bench.get("session_limit_bound")
     if not bound:
@@ -274,6 +277,104 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
                 + 2 * p["lambda_per_1m_requests"] / 1e6 + 0.5 * memory_gb * p["lambda_arm64_per_gb_second"])
     return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)} | (
         {"admission_moves": round(1000 * move, 4)} if move is not None else {})
+
+
+# What grows with login nodes and logged-in users (scale_sessions_bench measures the sizes it takes).
+# Assumed, not measured: how often users log in and out, how often the dashboard is opened, how many bytes
+# an SSH session moves. Everything else comes from the bench's measured items, reads and log lines.
+SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH = 4 * 30  # a login and a logout, twice a day
+DASHBOARD_VIEWS_PER_MONTH = 100
+DASHBOARD_HOURS = 3  # CloudWatch's default time range: each view's queries scan the last 3 hours
+SSH_MB_PER_ACTIVE_USER_HOUR = 20  # interactive shells, editors, small copies; large copies go elsewhere
+HEARTBEAT_SECONDS = 600
+RECORD_LOG_BYTES = 400  # RecordNodeReport's "node report recorded" line (JSON, Powertools' keys)
+LAMBDA_SECONDS_PER_REPORT = 0.1
+
+
+def _write_units(item_bytes: float) -> int:
+    return max(1, math.ceil(item_bytes / 1024))
+
+
+def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, max_report_bytes: int,
+                  check_read_units: float, check_log_bytes: int, bench: dict | None = None,
+                  prices: dict | None = None) -> dict:
+    """The month at the defaults with `login_nodes` and `active_users` logged in: the default table's
+    automation (4 login nodes' heartbeats taken out) plus every login node's heartbeats and users'
+    session changes by measured item size, read kind and log bytes; the dashboard's Logs Insights
+    scans; the KMS key by year of rotation; the load balancer's capacity units by bytes."""
+    recorded = prices or json.loads(PRICES_PATH.read_text(encoding="utf-8"))
+    p = {k: v["usd"] for k, v in recorded["prices"].items()}
+    bench = bench if bench is not None else json.loads((REPO_ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
+    template = TemplateModel()
+    memory_gb = template.raw["Globals"]["Function"]["MemorySize"] / 1024
+    base = cost_table(bench)
+    per_heartbeat_base = (p["lambda_per_1m_requests"] / 1e6 + p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                          + p["eventbridge_custom_per_1m_events"] / 1e6 + _traced("RecordNodeReportFunction", template)
+                          * p["xray_per_1m_traces"] / 1e6 + LOG_BYTES_PER_INVOCATION / 1e9 * p["cloudwatch_logs_ingest_per_gb"]
+                          + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"])
+    base_heartbeats = LOGIN_NODES * HOURS_PER_MONTH * 3600 / HEARTBEAT_SECONDS
+    heartbeats = login_nodes * HOURS_PER_MONTH * 3600 / HEARTBEAT_SECONDS
+    changes = active_users * SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH
+    chunks = math.ceil(max_report_bytes / (64 * 1024))  # EventBridge bills an event per 64 KB chunk
+    record_traced = _traced("RecordNodeReportFunction", template)
+    check_traced = _traced("CheckReportedSessionsFunction", template)
+
+    def report(count: float) -> float:  # one report: its event, RecordNodeReport, its item written, its log line
+        return count * (chunks * p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
+                        + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"]
+                        + _write_units(mean_item_bytes) * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                        + record_traced * p["xray_per_1m_traces"] / 1e6
+                        + RECORD_LOG_BYTES / 1e9 * p["cloudwatch_logs_ingest_per_gb"])
+    per_change = (report(1) + p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
+                  + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"]
+                  + check_read_units * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
+                  + check_traced * p["xray_per_1m_traces"] / 1e6
+                  + check_log_bytes / 1e9 * p["cloudwatch_logs_ingest_per_gb"])
+    base_logs = next(line["quantity"] for line in base["lines"] if line["item"] == "CloudWatch Logs ingestion")
+    logged_gb = (base_logs - base_heartbeats * LOG_BYTES_PER_INVOCATION / 1e9
+                 + (heartbeats + changes) * RECORD_LOG_BYTES / 1e9 + changes * check_log_bytes / 1e9)
+    dashboards = len(_resources(template, "AWS::CloudWatch::Dashboard", template.parameter_defaults()))
+    queries = template.raw["Resources"]["OperatorDashboard"]["Properties"]["DashboardBody"]["Fn::Sub"][0].count('"query": "SOURCE')
+    scanned_gb = dashboards * DASHBOARD_VIEWS_PER_MONTH * queries * logged_gb * DASHBOARD_HOURS / HOURS_PER_MONTH
+    rotation_days = int(template.raw["Resources"]["HostIdentityKey"]["Properties"].get("RotationPeriodInDays", 365))
+    kms_by_year = {year: p["kms_rotation_per_month"] * min(2, (year - 1) * 365 // rotation_days) for year in (1, 2, 3, 10)}
+    ssh_gb_hours = active_users * SSH_MB_PER_ACTIVE_USER_HOUR / 1024
+    nlcu = max(ssh_gb_hours, NLCU_PER_HOUR)  # TCP: 1 GB an hour per NLCU (connections and flows stay far below theirs)
+    lines = [
+        Line("the default table, less 4 login nodes' heartbeats", 1, "month", base["automation_usd"] - base_heartbeats * per_heartbeat_base,
+             "cost_table at the defaults"),
+        Line("login-node heartbeats", heartbeats, "reports", report(heartbeats),
+             f"{login_nodes} agents every {HEARTBEAT_SECONDS} s: event ({chunks} x 64 KB), RecordNodeReport, "
+             f"{_write_units(mean_item_bytes)} write units (mean item {mean_item_bytes / 1024:.1f} KB), its log line"),
+        Line("session changes", changes, "changes", changes * per_change,
+             f"{active_users} users logged in, {SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH} changes each (assumed): a report, "
+             f"the announcement, CheckReportedSessions with {check_read_units:.1f} read units (measured) and "
+             f"{check_log_bytes} log bytes (measured)"),
+        Line("Logs Insights scans", scanned_gb, "GB scanned", scanned_gb * p["cloudwatch_logs_insights_per_gb_scanned"],
+             f"{DASHBOARD_VIEWS_PER_MONTH} dashboard views (assumed) x {queries} queries over {DASHBOARD_HOURS} h of "
+             f"{logged_gb:.2f} GB a month of logs"),
+        Line("KMS key rotation", kms_by_year[3], "USD in year 3", kms_by_year[3],
+             f"rotated every {rotation_days} days: +${kms_by_year[1]:.0f} in year 1, +${kms_by_year[2]:.0f} in year 2, "
+             f"+${kms_by_year[3]:.0f} in year 3, +${kms_by_year[10]:.0f} in year 10 (the first two rotations add $1 a month each)"),
+    ]
+    automation = sum(line.usd for line in lines)
+    lb = Line("Network Load Balancer", HOURS_PER_MONTH, "hours",
+              HOURS_PER_MONTH * (p["nlb_per_hour"] + nlcu * p["nlb_per_nlcu_hour"]),
+              f"hourly charge plus {nlcu:.2f} NLCU an hour: {active_users} users x {SSH_MB_PER_ACTIVE_USER_HOUR} MB an hour (assumed)")
+    return {"lines": [asdict(line) | {"usd": round(line.usd, 2)} for line in lines + [lb]],
+            "automation_usd": round(automation, 2),
+            "automation_by_year_usd": {str(y): round(automation - kms_by_year[3] + kms_by_year[y], 2) for y in kms_by_year},
+            "with_load_balancer_usd": round(automation + lb.usd, 2),
+            "per_1000_session_changes_usd": round(1000 * per_change, 4),
+            "per_active_user_usd": round(SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH * per_change, 4),
+            "load_balancer_per_active_user_usd": round(SSH_MB_PER_ACTIVE_USER_HOUR / 1024 * HOURS_PER_MONTH
+                                                       * p["nlb_per_nlcu_hour"], 4)}
+
+
+def _traced(function: str, template: TemplateModel) -> int:
+    """1 when the function's invocations are X-Ray traces (Tracing: Active, its own or the Globals')."""
+    props = template.raw["Resources"][function]["Properties"]
+    return int(props.get("Tracing", template.raw["Globals"]["Function"].get("Tracing")) == "Active")
 
 
 # What a platform team can switch off by parameter, losing only that part.

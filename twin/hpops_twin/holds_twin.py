@@ -63,9 +63,10 @@ class FakeSlurmLimits:
         return (self.account["qos"] if row["qos"] is None else row["qos"],
                 self.account["defaultQos"] if row["defaultQos"] is None else row["defaultQos"])
 
-    def _assoc_line(self, user: str) -> str:
+    def _assoc_line(self, user: str, own: bool = False) -> str:
+        """One line of ``show assoc``; ``own`` (WOPLimits WithRawQOSLevel): what the association sets itself."""
         row = self.associations[user]
-        qos, default = self.effective(user)
+        qos, default = (row["qos"] or "", row["defaultQos"] or "") if own else self.effective(user)
         return "|".join([row["id"], self.account["id"], TWIN_SLURM_CLUSTER, row["account"], user, "", qos, default,
                          row["GrpJobs"], row["MaxJobs"]])
 
@@ -79,6 +80,11 @@ class FakeSlurmLimits:
             for job_id in args[1].split("=", 1)[1].split(","):
                 self.jobs[job_id]["qos"] = qos
             return self._answer()
+        if program == "squeue" and "all" in args:
+            # Every job of the user, started or not: the twin's jobs are all pending (no scheduler).
+            user = args[args.index("-u") + 1]
+            return self._answer(out="".join(f"{job_id}|PENDING|N/A|0:00\n"
+                                            for job_id, job in self.jobs.items() if job["user"] == user))
         if program == "squeue":
             user = args[args.index("-u") + 1]
             return self._answer(out="".join(f"{job_id}|{job['qos']}|research|batch\n"
@@ -100,6 +106,7 @@ class FakeSlurmLimits:
             self.qos[where["name"]].update({k: v.lower() if k == "Description" else v for k, v in sets.items()})
             return self._answer(out=" Modified qos...\n")
         if args[:3] == ["-nP", "show", "assoc"]:
+            own = slurm_holds.OWN_VALUES[0] in args
             if "user" in where:
                 users = [where["user"]] if where["user"] in self.associations else []
             elif "qos" in where:
@@ -107,7 +114,7 @@ class FakeSlurmLimits:
             else:
                 return self._answer(out="|".join([self.account["id"], "", TWIN_SLURM_CLUSTER, "research", "", "",
                                                   self.account["qos"], self.account["defaultQos"], "", ""]) + "\n")
-            return self._answer(out="".join(self._assoc_line(user) + "\n" for user in users))
+            return self._answer(out="".join(self._assoc_line(user, own) + "\n" for user in users))
         if args[:3] == ["-i", "modify", "user"]:
             row = self.associations.get(where.get("name", ""))
             if row is None:

@@ -34,8 +34,16 @@ Interactive sessions (login nodes; in every report, so with the heartbeat and on
 
   "sessions": {"list": [{"handle": SESSION_HANDLE_RE, "user": POSIX user, "path": "ssh"|"ssm",
                          "tty": bool, "startedAt": ISO-8601 UTC, "sessionId": str (ssm only)}],
-               "omitted": int (sessions past MAX_REPORTED_SESSIONS, oldest kept),
+               "omitted": int (sessions not in "list"),
+               "omittedByUser": {POSIX user: int} (SSH sessions counted but not in "list"; absent when
+                                every SSH session is listed),
                "ended": [{"handle", "user", "result": END_RESULTS, "reason"}]}
+
+  A node lists every session while they fit (REPORTED_SESSIONS_BYTES, at most MAX_REPORTED_SESSIONS).
+  A busier node lists its Session Manager shells, then each user's SSH sessions in turns (every
+  user's newest, then every user's oldest, then the second newest, ...), and counts the rest per
+  user in "omittedByUser" (at most MAX_OMITTED_USERS users; any further only in "omitted"): every
+  user is counted, and the sessions a limit ends first (newest, or oldest) are the ones listed.
 
   A handle is <boot id, 8 hex>:<pid>:<start ticks>: it names one process on that node and is no
   credential, so a report lets nobody take a session over.
@@ -109,7 +117,9 @@ LOGIN_LIMITS_FORMAT = "hpops.node.login-limits.v1"
 REPORT_FORMAT = "hpops.node.report.v1"
 REPORT_SOURCE = "hpops.node"
 REPORT_DETAIL_TYPE = "HyperPod Login Node Report"
-MAX_REPORT_BYTES = 32 * 1024  # far below EventBridge's 256 KB entry limit; room for a busy node's session list
+# EventBridge refuses an entry over 256 KB, and Lambda an asynchronous (EventBridge) payload over 256 KB
+# with the event's envelope: a report stays below both, and its stored item far below DynamoDB's 400 KB.
+MAX_REPORT_BYTES = 200 * 1024
 
 USAGE_FORMAT = "hpops.node.usage.v1"
 USAGE_DETAIL_TYPE = "HyperPod Slurm Usage Report"
@@ -141,8 +151,11 @@ USER_CAPS_FORMAT = "hpops.node.user-caps.v1"
 SESSION_HANDLE_RE = re.compile(r"\A[0-9a-f]{8}:[1-9][0-9]{0,9}:[0-9]{1,20}\Z")
 SESSION_PATHS = ("ssh", "ssm")
 END_RESULTS = ("ended", "gone", "refused", "failed")
-# ~110 bytes each: the list stays well inside MAX_REPORT_BYTES with the rest of the report.
-MAX_REPORTED_SESSIONS = 100
+# A report's session entries (~110 bytes each: about 900 sessions; the count bounds what the stack accepts) and its per-user counts of the rest
+# (~30 bytes a user) stay within MAX_REPORT_BYTES with the rest of the report.
+REPORTED_SESSIONS_BYTES = 96 * 1024
+MAX_REPORTED_SESSIONS = 1500
+MAX_OMITTED_USERS = 1500
 MAX_END_SESSIONS = 20
 # What RecordNodeReport announces (account's default bus, where node agents cannot put events)
 # when an accepted login node's session list changed: features that count sessions react to it.
@@ -210,9 +223,14 @@ def user_caps_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/user-caps"
 
 
+def end_sessions_path(cluster: str) -> str:
+    """Where every login node's end-sessions parameter lives (GetParametersByPath)."""
+    return parameter_prefix(cluster) + INSTRUCTIONS + "end-sessions"
+
+
 def end_sessions_parameter(cluster: str, instance_id: str) -> str:
     """Private: outside the node role's node/* grant; the enrolled agent fetches it (node_channel/fetch.py)."""
-    return parameter_prefix(cluster) + INSTRUCTIONS + "end-sessions/" + check_instance_id(instance_id)
+    return end_sessions_path(cluster) + "/" + check_instance_id(instance_id)
 
 
 def instruction_marker_parameter(instruction: str) -> str:

@@ -107,6 +107,7 @@ class SessionsReport:
     list: tuple = ()
     omitted: int = 0
     ended: tuple = ()
+    omittedByUser: dict | None = None  # user -> SSH sessions counted but not listed (a busy node)
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,8 @@ class NodeReport:
     load: LoadReport | None = None
 
     def to_json(self) -> str:
-        """The report as stored: fields that are None left out."""
-        return json.dumps(_without_none(asdict(self)), sort_keys=True)
+        """The report as stored: fields that are None left out, no blanks (DynamoDB bills items by the KB)."""
+        return json.dumps(_without_none(asdict(self)), sort_keys=True, separators=(",", ":"))
 
 
 def _without_none(value: Any) -> Any:
@@ -201,7 +202,7 @@ def _ended_entry(entry: Any, where: str, bad: list[str]) -> dict:
 def _sessions(data: Any, bad: list[str]) -> SessionsReport | None:
     if data is None:
         return None
-    f = validation.JsonFields(data, "sessions", ("list", "omitted", "ended"), bad)
+    f = validation.JsonFields(data, "sessions", ("list", "omitted", "ended", "omittedByUser"), bad)
     listed = f.get("list", lambda v: isinstance(v, list) and len(v) <= contract.MAX_REPORTED_SESSIONS, default=[])
     ended = f.get("ended", lambda v: isinstance(v, list) and len(v) <= contract.MAX_END_SESSIONS, default=[],
                   required=False)
@@ -212,7 +213,14 @@ def _sessions(data: Any, bad: list[str]) -> SessionsReport | None:
         list=entries,
         omitted=f.count("omitted", 1_000_000, default=0, required=False),
         ended=tuple(_ended_entry(e, "sessions.ended[]", bad) for e in ended),
+        omittedByUser=f.get("omittedByUser", _omitted_by_user, default=None, required=False) or None,
     )
+
+
+def _omitted_by_user(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) <= contract.MAX_OMITTED_USERS and all(
+        validation.is_limited_user(user) and type(count) is int and 0 < count <= 1_000_000
+        for user, count in value.items())
 
 
 def _user_caps(data: Any, bad: list[str]) -> UserCapsReport | None:

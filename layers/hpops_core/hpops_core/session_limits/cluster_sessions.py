@@ -85,11 +85,13 @@ def decide_cluster_wide(
     ssm: Iterable[ActiveSession],
     policy: LimitPolicy,
     already_ended: Iterable[str] = frozenset(),
+    unlisted: Mapping[str, Mapping[str, int]] | None = None,
 ) -> ClusterDecision:
     """Which sessions end so that every user's SSH + SSM sessions on all login nodes fit their limit.
 
     ``already_ended``: SSM session ids and SSH keys (``NodeSshSession.key``) ended by an earlier run
     that the listings may still show; neither counted nor picked again.
+    ``unlisted``: node -> user -> SSH sessions a busy node counted without listing them; counted, never picked.
     """
     done = frozenset(already_ended)
     active: list[ActiveSession] = []
@@ -111,7 +113,13 @@ def decide_cluster_wide(
         active.append(ActiveSession(session.key, "", session.instance_id, start, session.user))
         if session.key not in done:
             by_user[session.user]["ssh"][session.instance_id] += 1
-    decision = decide_terminations(active, replace(policy, exempt_principal_patterns=()), done)
+    per_user: dict[str, int] = defaultdict(int)
+    for instance, counts in sorted((unlisted or {}).items()):
+        for user, count in counts.items():
+            if validation.is_instance_id(instance) and validation.is_limited_user(user) and count > 0:
+                per_user[user] += count
+                by_user[user]["ssh"][instance] += count
+    decision = decide_terminations(active, replace(policy, exempt_principal_patterns=()), done, per_user)
     reason_of = {sid: f"{v.user}: {v.reason} (SSH and Session Manager on all login nodes)"
                  for v in decision.verdicts for sid in v.to_terminate}
     ssm_ids = tuple(sid for sid in decision.to_terminate if sid not in ssh_by_key)

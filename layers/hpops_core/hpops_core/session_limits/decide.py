@@ -80,12 +80,14 @@ def decide(
     now: datetime,
     already_ended: Iterable[str] = frozenset(),
     ssh_sessions: Iterable[NodeSshSession] = (),
+    ssh_unlisted: Mapping[str, Mapping[str, int]] | None = None,
 ) -> TerminationPlan:
     """Which sessions end, per POSIX user over their limit, and why.
 
     ``ssh_sessions`` (from the login nodes' reports) count with the shells: one limit per user
     over both paths on all login nodes (cluster_sessions.py). Their ``key`` is what ``already_ended``
-    holds for an SSH session a node was told to end.
+    holds for an SSH session a node was told to end. ``ssh_unlisted``: node -> user -> SSH sessions a
+    busy node counted without listing them (counted, never picked).
 
     Sessions in ``already_ended`` (ended by an earlier run; DescribeSessions may list them for a
     while yet) are neither counted nor picked. ``now`` is only the plan's timestamp: the decision
@@ -95,7 +97,8 @@ def decide(
     ssh = [s for s in ssh_sessions if s.key not in done]
     countable = snapshot.countable(policy, done)
     unresolved = list(snapshot.unusable)
-    if len(countable) + len(ssh) <= policy.min_limit():
+    unlisted = {node: dict(counts) for node, counts in (ssh_unlisted or {}).items()}
+    if len(countable) + len(ssh) + sum(sum(c.values()) for c in unlisted.values()) <= policy.min_limit():
         note = f"{len(countable)} countable session(s) <= smallest limit {policy.min_limit()}; no identity lookups needed"
         return TerminationPlan(now, verdicts=(), to_end=(), unresolved=tuple(unresolved), note=note)
 
@@ -114,8 +117,8 @@ def decide(
         active.append(ActiveSession(s.session_id, s.owner, s.target, s.start_date, resolution.posix_user, s.status))
     ssh_to_end: tuple[SshSessionToEnd, ...] = ()
     by_user: Mapping[str, Mapping[str, Mapping[str, int]]] = MappingProxyType({})
-    if ssh:
-        combined = decide_cluster_wide(ssh, active, policy, done)
+    if ssh or unlisted:
+        combined = decide_cluster_wide(ssh, active, policy, done, unlisted)
         decision = decide_terminations(active, policy, done)  # for the shells' skipped reasons only
         decision = type(decision)(combined.verdicts, combined.ssm_to_terminate, decision.skipped)
         ssh_to_end, by_user = combined.ssh_to_end, MappingProxyType(dict(combined.by_user))

@@ -31,6 +31,7 @@ from hpops_core.node_channel.user_caps import caps_document
 from hpops_core.common.state_table import node_report_partition
 from hpops_core.node_channel.report_store import SK_PREFIX, report_from_item
 
+from . import node_sessions
 from .config import LoginLimitsConfig, document_text
 from .task_result import OUTPUT_LIST_MAX, LogLine, TaskResult
 
@@ -55,6 +56,7 @@ class LoginLimitsReport:
     dry_run: bool = False
     would_publish: bool = False  # dry run: the parameter differs from these limits
     nodes: list[NodeLimits] = field(default_factory=list)
+    listed: tuple[str, ...] = ()  # every login node ListClusterNodes named, whatever its status
 
     def of(self, state: str) -> list[NodeLimits]:
         return [n for n in self.nodes if n.state == state]
@@ -151,9 +153,10 @@ def publish_and_check(cluster: str, group: str, table: str, limits: dict, now: d
         with transient_errors_named("ssm:PutParameter"):
             client("ssm").put_parameter(Name=name, Value=text, Type="String", Overwrite=True, Description=DESCRIPTION)
     published_at = now if changed else (_utc(current.get("LastModifiedDate")) or now)
-    running = [s for s in list_login_group(cluster, group) if s.get("InstanceStatus", {}).get("Status") == "Running"]
+    listed = list_login_group(cluster, group)
+    running = [s for s in listed if s.get("InstanceStatus", {}).get("Status") == "Running"]
     reports = read_reports(table, cluster) if running else {}
-    report = LoginLimitsReport(version=version, published=changed)
+    report = LoginLimitsReport(version=version, published=changed, listed=tuple(s["InstanceId"] for s in listed))
     report.nodes = judge_login_limits(version, running, reports, published_at, now, grace)
     return report
 
@@ -197,8 +200,12 @@ def publish_task(config: LoginLimitsConfig, request: SessionLimitsRequest, now: 
                                dry_run=dry_run)
     applied, pending, failed = result.of("applied"), result.of("pending"), result.of("failed")
     caps = publish_user_caps(config.cluster_name, config.user_caps, dry_run)
+    # Nodes that left the login group leave their end-sessions instruction behind: removed here, so
+    # parameters do not pile up over years of replacements (10,000 standard ones per account and Region).
+    removed = [] if dry_run else node_sessions.remove_departed_instructions(config.cluster_name, set(result.listed))
     output: dict[str, Any] = {
         "userCaps": caps,
+        "instructionsRemoved": removed[:OUTPUT_LIST_MAX],
         "version": result.version, "published": result.published,
         "applied": [n.instance_id for n in applied][:OUTPUT_LIST_MAX],
         "pending": [n.instance_id for n in pending][:OUTPUT_LIST_MAX],

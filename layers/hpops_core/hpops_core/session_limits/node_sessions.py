@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from hpops_core.common.clients import client, transient_errors_named
@@ -44,6 +44,9 @@ class ReportedSessions:
     # The Session Manager shells the nodes list, as sessions of the user they run as: what the
     # report check counts (report_check.py); a run counts DescribeSessions' instead.
     ssm_shells: tuple[ActiveSession, ...] = ()
+    # A busy node's SSH sessions it counted without listing them (contract "omittedByUser"):
+    # node -> user -> sessions. Counted against the user's limit, never picked (no handle).
+    unlisted: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 def _received(value: str | None) -> datetime | None:
@@ -63,10 +66,10 @@ class ClusterState:
     run_as: str | None  # ledger.RUN_AS_ON / RUN_AS_OFF, None when never recorded
 
 
-def _partition(ddb, table: str, pk: str, projection: str, names: dict[str, str]):
-    """Every item of one partition of the state table, strongly consistent (paged past 1 MB)."""
+def _partition(ddb, table: str, pk: str, projection: str, names: dict[str, str], consistent: bool = True):
+    """Every item of one partition of the state table (paged past 1 MB)."""
     kwargs = {"TableName": table, "KeyConditionExpression": "pk = :pk", "ExpressionAttributeValues": {":pk": {"S": pk}},
-              "ProjectionExpression": projection, "ConsistentRead": True}
+              "ProjectionExpression": projection, "ConsistentRead": consistent}
     if names:  # DynamoDB refuses an empty map
         kwargs["ExpressionAttributeNames"] = names
     while True:
@@ -78,9 +81,32 @@ def _partition(ddb, table: str, pk: str, projection: str, names: dict[str, str])
         kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
+def _node_reports(ddb, table: str, cluster: str, fresh_node: str | None):
+    """The node-report partition's items. With ``fresh_node`` (a node whose report was just stored and
+    announced), the Query is eventually consistent (half the read units) and that node's item alone
+    is read strongly, replacing the Query's copy: the change being checked is always seen, and
+    another node's change moments earlier is checked by its own announcement, else by the sweep."""
+    items = _partition(ddb, table, node_report_partition(cluster), "sk, report, receivedAt", {},
+                       consistent=fresh_node is None)
+    if fresh_node is None:
+        yield from items
+        return
+    key = {"pk": {"S": node_report_partition(cluster)}, "sk": {"S": SK_PREFIX + fresh_node}}
+    with transient_errors_named("dynamodb:GetItem"):
+        fresh = ddb.get_item(TableName=table, Key=key, ConsistentRead=True,
+                             ProjectionExpression="sk, report, receivedAt").get("Item")
+    for item in items:
+        if item["sk"]["S"] != key["sk"]["S"]:
+            yield item
+    if fresh:
+        yield fresh
+
+
 def read_cluster_state(table: str, cluster: str, now: datetime,
-                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> ClusterState:
-    """The cluster's node reports and its ledger with the Run As state: one Query (paged) of each partition.
+                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS,
+                       fresh_node: str | None = None) -> ClusterState:
+    """The cluster's node reports and its ledger with the Run As state: one Query (paged) of each partition
+    (``fresh_node``: see _node_reports).
 
     Every run needs the nodes' SSH sessions (they can put a user over with a single new shell). The
     two kinds have partitions of their own so that the nodes' report writer can never touch the ledger."""
@@ -96,8 +122,8 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
         if item["sk"]["S"] == ledger.RUN_AS_SK:
             run_as = item.get("state", {}).get("S")
     ssh: list[NodeSshSession] = []
-    nodes, stale, ssm, omitted, ended = [], [], [], 0, {}
-    for item in _partition(ddb, table, node_report_partition(cluster), "sk, report, receivedAt", {}):
+    nodes, stale, ssm, omitted, ended, unlisted = [], [], [], 0, {}, {}
+    for item in _node_reports(ddb, table, cluster, fresh_node):
         sk = item["sk"]["S"]
         if not sk.startswith(SK_PREFIX):
             continue
@@ -115,10 +141,12 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
         ssm.extend(ActiveSession(s["sessionId"], "", instance, _received(s["startedAt"]) or now, s["user"])
                    for s in sessions.get("list", []) if s.get("path") == "ssm" and s.get("sessionId"))
         omitted += int(sessions.get("omitted") or 0)
+        if sessions.get("omittedByUser"):
+            unlisted[instance] = dict(sessions["omittedByUser"])
         for outcome in sessions.get("ended", []):
             ended[f"{SSH_KEY_PREFIX}{instance}/{outcome['handle']}"] = outcome
     reported = ReportedSessions(tuple(ssh), len(ssm), tuple(sorted(nodes)), tuple(sorted(stale)), omitted, ended,
-                                tuple(ssm))
+                                tuple(ssm), unlisted)
     return ClusterState(reported, recorded, run_as)
 
 
@@ -141,3 +169,20 @@ def instruct_nodes(cluster: str, to_end: Iterable[SshSessionToEnd], reported: It
                                        json.dumps(document, sort_keys=True, separators=(",", ":")))
         written[instance] = len(document["sessions"])
     return written
+
+
+def remove_departed_instructions(cluster: str, listed: set[str]) -> list[str]:
+    """Delete the end-sessions instruction and its marker of every node not in ``listed`` (the login
+    group's nodes in any status: a node still there, even updating, may yet fetch what it was told).
+    Returns the instance ids whose parameters went."""
+    ssm = client("ssm")
+    path = contract.end_sessions_path(cluster)
+    with transient_errors_named("ssm:GetParametersByPath"):
+        names = [p["Name"] for page in ssm.get_paginator("get_parameters_by_path").paginate(Path=path)
+                 for p in page.get("Parameters", [])]
+    gone = sorted(name for name in names if name.rsplit("/", 1)[1] not in listed)
+    doomed = [n for name in gone for n in (name, contract.instruction_marker_parameter(name))]
+    for start in range(0, len(doomed), 10):  # DeleteParameters takes at most 10 names; missing ones are no error
+        with transient_errors_named("ssm:DeleteParameters"):
+            ssm.delete_parameters(Names=doomed[start:start + 10])
+    return [name.rsplit("/", 1)[1] for name in gone]

@@ -130,12 +130,16 @@ def decide_terminations(
     sessions: Iterable[ActiveSession],
     policy: LimitPolicy,
     already_terminated: Iterable[str] = frozenset(),
+    unlisted: Mapping[str, int] = MappingProxyType({}),
 ) -> Decision:
     """Pick, per POSIX user over their limit, the excess sessions to end. Pure and deterministic.
 
     Sessions in ``already_terminated`` are neither counted nor picked again: DescribeSessions may
     still list a session for a while after TerminateSession, and counting it would make a
     duplicate event end a *second* session of the same user.
+
+    ``unlisted``: per user, sessions known to exist but not listed (a busy login node counts some
+    without naming them): counted against the limit, never picked, so at most the excess ends.
     """
     done = frozenset(already_terminated)
     by_user: dict[str, list[ActiveSession]] = defaultdict(list)
@@ -159,9 +163,10 @@ def decide_terminations(
 
     verdicts: list[UserVerdict] = []
     chosen: list[str] = []
-    for user in sorted(by_user):
-        user_sessions = by_user[user]
-        count = len(user_sessions)
+    extra = {user: n for user, n in unlisted.items() if n > 0}
+    for user in sorted(set(by_user) | set(extra)):
+        user_sessions = by_user.get(user, [])
+        count = len(user_sessions) + extra.get(user, 0)
         if user in policy.exempt_users:
             verdicts.append(UserVerdict(user, None, count, (), "exempt user; no limit applies"))
             continue
@@ -183,7 +188,8 @@ def decide_terminations(
                 limit,
                 count,
                 picked,
-                f"{count} active > {source} limit {limit}; ending the {excess} {policy.excess}",
+                f"{count} active > {source} limit {limit}; ending the {excess} {policy.excess}"
+                + (f" ({excess - len(picked)} once their node lists them)" if len(picked) < excess else ""),
             )
         )
 

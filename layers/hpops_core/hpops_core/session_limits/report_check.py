@@ -71,7 +71,7 @@ def decide_report_check(cluster: str, state: ClusterState, policy: LimitPolicy) 
     """Pure: start a check, and under which name, from the stored reports and the ledger."""
     done = {key for key, kind in state.recorded.items() if kind == ledger.ENDED}
     nodes = state.nodes
-    decision = decide_cluster_wide(nodes.ssh, nodes.ssm_shells, policy, done)
+    decision = decide_cluster_wide(nodes.ssh, nodes.ssm_shells, policy, done, nodes.unlisted)
     over = sorted((v for v in decision.verdicts if v.to_terminate), key=lambda v: v.user)
     if not over:
         return ReportCheck(False, f"nobody over their limit: {len(nodes.ssh)} SSH and {len(nodes.ssm_shells)} "
@@ -84,6 +84,9 @@ def decide_report_check(cluster: str, state: ClusterState, policy: LimitPolicy) 
     for shell in nodes.ssm_shells:
         if shell.posix_user in users and shell.session_id not in done:
             counted[str(shell.posix_user)].append(shell.session_id)
+    for instance, counts in sorted(nodes.unlisted.items()):  # a busy node's unlisted sessions: by count
+        for user in sorted(users & set(counts)):
+            counted[user].append(f"unlisted/{instance}/{counts[user]}")
     named = [v.user for v in over][:MAX_NAMED_USERS]
     reason = "; ".join(f"{v.user}: {v.active_count} session(s), limit {v.limit}" for v in over[:MAX_NAMED_USERS])
     return ReportCheck(True, reason, tuple(named), execution_name(cluster, dict(counted)),

@@ -103,9 +103,10 @@ def enforce_limits(
     with listing_errors():
         snapshot = gather(directory, config.cluster_id, config.login_group, config.policy, config.identity,
                           trigger_session_id=request.session_id, owner_listing=owner_listing,
-                          other_sessions=len(nodes.ssh))
+                          other_sessions=len(nodes.ssh) + sum(sum(c.values()) for c in nodes.unlisted.values()))
     ended_before = {sid for sid, kind in recorded.items() if kind == ledger.ENDED}
-    plan = decide(snapshot, config.policy, config.identity, now, ended_before, ssh_sessions=nodes.ssh)
+    plan = decide(snapshot, config.policy, config.identity, now, ended_before, ssh_sessions=nodes.ssh,
+                  ssh_unlisted=nodes.unlisted)
     outcome = apply(directory, plan, dry_run)
     report = EnforcementReport.of(snapshot, plan, outcome, dry_run=dry_run, trigger=request.trigger)
 
