@@ -144,7 +144,6 @@ MENTIONS = {
     "hpops node approve-enrollment": AWS,
     "hpops adopt": AWS,
     "hpops lifecycle": f"{AWS}; the parameter table names it, `hpops lifecycle --stack-name S ...` is above",
-    "hpops lifecycle --patch": "`hpops lifecycle --patch on_create.sh` is above",
     "hpops iam-policy": AWS,
     "hpops host-keys ca-generate": AWS,
     "hpops host-keys generate": AWS,
