@@ -46,6 +46,7 @@ DOCTOR_IAM_ACTIONS = (
     "ec2:DescribeClientVpnTargetNetworks",
     "ec2:DescribeClientVpnAuthorizationRules",
     "ec2:DescribeSecurityGroups",
+    "ec2:DescribeNetworkAcls",  # network-acl: TCP 22 and its replies between the verifier, the NLB and the nodes
     "elasticloadbalancing:DescribeTargetGroups",
     "elasticloadbalancing:DescribeLoadBalancers",  # the NLB's security groups and subnets
     "dynamodb:GetItem",
@@ -59,8 +60,8 @@ DOCTOR_IAM_ACTIONS = (
     "kms:GetKeyPolicy",  # the host identity key's policy
 )
 # Lines for checks that need what only a deployed stack has.
-NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "host-identity", "kms-key-policy", "agent-reports", "enrollment",
-               "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
+NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "network-acl", "host-identity", "kms-key-policy", "agent-reports",
+               "enrollment", "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
 # The controller collects usage every DEFAULT_USAGE_SECONDS (15 min); three missed windows is silence.
@@ -141,6 +142,13 @@ def run_doctor(session: Any, target: Target, now: dt.datetime) -> list[Finding]:
     return findings
 
 
+def node_services(groups: Mapping[str, dict]) -> tuple[str, ...]:
+    """What the agents call from the nodes: NODE_SERVICES, and the SageMaker API on an API-driven cluster
+    (its groups carry SlurmConfig; install.sh then reads DescribeCluster for the groups' roles)."""
+    api_driven = any(g.get("SlurmConfig") for g in groups.values())
+    return checks.NODE_SERVICES + ((checks.SAGEMAKER_API,) if api_driven else ())
+
+
 def _group_of_type(groups: Mapping[str, dict], node_type: str) -> str | None:
     """The one instance group whose SlurmConfig.NodeType is ``node_type``, if exactly one is."""
     named = [name for name, g in groups.items() if (g.get("SlurmConfig") or {}).get("NodeType") == node_type]
@@ -166,13 +174,11 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
             g["InstanceGroupName"], g["ExecutionRole"], _attached(iam, checks.role_name(g["ExecutionRole"])), policy))
             for _, name in present]
     if check == "execution-role":
-        return [checks.decide_execution_role({name: g.get("ExecutionRole", "") for name, g in groups.items()},
-                                             [name for _, name in present],
-                                             stack and stack.parameters.get("ClusterExecutionRoleName"))]
+        return [guarded("", lambda: _decide_execution_role(session, target, groups, [name for _, name in present]))]
     if check == "node-endpoints":
         ec2 = session.client("ec2")
         return [guarded(name, lambda g=groups[name]: checks.decide_endpoints(
-            g["InstanceGroupName"], *_endpoint_facts(ec2, _vpc_config(cluster, g), target.region)))
+            g["InstanceGroupName"], *_endpoint_facts(ec2, _vpc_config(cluster, g), target.region, node_services(groups))))
             for _, name in present]
     if check == "host-identity":
         return [guarded("", lambda: _decide_host_identity(session, target))]
@@ -185,12 +191,16 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
     if check == "node-network":
         ec2 = session.client("ec2")
         return [guarded(name, lambda g=groups[name]: checks.decide_network(
-            g["InstanceGroupName"], target.region, *_network_facts(ec2, _vpc_config(cluster, g), target.region)))
+            g["InstanceGroupName"], target.region,
+            *_network_facts(ec2, _vpc_config(cluster, g), target.region, node_services(groups)),
+            services=node_services(groups), node_group_ids=_vpc_config(cluster, g).get("SecurityGroupIds", [])))
             for _, name in present]
     if check == "verifier-path":
         return [guarded("", lambda: checks.decide_verifier(_verifier_facts(session, target, cluster, groups)))]
     if check == "nlb-path":
         return [guarded("", lambda: checks.decide_load_balancer_path(_load_balancer_facts(session, target, cluster, groups)))]
+    if check == "network-acl":
+        return [guarded("", lambda: _decide_network_acls(session, target, cluster, groups))]
     if check == "agent-reports":
         return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
     if check == "enrollment":
@@ -273,7 +283,8 @@ def _vpc_config(cluster: dict, group: dict) -> dict:
     return group.get("OverrideVpcConfig") or cluster.get("VpcConfig") or {}
 
 
-def _network_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[checks.SubnetPath], list[checks.Endpoint]]:
+def _network_facts(ec2: Any, vpc_config: dict, region: str,
+                   services: tuple[str, ...]) -> tuple[list[checks.SubnetPath], list[checks.Endpoint]]:
     subnet_ids = list(vpc_config.get("Subnets", []))
     if not subnet_ids:
         return [], []
@@ -293,7 +304,7 @@ def _network_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[checks
                           or route.get("NetworkInterfaceId") or route.get("VpcPeeringConnectionId")
                           or route.get("InstanceId") or "another target")
         paths.append(checks.SubnetPath(subnet_id, vpc, table and table["RouteTableId"], target))
-    names = {f"com.amazonaws.{region}.{service}": service for service in checks.NODE_SERVICES}
+    names = {f"com.amazonaws.{region}.{service}": service for service in services}
     endpoints = [checks.Endpoint(e["VpcId"], names[e["ServiceName"]], bool(e.get("PrivateDnsEnabled")), e["VpcEndpointId"])
                  for page in ec2.get_paginator("describe_vpc_endpoints").paginate(
                      Filters=[{"Name": "vpc-id", "Values": vpcs}, {"Name": "service-name", "Values": list(names)}])
@@ -303,14 +314,15 @@ def _network_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[checks
     return paths, endpoints
 
 
-def _endpoint_facts(ec2: Any, vpc_config: dict, region: str) -> tuple[list[str], list[str], list[checks.EndpointFacts]]:
-    """The nodes' security groups and subnet ranges, and the NODE_SERVICES interface endpoints of their VPC."""
+def _endpoint_facts(ec2: Any, vpc_config: dict, region: str,
+                    services: tuple[str, ...]) -> tuple[list[str], list[str], list[checks.EndpointFacts]]:
+    """The nodes' security groups and subnet ranges, and the interface endpoints of their VPC for ``services``."""
     node_groups, subnet_ids = list(vpc_config.get("SecurityGroupIds", [])), list(vpc_config.get("Subnets", []))
     subnets = ec2.describe_subnets(SubnetIds=subnet_ids)["Subnets"] if subnet_ids else []
     vpcs = sorted({s["VpcId"] for s in subnets})
     if not vpcs:
         return node_groups, [], []
-    names = {f"com.amazonaws.{region}.{service}": service for service in checks.NODE_SERVICES}
+    names = {f"com.amazonaws.{region}.{service}": service for service in services}
     found = [e for page in ec2.get_paginator("describe_vpc_endpoints").paginate(
         Filters=[{"Name": "vpc-id", "Values": vpcs}, {"Name": "service-name", "Values": list(names)}])
         for e in page["VpcEndpoints"] if e["ServiceName"] in names
@@ -455,13 +467,34 @@ def _decide_reports(session: Any, target: Target, now: dt.datetime) -> Finding:
     sagemaker, dynamodb = session.client("sagemaker"), session.client("dynamodb")
     pages = sagemaker.get_paginator("list_cluster_nodes").paginate(
         ClusterName=target.cluster, InstanceGroupNameContains=target.login_group)
-    running = [s["InstanceId"] for p in pages for s in p["ClusterNodeSummaries"]
+    running = [(s["InstanceId"], s.get("LaunchTime")) for p in pages for s in p["ClusterNodeSummaries"]
                if s["InstanceGroupName"] == target.login_group and s["InstanceStatus"]["Status"] == "Running"]
     table = stack.outputs["SyncStateTableName"]
     published = read_expected(dynamodb, table, target.cluster) or {}
     version = published.get("version") if published.get("mode") in ("keys", "certificate") else None
-    return checks.decide_reports(target.login_group, running, read_node_reports(dynamodb, table, target.cluster),
-                                 version, agent_version, now, REPORT_MAX_AGE, stack.name)
+    reports = read_node_reports(dynamodb, table, target.cluster)
+    window = dt.timedelta(minutes=int(stack.parameters.get("EnrollmentWindowMinutes") or 60))
+    return checks.decide_reports(target.login_group, [i for i, _ in running], reports, version, agent_version, now,
+                                 REPORT_MAX_AGE, stack.name, _enrollment_facts(dynamodb, table, target.cluster, running),
+                                 window)
+
+
+def _enrollment_facts(dynamodb: Any, table: str, cluster: str,
+                      running: list[tuple[str, Any]]) -> dict[str, checks.EnrollmentFacts]:
+    """Each Running node's enrollment status, pending approval and launch time (ListClusterNodes')."""
+    from hpops_core.node_channel import enrollment_store
+
+    records, approvals = enrollment_store.list_enrollments(table, cluster, dynamodb=dynamodb)
+    status = {r.instance_id: r.status for r in records}
+    approved = {a["instanceId"]: a["fingerprint"] for a in approvals}
+    return {instance: checks.EnrollmentFacts(status.get(instance), _utc(launch), approved.get(instance))
+            for instance, launch in running}
+
+
+def _utc(value: Any) -> dt.datetime | None:
+    if isinstance(value, dt.datetime):
+        return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    return None
 
 
 def _decide_enrollment(session: Any, target: Target) -> Finding:
@@ -558,35 +591,99 @@ def _decide_imds(session: Any, target: Target, groups: Mapping[str, dict],
     return [guarded(name, lambda n=name: decide(n)) for name in sorted(groups)]
 
 
-def _role_exposure(iam: Any, role: str) -> checks.RoleExposure:
-    policies: dict[str, list[str]] = {}
+def _role_policies(iam: Any, role: str) -> checks.RoleGrants:
+    """The role's attached and inline policy documents, and the names of those the operator may not read."""
+    documents: dict[str, dict] = {}
     unreadable: list[str] = []
     for arn in _attached(iam, role):
         name = arn.rsplit("/", 1)[-1]
         try:
             version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
-            document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+            documents[name] = _document(iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"])
         except ClientError:
             unreadable.append(name)
-            continue
-        policies[name] = _allowed_actions(document)
     for page in iam.get_paginator("list_role_policies").paginate(RoleName=role):
         for name in page["PolicyNames"]:
             try:
-                document = iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"]
+                documents[f"{name} (inline)"] = _document(iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"])
             except ClientError:
                 unreadable.append(name)
-                continue
-            policies[f"{name} (inline)"] = _allowed_actions(document)
-    return checks.RoleExposure(role, policies, tuple(unreadable))
+    return checks.RoleGrants(role, documents, tuple(unreadable))
 
 
-def _allowed_actions(document: Any) -> list[str]:
-    """The Allow statements' actions of a policy document (IAM returns it URL-encoded JSON or parsed)."""
+def _role_exposure(iam: Any, role: str) -> checks.RoleExposure:
+    grants = _role_policies(iam, role)
+    return checks.RoleExposure(role, {name: _allowed_actions(document) for name, document in grants.documents.items()},
+                               grants.unreadable)
+
+
+def _document(document: Any) -> dict:
+    """A policy document as IAM returns it: URL-encoded JSON, or already parsed (boto3 decodes it)."""
     if isinstance(document, str):
         from urllib.parse import unquote
 
-        document = json.loads(unquote(document))
+        return json.loads(unquote(document))
+    return document
+
+
+def _decide_execution_role(session: Any, target: Target, groups: Mapping[str, dict], node_groups: list[str]) -> Finding:
+    """What each role the agents run with (and everyone sharing it) can read of the stack's secrets."""
+    stack = target.stack
+    roles = {name: g.get("ExecutionRole", "") for name, g in groups.items()}
+    parameter = stack.parameters.get("ClusterExecutionRoleName") if stack else None
+    names = sorted({checks.role_name(roles[g]) for g in node_groups if roles.get(g)} | ({parameter} if parameter else set()))
+    iam = session.client("iam")
+    grants = {name: _role_policies(iam, name) for name in names}
+    account = next((arn.split(":")[4] for arn in roles.values() if arn.count(":") >= 5), "*")
+    region = target.region
+    secrets = {}
+    if stack is not None:
+        for label, output in (("the canonical host keys", "HostIdentitySecretArn"),
+                              ("the host CA", "HostCertificateAuthoritySecretArn")):
+            arn = stack.outputs.get(output)
+            if arn:
+                secrets[label] = arn
+        key = stack.physical_id("HostIdentityKey") or "*"
+        key_arn = key if key.startswith("arn:") else f"arn:aws:kms:{region}:{account}:key/{key}"
+    else:  # before a deploy: a grant that would cover the stack's secret whatever its name
+        secrets["the stack's secrets (any secret)"] = f"arn:aws:secretsmanager:{region}:{account}:secret:hpops-stack-secret"
+        key_arn = f"arn:aws:kms:{region}:{account}:key/hpops-stack-key"
+    return checks.decide_execution_role(roles, node_groups, parameter, grants, checks.Guarded(secrets, key_arn))
+
+
+def _decide_network_acls(session: Any, target: Target, cluster: dict, groups: dict) -> Finding:
+    """The network ACLs of the login nodes' subnets and of the subnets the verifier and the NLB connect from."""
+    ec2, elbv2, stack = session.client("ec2"), session.client("elbv2"), target.stack
+    nodes = list(_vpc_config(cluster, groups.get(target.login_group) or {}).get("Subnets", []))
+    verifier = _split(stack.parameters.get("VerifierSubnetIds"))
+    target_group = elbv2.describe_target_groups(TargetGroupArns=[stack.outputs["TargetGroupArn"]])["TargetGroups"][0]
+    arns = list(target_group.get("LoadBalancerArns", []))
+    balancers = elbv2.describe_load_balancers(LoadBalancerArns=arns)["LoadBalancers"] if arns else []
+    nlb = [z["SubnetId"] for lb in balancers for z in lb.get("AvailabilityZones", []) if z.get("SubnetId")]
+    every = sorted(set(nodes + verifier + nlb))
+    if not every:
+        raise ValueError("no subnet of the login nodes, the verifier or the load balancer to check")
+    subnets = ec2.describe_subnets(SubnetIds=every)["Subnets"]
+    cidrs = {s["SubnetId"]: s["CidrBlock"] for s in subnets}
+    acls = {}
+    # By VPC (a few ACLs each): every subnet is associated with exactly one of them.
+    for page in ec2.get_paginator("describe_network_acls").paginate(
+            Filters=[{"Name": "vpc-id", "Values": sorted({s["VpcId"] for s in subnets})}]):
+        for acl in page["NetworkAcls"]:
+            for association in acl.get("Associations", []):
+                if association.get("SubnetId") in cidrs:
+                    acls[association["SubnetId"]] = acl
+
+    def subnet_acls(ids: list[str]) -> list[checks.SubnetAcl]:
+        return [checks.SubnetAcl(i, cidrs[i], acls[i]["NetworkAclId"], acls[i].get("Entries", []))
+                for i in ids if i in cidrs and i in acls]
+
+    return checks.decide_network_acls(target.ssh_port, [("the verifier", subnet_acls(verifier)),
+                                                        ("the load balancer", subnet_acls(nlb))], subnet_acls(nodes))
+
+
+def _allowed_actions(document: Mapping[str, Any]) -> list[str]:
+    """The Allow statements' actions of a policy document."""
     statements = document.get("Statement", [])
     if isinstance(statements, dict):
         statements = [statements]

@@ -7,6 +7,7 @@ returns Findings whose message says what is wrong and whose fix says what to do.
 from __future__ import annotations
 
 import datetime as dt
+import fnmatch
 import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -18,14 +19,44 @@ NOTE = "NOTE"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
 CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path", "nlb-path",
-          "host-identity", "kms-key-policy", "agent-reports", "enrollment", "alert-subscription", "cloudtrail", "run-as",
+          "network-acl", "host-identity", "kms-key-policy", "agent-reports", "enrollment", "alert-subscription",
+          "cloudtrail", "run-as",
           "cost-allocation-tag", "slurm-usage", "accounting-enforce", "imds-exposure")
+# What each check looks at, for `hpops doctor --help` (one line each, in CHECKS order).
+CHECK_HELP = {
+    "lifecycle-script": "on_create.sh runs hpops/install.sh before its final exit; the bundle is beside it",
+    "node-agent-policy": "the login and controller groups' execution roles have NodeAgentPolicy",
+    "execution-role": "those roles (shared with other groups or not) cannot read the stack's secrets",
+    "node-network": "the nodes reach SSM, Lambda and EventBridge (and the SageMaker API on API-driven clusters): "
+                    "NAT or interface endpoints",
+    "node-endpoints": "those interface endpoints admit HTTPS from the nodes, with full-access policies",
+    "verifier-path": "the login nodes' security group admits SSH from the verifier's",
+    "nlb-path": "the login nodes' security group admits SSH from the NLB's; Client VPN users reach the NLB",
+    "network-acl": "network ACLs pass SSH and its replies between the verifier, the NLB and the login nodes",
+    "host-identity": "a host identity (keys or CA) is published",
+    "kms-key-policy": "the host identity key's policy lets IAM grant its use",
+    "agent-reports": "every Running login node's agent reports; else why (enrollment: outside the window, "
+                     "contested, approval pending)",
+    "alert-subscription": "the alert topic has a confirmed subscription",
+    "cloudtrail": "a trail logs StartSession (session limits act at once)",
+    "run-as": "Session Manager Run As is on, with no default user shared by everyone",
+    "cost-allocation-tag": "the ClusterName cost allocation tag is active and on the cluster",
+    "slurm-usage": "the controller's agent reports Slurm usage, GPUs included",
+    "accounting-enforce": "with holds on, slurm.conf enforces limits",
+    "imds-exposure": "which nodes leave their role to every user (a NOTE, not a failure)",
+}
 # Checks with one line per agent group (login, controller).
 PER_GROUP = ("lifecycle-script", "node-agent-policy", "node-network", "node-endpoints")
-# What the node agent calls from a node: desired state, the canonical keys, its reports.
-NODE_SERVICES = ("ssm", "secretsmanager", "events")
+# What the node agent calls from a node: desired state (SSM), NodeChannel (Lambda: enrollment, the
+# host keys, its instructions), its reports (EventBridge). Secrets Manager is never called from a node.
+NODE_SERVICES = ("ssm", "lambda", "events")
+# install.sh reads DescribeCluster when no provisioning_parameters.json names the groups (API-driven
+# Slurm configuration): then the nodes need the SageMaker API too.
+SAGEMAKER_API = "sagemaker.api"
+SERVICE_NAMES = {"ssm": "SSM", "lambda": "Lambda", "events": "EventBridge", SAGEMAKER_API: "the SageMaker API"}
 BUNDLE_FILES = ("hpops/install.sh", "hpops/agent.json")
 RUN_AS_OFF = "Run As is off: sessions run as root, per-user limits cannot apply"
+RUN_AS_SHARED = "every principal without an SSMSessionRunAs tag runs as"
 # A StartSession call as CloudTrail records it: what a trail's selectors must admit.
 START_SESSION_EVENT = {"eventCategory": "Management", "readOnly": "false", "eventSource": "ssm.amazonaws.com",
                        "eventName": "StartSession"}
@@ -129,7 +160,7 @@ class SubnetPath:
 @dataclass(frozen=True)
 class Endpoint:
     vpc_id: str
-    service: str  # the short name: ssm, secretsmanager, events
+    service: str  # the short name: ssm, lambda, events, sagemaker.api
     private_dns: bool
     endpoint_id: str
 
@@ -138,21 +169,38 @@ def _reaches_internet(target: str | None) -> bool:
     return bool(target) and target.startswith(("nat-", "igw-"))
 
 
-def decide_network(group: str, region: str, subnets: Sequence[SubnetPath], endpoints: Sequence[Endpoint]) -> Finding:
+def spoken(services: Sequence[str]) -> str:
+    """ssm, lambda, events -> "SSM, Lambda and EventBridge"."""
+    names = [SERVICE_NAMES.get(s, s) for s in services]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def create_endpoint_command(region: str, vpc: str, service: str, subnets: Sequence[str], groups: Sequence[str]) -> str:
+    return (f"aws ec2 create-vpc-endpoint --vpc-id {vpc} --vpc-endpoint-type Interface --service-name "
+            f"com.amazonaws.{region}.{service} --subnet-ids {' '.join(subnets) or 'SUBNET'} --security-group-ids "
+            f"{' '.join(groups) or 'SG'} --private-dns-enabled")
+
+
+def decide_network(group: str, region: str, subnets: Sequence[SubnetPath], endpoints: Sequence[Endpoint],
+                   services: Sequence[str] = NODE_SERVICES, node_group_ids: Sequence[str] = ()) -> Finding:
+    """``services``: what the agents call from these subnets (NODE_SERVICES, plus SAGEMAKER_API on an
+    API-driven cluster); ``node_group_ids``: the nodes' security groups (for the fix's endpoint)."""
     if not subnets:
         return Finding("node-network", UNKNOWN, "the cluster's VpcConfig names no subnet for this group",
                        "check DescribeCluster's VpcConfig and the group's OverrideVpcConfig", group)
-    problems, unsure, ways = [], [], set()
+    problems, unsure, ways, lacking = [], [], set(), {}
     for subnet in subnets:
         if _reaches_internet(subnet.default_target):
             ways.add(f"{subnet.default_target.split('-', 1)[0]} gateway")
             continue
         have = {e.service for e in endpoints if e.vpc_id == subnet.vpc_id and e.private_dns}
         without_dns = sorted({e.service for e in endpoints if e.vpc_id == subnet.vpc_id and not e.private_dns} - have)
-        missing = [s for s in NODE_SERVICES if s not in have]
+        missing = [s for s in services if s not in have]
         if not missing:
             ways.add("interface endpoints")
             continue
+        for service in missing:
+            lacking.setdefault((subnet.vpc_id, service), []).append(subnet.subnet_id)
         route = (f"its default route goes to {subnet.default_target}, which doctor cannot follow"
                  if subnet.default_target else
                  f"route table {subnet.route_table_id or '(none)'} has no default route to a NAT or internet gateway")
@@ -162,14 +210,14 @@ def decide_network(group: str, region: str, subnets: Sequence[SubnetPath], endpo
             text += f" ({', '.join(without_dns)} without private DNS)"
         (unsure if subnet.default_target else problems).append(text)
     if problems or unsure:
-        services = ", ".join(f"com.amazonaws.{region}.{s}" for s in NODE_SERVICES)
+        commands = "; ".join(create_endpoint_command(region, vpc, service, ids, node_group_ids)
+                             for (vpc, service), ids in sorted(lacking.items()))
         return Finding("node-network", PROBLEM if problems else UNKNOWN,
-                       "; ".join(problems + unsure) + ": the agents cannot reach SSM, Secrets Manager and EventBridge, "
-                       "so every login node is kept out",
-                       f"add a default route (0.0.0.0/0) to a NAT gateway, or create interface endpoints {services} "
-                       "with private DNS enabled in the VPC", group)
-    return Finding("node-network", OK, f"subnets {', '.join(s.subnet_id for s in subnets)} reach SSM, Secrets Manager "
-                   f"and EventBridge ({' and '.join(sorted(ways))})", subject=group)
+                       "; ".join(problems + unsure) + f": the agents cannot reach {spoken(services)}, so no agent "
+                       "enrolls and every login node is kept out",
+                       f"{commands} (or a default route 0.0.0.0/0 to a NAT gateway)", group)
+    return Finding("node-network", OK, f"subnets {', '.join(s.subnet_id for s in subnets)} reach "
+                   f"{spoken(services)} ({' and '.join(sorted(ways))})", subject=group)
 
 
 # ---------------------------------------------------------------------------- 4. verifier path
@@ -328,6 +376,94 @@ def decide_load_balancer_path(facts: LoadBalancerFacts) -> Finding:
     return Finding("nlb-path", OK, f"the login nodes' security group admits TCP {port} from {names}'s {source}{note}")
 
 
+# ---------------------------------------------------------------------------- 4c. network ACLs
+
+# Where replies go: the connecting side's ephemeral port (Lambda and NLBs use 1024-65535; AWS's guidance
+# for network ACLs). Each is checked: a rule for part of the range drops the rest.
+EPHEMERAL_PORTS = (1024, 32768, 65535)
+DEFAULT_ACL_RULE = 32767  # the "*" rule every network ACL ends with: deny
+
+
+@dataclass(frozen=True)
+class SubnetAcl:
+    """A subnet and the network ACL associated with it (DescribeNetworkAcls)."""
+
+    subnet_id: str
+    cidr: str
+    acl_id: str
+    entries: Sequence[Mapping[str, Any]]  # the ACL's Entries
+
+
+def acl_decides(entries: Sequence[Mapping[str, Any]], egress: bool, port: int, peer: str) -> tuple[bool, int | None]:
+    """(allowed, the deciding rule number; None: the default deny) for TCP ``port`` to/from all of ``peer``.
+    Rules are evaluated lowest number first and the first that matches decides; a deny that touches part of
+    the peer's range drops that part, an allow decides only when it covers the whole range."""
+    net = ipaddress.ip_network(peer)
+    rules = sorted((e for e in entries if bool(e.get("Egress")) == egress and e.get("CidrBlock")),
+                   key=lambda e: int(e.get("RuleNumber", 32767)))
+    for entry in rules:
+        protocol = str(entry.get("Protocol"))
+        if protocol not in ("-1", "6", "tcp"):
+            continue
+        span = entry.get("PortRange") or {}
+        if protocol != "-1" and not int(span.get("From", 0)) <= port <= int(span.get("To", 65535)):
+            continue
+        rule = ipaddress.ip_network(entry["CidrBlock"])
+        if not rule.overlaps(net):
+            continue
+        if entry.get("RuleAction") == "deny":
+            number = int(entry["RuleNumber"])
+            return False, (None if number >= DEFAULT_ACL_RULE else number)
+        if net.subnet_of(rule):
+            return True, int(entry["RuleNumber"])
+    return False, None
+
+
+def _free_rule_number(entries: Sequence[Mapping[str, Any]], egress: bool, below: int | None) -> int:
+    used = {int(e.get("RuleNumber", 0)) for e in entries if bool(e.get("Egress")) == egress}
+    start = below - 1 if below else 100
+    return next(n for n in [*range(start, 0, -1), *range(start + 1, 32767)] if n not in used)
+
+
+def decide_network_acls(ssh_port: int, paths: Sequence[tuple[str, Sequence[SubnetAcl]]],
+                        nodes: Sequence[SubnetAcl]) -> Finding:
+    """``paths``: (what connects: "the verifier", "the load balancer", its subnets); ``nodes``: the login
+    nodes' subnets. Each connection needs TCP ``ssh_port`` out of its subnet and into the nodes', and the
+    replies back on ephemeral ports; security groups are stateful, network ACLs are not."""
+    problems, fixes = [], []
+    for label, sources in paths:
+        for source in sources:
+            for node in nodes:
+                if source.subnet_id == node.subnet_id:
+                    continue  # a network ACL does not filter traffic within its subnet
+                legs = [(source, True, ssh_port, node, f"TCP {ssh_port} out of {label}'s subnet {source.subnet_id} "
+                         f"to the login nodes' {node.cidr}"),
+                        (node, False, ssh_port, source, f"TCP {ssh_port} into the login nodes' subnet {node.subnet_id} "
+                         f"from {label}'s {source.cidr}")]
+                legs += [(node, True, p, source, f"replies out of the login nodes' subnet {node.subnet_id} to "
+                          f"{label}'s {source.cidr} on port {p}") for p in EPHEMERAL_PORTS]
+                legs += [(source, False, p, node, f"replies into {label}'s subnet {source.subnet_id} from "
+                          f"{node.cidr} on port {p}") for p in EPHEMERAL_PORTS]
+                for subnet, egress, port, peer, what in legs:
+                    allowed, rule = acl_decides(subnet.entries, egress, port, peer.cidr)
+                    if allowed:
+                        continue
+                    by = f"rule {rule} denies it" if rule is not None else "no rule allows it"
+                    problems.append(f"network ACL {subnet.acl_id} drops {what} ({by})")
+                    span = f"From={ssh_port},To={ssh_port}" if port == ssh_port else "From=1024,To=65535"
+                    fixes.append(f"aws ec2 create-network-acl-entry --network-acl-id {subnet.acl_id} "
+                                 f"{'--egress' if egress else '--ingress'} --rule-number "
+                                 f"{_free_rule_number(subnet.entries, egress, rule)} --protocol tcp --port-range {span} "
+                                 f"--cidr-block {peer.cidr} --rule-action allow")
+                    break  # the first leg dropped is enough to act on for this pair of subnets
+    if problems:
+        return Finding("network-acl", PROBLEM, "; ".join(dict.fromkeys(problems)) + ": the login nodes cannot be "
+                       "verified or reached through the load balancer", "; ".join(dict.fromkeys(fixes)))
+    checked = sorted({s.acl_id for _, sources in paths for s in sources} | {n.acl_id for n in nodes})
+    return Finding("network-acl", OK, f"network ACLs {', '.join(checked) or '(none)'} pass TCP {ssh_port} from "
+                   f"{' and '.join(label for label, _ in paths)} to the login nodes, and the replies")
+
+
 # ---------------------------------------------------------------------------- 5. agent reports
 
 
@@ -343,7 +479,44 @@ def _parse_time(text: str | None) -> dt.datetime | None:
 
 def _age(now: dt.datetime, then: dt.datetime) -> str:
     minutes = int((now - then).total_seconds() // 60)
-    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h"
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h" if minutes < 2880 else f"{minutes // 1440} days"
+
+
+@dataclass(frozen=True)
+class EnrollmentFacts:
+    """What the stack knows of one node's agent key: its enrollment, an operator's pending approval, and
+    AWS's launch time (enrollment without approval is open only within the window after launch)."""
+
+    status: str | None  # enrolled | contested | None (no key enrolled)
+    launched: dt.datetime | None
+    approval: str | None = None  # the fingerprint a pending approval names
+
+
+def approve_command(stack_name: str | None, instance_id: str) -> str:
+    from hpops_core.node_channel.contract import READ_AGENT_FINGERPRINT
+
+    return (f"read its agent's key fingerprint on the node (Session Manager, as root: {READ_AGENT_FINGERPRINT}), then "
+            f"hpops node approve-enrollment --stack-name {stack_name or 'S'} --node {instance_id} --fingerprint SHA256:...")
+
+
+def _enrollment_said(instance_id: str, facts: EnrollmentFacts | None, now: dt.datetime, window: dt.timedelta,
+                     stack_name: str | None) -> tuple[str, str] | None:
+    """(what is wrong, its fix) when the node's agent cannot speak for it; None when enrollment is not why."""
+    if facts is None or facts.status == "enrolled":
+        return None
+    if facts.status == "contested":
+        return (f"{instance_id} is contested (a second key claimed it inside the enrollment window): kept out until "
+                "an operator re-enrolls it", approve_command(stack_name, instance_id))
+    if facts.approval:
+        return (f"{instance_id}'s agent has not enrolled yet; an approval for {facts.approval} waits for it",
+                "it enrolls at its next attempt (within 5 minutes); if not, the key on the node is another: "
+                + approve_command(stack_name, instance_id))
+    minutes = int(window.total_seconds() // 60)
+    if facts.launched is not None and now - facts.launched > window:
+        return (f"{instance_id} was launched {_age(now, facts.launched)} ago, outside the {minutes}-minute enrollment "
+                "window, and no approval names its agent's key: it cannot enroll, so it is kept out",
+                f"hpops adopt --stack-name {stack_name or 'S'}, or {approve_command(stack_name, instance_id)}")
+    return None
 
 
 def decide_enrollment_proof(how: Mapping[str, str], contested: Sequence[str], documents_seen: bool,
@@ -369,20 +542,28 @@ def decide_enrollment_proof(how: Mapping[str, str], contested: Sequence[str], do
 
 def decide_reports(group: str, running: Sequence[str], reports: Mapping[str, Mapping[str, Any]],
                    published_version: str | None, agent_version: str, now: dt.datetime,
-                   max_age: dt.timedelta, stack_name: str | None) -> Finding:
+                   max_age: dt.timedelta, stack_name: str | None,
+                   enrollments: Mapping[str, EnrollmentFacts] | None = None,
+                   window: dt.timedelta = dt.timedelta(minutes=60)) -> Finding:
     """``running``: the login group's Running instance ids; ``reports``: instance id -> latest report
-    (report_store's JSON with receivedAt); ``published_version``: the host identity the stack published."""
+    (report_store's JSON with receivedAt); ``published_version``: the host identity the stack published;
+    ``enrollments``: instance id -> what the stack knows of its agent's key (a silent node's reason)."""
     if not running:
         return Finding("agent-reports", PROBLEM, "the login group has no Running node", subject=group)
     silent, late, behind, old = [], [], {}, {}
+    problems, fixes = [], []
     for instance in sorted(running):
         report = reports.get(instance)
         received = _parse_time((report or {}).get("receivedAt"))
-        if report is None or received is None:
-            silent.append(instance)
-            continue
-        if now - received > max_age:
-            late.append(f"{instance} last reported {_age(now, received)} ago")
+        if report is None or received is None or now - received > max_age:
+            said = _enrollment_said(instance, (enrollments or {}).get(instance), now, window, stack_name)
+            if said:
+                problems.append(said[0])
+                fixes.append(said[1])
+            elif report is None or received is None:
+                silent.append(instance)
+            else:
+                late.append(f"{instance} last reported {_age(now, received)} ago")
             continue
         identity = report.get("hostIdentity") or {}
         if published_version and identity.get("version") != published_version:
@@ -390,13 +571,13 @@ def decide_reports(group: str, running: Sequence[str], reports: Mapping[str, Map
             behind.setdefault(f"{identity.get('version') or '(none)'}{said}", []).append(instance)
         if report.get("agentVersion") != agent_version:
             old.setdefault(str(report.get("agentVersion")), []).append(instance)
-    problems, fixes = [], []
     if silent:
         problems.append(f"{', '.join(silent)} never reported")
     problems += late
     if silent or late:
-        fixes.append("a node that does not report lacks the agent (lifecycle-script), NodeAgentPolicy or a network "
-                     "path (the checks above); on the node: journalctl -u hpops-node-agent")
+        fixes.append("a node that does not report lacks the agent (lifecycle-script; for a node already running: "
+                     f"hpops adopt --stack-name {stack_name or 'S'}), NodeAgentPolicy or a network path (the checks "
+                     "above); on the node: journalctl -u hpops-node-agent")
     for version, instances in behind.items():
         problems.append(f"{', '.join(instances)} at host identity {version}, the stack published {published_version}")
     if behind:
@@ -483,17 +664,25 @@ def decide_trail(region: str, trails: Sequence[TrailFacts]) -> Finding:
 
 
 def decide_run_as(document: Mapping[str, Any] | None) -> Finding:
-    """``document``: the account's SSM-SessionManagerRunShell content, or None when it was never saved."""
+    """``document``: the account's SSM-SessionManagerRunShell content, or None when it was never saved.
+    Run As is account-wide: it applies to every Session Manager session in the region, not only the cluster's."""
     inputs = (document or {}).get("inputs") or {}
     enabled = inputs.get("runAsEnabled")
+    preferences = "Session Manager > Preferences > Linux shell profile"
     if enabled is True or str(enabled).lower() == "true":
         default = inputs.get("runAsDefaultUser") or ""
-        return Finding("run-as", OK, "Session Manager Run As is on"
-                       + (f" (default user {default})" if default else " (no default user: principals need an "
-                          "SSMSessionRunAs tag)"))
+        if default:
+            return Finding("run-as", PROBLEM, f"Session Manager Run As is on with default user {default}: "
+                           f"{RUN_AS_SHARED} {default}, so they share one session limit (one person's shells count "
+                           "against, and may end for, another's)",
+                           f"{preferences}: clear the default user, and tag each principal SSMSessionRunAs=<posix user> "
+                           "(aws iam tag-role --role-name ROLE --tags Key=SSMSessionRunAs,Value=USER, or a session tag "
+                           "from your identity provider)")
+        return Finding("run-as", OK, "Session Manager Run As is on with no default user: each principal runs as "
+                       "its SSMSessionRunAs tag")
     return Finding("run-as", PROBLEM, RUN_AS_OFF + " (HyperPod sessions connect as root)",
-                   "Session Manager > Preferences > Linux shell profile: enable Run As support, and tag principals "
-                   "with SSMSessionRunAs=<posix user> (or set a default user)")
+                   f"{preferences}: enable Run As support (account-wide: every Session Manager session in the "
+                   "region), with no default user, and tag each principal SSMSessionRunAs=<posix user>")
 
 
 # ---------------------------------------------------------------------------- 8. cost allocation tag
@@ -553,27 +742,100 @@ def decide_usage(group: str, usage: UsageFacts | None, now: dt.datetime, max_age
 # ---------------------------------------------------------------------------- 10. shared execution role
 
 
-def decide_execution_role(roles: Mapping[str, str], node_groups: Sequence[str], role_parameter: str | None) -> Finding:
+def _listed(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value or ())
+
+
+def _wildcard(pattern: str, text: str, case: bool) -> bool:
+    """IAM's * and ? (fnmatch's [...] escaped: IAM has no character classes)."""
+    pattern = pattern.replace("[", "[[]")
+    return fnmatch.fnmatchcase(text, pattern) if case else fnmatch.fnmatchcase(text.lower(), pattern.lower())
+
+
+def _statement_covers(statement: Mapping[str, Any], action: str, resource: str) -> bool:
+    if "NotAction" in statement:
+        acts = not any(_wildcard(a, action, False) for a in _listed(statement["NotAction"]))
+    else:
+        acts = any(_wildcard(a, action, False) for a in _listed(statement.get("Action")))
+    if "NotResource" in statement:
+        on = not any(_wildcard(r, resource, True) for r in _listed(statement["NotResource"]))
+    else:
+        on = any(_wildcard(r, resource, True) for r in _listed(statement.get("Resource", "*")))
+    return acts and on
+
+
+def policy_allows(documents: Mapping[str, Mapping[str, Any]], action: str, resource: str) -> list[str]:
+    """The policies (by name) whose Allow covers ``action`` on ``resource``; [] if none does or a Deny
+    covers it. An Allow with a Condition counts: doctor cannot evaluate it, and it may hold."""
+    allowing, denied = [], False
+    for name, document in sorted(documents.items()):
+        statements = document.get("Statement") or []
+        for statement in [statements] if isinstance(statements, Mapping) else statements:
+            if not _statement_covers(statement, action, resource):
+                continue
+            if statement.get("Effect") == "Deny" and not statement.get("Condition"):
+                denied = True
+            elif statement.get("Effect") == "Allow" and name not in allowing:
+                allowing.append(name)
+    return [] if denied else allowing
+
+
+@dataclass(frozen=True)
+class RoleGrants:
+    """An execution role's policies as the operator can read them."""
+
+    role: str
+    documents: Mapping[str, Mapping[str, Any]]  # policy name -> document (inline ones named "<name> (inline)")
+    unreadable: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """What no user holding a node's role may read: the stack's secrets and the key that encrypts them
+    (ARNs; before a deploy, stand-ins a wildcard grant would still match)."""
+
+    secrets: Mapping[str, str]  # "the canonical host keys" -> secret ARN
+    key_arn: str
+
+
+def decide_execution_role(roles: Mapping[str, str], node_groups: Sequence[str], role_parameter: str | None,
+                          grants: Mapping[str, RoleGrants], guarded: Guarded) -> Finding:
     """``roles``: every instance group -> its ExecutionRole ARN; ``node_groups``: the groups that run the agent
-    (login, controller); ``role_parameter``: the stack's ClusterExecutionRoleName (None before a deploy)."""
-    agent_roles = {role_name(roles[g]) for g in node_groups if g in roles}
-    if role_parameter:
-        agent_roles.add(role_parameter)
-    sharing: dict[str, list[str]] = {}
+    (login, controller); ``grants``: each of their roles' policies. Every user on a node holds its role, and
+    groups often share one: what matters is what the role can do, not who shares it. It may do what
+    NodeAgentPolicy gives (public desired state, calls the stack accepts only when signed by an enrolled
+    agent); it must not read the stack's secrets."""
+    agent_roles = sorted({role_name(roles[g]) for g in node_groups if g in roles} | ({role_parameter} if role_parameter else set()))
+    groups_of: dict[str, list[str]] = {}
     for group, arn in sorted(roles.items()):
-        if group not in node_groups and role_name(arn) in agent_roles:
-            sharing.setdefault(role_name(arn), []).append(group)
-    if sharing:
-        where = "; ".join(f"{', '.join(groups)} run{'s' if len(groups) == 1 else ''} with {role}"
-                          for role, groups in sorted(sharing.items()))
-        return Finding("execution-role", PROBLEM,
-                       f"{where}, the role NodeAgentPolicy is attached to: every user on those nodes can read the "
-                       "canonical SSH host keys and publish node reports",
-                       "give the login and controller groups a role of their own (aws iam create-role, a copy of "
-                       "the current one), name it in their ExecutionRole and the stack's ClusterExecutionRoleName")
-    return Finding("execution-role", OK, f"NodeAgentPolicy's role{'s' if len(agent_roles) > 1 else ''} "
-                   f"{', '.join(sorted(agent_roles)) or '(none)'} belong{'' if len(agent_roles) > 1 else 's'} "
-                   "to no compute group")
+        groups_of.setdefault(role_name(arn), []).append(group)
+    problems, fixes, unread = [], [], []
+    for role in agent_roles:
+        grant = grants.get(role)
+        if grant is None:
+            continue
+        unread += [f"{role}: {name}" for name in grant.unreadable]
+        decrypt = policy_allows(grant.documents, "kms:Decrypt", guarded.key_arn)
+        for label, secret in sorted(guarded.secrets.items()):
+            read = policy_allows(grant.documents, "secretsmanager:GetSecretValue", secret)
+            if read and decrypt:
+                users = ", ".join(groups_of.get(role, [])) or "its groups"
+                problems.append(f"role {role} may read {label} ({', '.join(sorted(set(read + decrypt)))} allow "
+                                f"secretsmanager:GetSecretValue and kms:Decrypt on them): every user on {users} can "
+                                "take the role from IMDS and read them")
+                fixes.append(f"narrow {', '.join(read)} on role {role} so secretsmanager:GetSecretValue does not cover "
+                             f"{secret} (the agent never reads it: NodeChannel hands an enrolled agent what it needs)")
+    if problems:
+        return Finding("execution-role", PROBLEM, "; ".join(problems), "; ".join(dict.fromkeys(fixes)))
+    if unread:
+        return Finding("execution-role", UNKNOWN, f"could not read {', '.join(unread)}: whether the role reads the "
+                       "stack's secrets is unknown", "allow iam:GetPolicy, iam:GetPolicyVersion and iam:GetRolePolicy "
+                       "on them to the operator (hpops iam-policy)")
+    shared = {r: g for r, g in groups_of.items() if r in agent_roles and any(x not in node_groups for x in g)}
+    said = "; ".join(f"{role} is shared with {', '.join(x for x in g if x not in node_groups)}" for role, g in sorted(shared.items()))
+    return Finding("execution-role", OK, f"role{'s' if len(agent_roles) > 1 else ''} {', '.join(agent_roles) or '(none)'} "
+                   f"cannot read {' or '.join(sorted(guarded.secrets))}" + (f" ({said}: its users get only the public "
+                   "desired state; the stack trusts the enrolled agent's key, not the role)" if said else ""))
 
 
 # ---------------------------------------------------------------------------- 11. VPC endpoints
@@ -582,7 +844,7 @@ def decide_execution_role(roles: Mapping[str, str], node_groups: Sequence[str], 
 @dataclass(frozen=True)
 class EndpointFacts:
     endpoint_id: str
-    service: str  # ssm, secretsmanager, events
+    service: str  # ssm, lambda, events, sagemaker.api
     security_groups: Sequence[Mapping[str, Any]]  # DescribeSecurityGroups items of the endpoint's groups
     policy: Mapping[str, Any] | None  # the endpoint policy (None: the default, full access)
 
@@ -606,7 +868,7 @@ def decide_endpoints(group: str, node_group_ids: Sequence[str], node_cidrs: Sequ
     """The interface endpoints the agents' calls may take (NODE_SERVICES in the nodes' VPC): each must admit
     HTTPS from the nodes and let their calls through."""
     if not endpoints:
-        return Finding("node-endpoints", OK, "no interface endpoint for ssm, secretsmanager or events in the "
+        return Finding("node-endpoints", OK, f"no interface endpoint for {', '.join(NODE_SERVICES)} in the "
                        "nodes' VPC: the agents' calls take the NAT route (node-network)", subject=group)
     problems, fixes = [], []
     for endpoint in sorted(endpoints, key=lambda e: e.service):

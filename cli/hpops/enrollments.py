@@ -2,9 +2,8 @@
 
 An agent enrolls its own key at on_create, inside the enrollment window after launch. A node that
 was running before the stack had enrollment (an upgrade), a node whose agent lost its key, and a
-contested node need the operator: read the fingerprint on the node as root (Session Manager:
-`sudo python3 -m hpops_node_agent identity` in /opt/hpops-node-agent) and approve exactly that
-instance and fingerprint. The approval is single use and expires after a day.
+contested node need the operator: read the fingerprint on the node (Session Manager:
+contract.READ_AGENT_FINGERPRINT) and approve exactly that instance and fingerprint. The approval is single use and expires after a day.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@
     hpops doctor --stack-name S | --cluster NAME --region R | --twin [--json]
                                              what the account or cluster lacks, one line per check
     hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
+    hpops node enrollments|approve-enrollment --stack-name S [--node ID --fingerprint SHA256:...]
+                                             which agent key speaks for each node; approve one
     hpops iam-policy --stack-name S [--lifecycle-bucket B]
                                              the least-privilege IAM policy (JSON) for these commands on S
 
@@ -49,6 +51,7 @@ from hpops.errors import EXIT_USAGE, CliError, explain
 from hpops.event_files import load_event_files
 from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
+from hpops_core.node_channel.contract import READ_AGENT_FINGERPRINT
 from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
 
@@ -755,6 +758,11 @@ def cmd_iam_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+# Where --region and --stack-name come from when not given (region_of below; boto3 for the rest).
+REGION_HELP = "AWS region (default: AWS_REGION, else AWS_DEFAULT_REGION, else your AWS profile's region)"
+STACK_HELP = "the deployed stack's name (as in sam deploy; no default: the stack's outputs and parameters are read from it)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpops", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -778,9 +786,9 @@ def build_parser() -> argparse.ArgumentParser:
                              ("repair", cmd_repair, "start a manual repair execution")):
         sub = commands.add_parser(name, help=text)
         where = sub.add_mutually_exclusive_group(required=True)
-        where.add_argument("--stack-name", help="the deployed stack")
+        where.add_argument("--stack-name", help=STACK_HELP)
         where.add_argument("--twin", action="store_true", help="use a fresh local twin (development install)")
-        sub.add_argument("--region")
+        sub.add_argument("--region", help=REGION_HELP)
         if name == "status":
             sub.add_argument("--json", action="store_true", help="the same as one JSON document")
         if name == "repair":
@@ -790,22 +798,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = commands.add_parser("host-keys", help="host identity: generate | adopt | rotate | show | ca-generate | ca-show")
     keys.add_argument("action", choices=("generate", "adopt", "rotate", "show", "ca-generate", "ca-show"))
-    keys.add_argument("--stack-name", required=True)
-    keys.add_argument("--region")
+    keys.add_argument("--stack-name", required=True, help=STACK_HELP)
+    keys.add_argument("--region", help=REGION_HELP)
     keys.add_argument("--from-dir", help="adopt: folder holding a login node's ssh_host_*_key files")
     keys.set_defaults(func=cmd_host_keys)
 
     adopt = commands.add_parser("adopt", help="install the node agent on running login and controller nodes "
                                 "(Session Manager; no re-imaging), then repair")
-    adopt.add_argument("--stack-name", required=True)
-    adopt.add_argument("--region")
+    adopt.add_argument("--stack-name", required=True, help=STACK_HELP)
+    adopt.add_argument("--region", help=REGION_HELP)
     adopt.add_argument("--print", action="store_true", help="print each node's start-session command, run nothing")
     adopt.add_argument("--timeout", type=float, default=600, help="seconds to wait for the repair (default 600)")
     adopt.set_defaults(func=cmd_adopt)
 
     lifecycle = commands.add_parser("lifecycle", help="write the node agent bundle for the cluster's lifecycle scripts")
-    lifecycle.add_argument("--stack-name", help="read cluster, region and report bus from this stack")
-    lifecycle.add_argument("--region")
+    lifecycle.add_argument("--stack-name", help=STACK_HELP + "; without it: --cluster, --report-bus and --node-channel")
+    lifecycle.add_argument("--region", help=REGION_HELP)
     lifecycle.add_argument("--cluster", help="without a stack: the HyperPod cluster name")
     lifecycle.add_argument("--report-bus", help="without a stack: the stack's NodeReportBusName output")
     lifecycle.add_argument("--node-channel", help="without a stack: the stack's NodeChannelFunctionName output "
@@ -825,9 +833,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Exit 0: every user below their thresholds; 1: a user at or over a threshold, or a warning; "
                     "2: usage or setup error.")
     where = cost.add_mutually_exclusive_group()
-    where.add_argument("--stack-name", help="the deployed stack")
+    where.add_argument("--stack-name", help=STACK_HELP)
     where.add_argument("--twin", action="store_true", help="a demo month in a fresh local twin (development install)")
-    cost.add_argument("--region")
+    cost.add_argument("--region", help=REGION_HELP)
     cost.add_argument("--month", metavar="YYYY-MM", help=MONTH_HELP)
     cost.add_argument("--fresh", action="store_true",
                       help="ask Cost Explorer now ($0.01) instead of using the answer the hourly sweep kept (up to "
@@ -840,29 +848,34 @@ def build_parser() -> argparse.ArgumentParser:
     subscribe = cost_commands.add_parser(
         "subscribe", help="e-mail USER's own spend alerts to EMAIL (SNS filter policy on the user)")
     # SUPPRESS: `hpops cost --stack-name S subscribe ...` works too (the value set before `subscribe` stays).
-    subscribe.add_argument("--stack-name", default=argparse.SUPPRESS)
-    subscribe.add_argument("--region", default=argparse.SUPPRESS)
+    subscribe.add_argument("--stack-name", default=argparse.SUPPRESS, help=STACK_HELP)
+    subscribe.add_argument("--region", default=argparse.SUPPRESS, help=REGION_HELP)
     subscribe.add_argument("user", metavar="USER", help="the POSIX user whose alerts to send")
     subscribe.add_argument("email", metavar="EMAIL")
     release = cost_commands.add_parser(
         "release", help="let USER's jobs start again this month though they are over their limit (UserBudgetAction hold)")
-    release.add_argument("--stack-name", default=argparse.SUPPRESS)
-    release.add_argument("--region", default=argparse.SUPPRESS)
+    release.add_argument("--stack-name", default=argparse.SUPPRESS, help=STACK_HELP)
+    release.add_argument("--region", default=argparse.SUPPRESS, help=REGION_HELP)
     release.add_argument("user", metavar="USER", help="the POSIX user to release")
     release.add_argument("--reason", required=True, help="why (kept with who released them, shown by hpops cost)")
 
+    from hpops.doctor import NEEDS_STACK
+    from hpops.doctor_checks import CHECK_HELP, CHECKS
+
     doctor = commands.add_parser(
         "doctor", help="what the account or cluster lacks for hpops: one line per check, OK or the problem and its fix",
-        description="Checks the lifecycle script and bundle, NodeAgentPolicy on the execution roles, the nodes' "
-                    "network path to SSM, Secrets Manager and EventBridge, the verifier's path to the login nodes, the "
-                    "agents' reports, CloudTrail, Session Manager Run As, the ClusterName cost allocation tag and the "
-                    "controller's Slurm usage. Exit 0: all OK; 1: a problem, or a check that could not tell; 2: usage "
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="One line per check (the network and lifecycle checks: one per login and controller group), OK "
+                    "or the problem and the command that fixes it:\n\n" + "\n".join(
+                        f"  {name:<20}{CHECK_HELP[name]}{'' if name in NEEDS_STACK else ' [before a deploy too: --cluster]'}"
+                        for name in CHECKS)
+                    + "\n\nExit 0: all OK (NOTE lines included); 1: a problem, or a check that could not tell; 2: usage "
                     "or setup error.")
     where = doctor.add_mutually_exclusive_group()
-    where.add_argument("--stack-name", help="the deployed stack (every check)")
+    where.add_argument("--stack-name", help=STACK_HELP + "; every check")
     where.add_argument("--cluster", help="before a deploy: the HyperPod cluster (the checks that need no stack)")
     where.add_argument("--twin", action="store_true", help="a fresh local twin (development install)")
-    doctor.add_argument("--region")
+    doctor.add_argument("--region", help=REGION_HELP)
     doctor.add_argument("--login-group", help="with --cluster: the login instance group (default: the one whose "
                         "SlurmConfig.NodeType is Login, else login)")
     doctor.add_argument("--controller-group", help="with --cluster: the Slurm controller instance group (default: "
@@ -877,10 +890,11 @@ def build_parser() -> argparse.ArgumentParser:
         "approve-enrollment", help="let one instance's agent enroll exactly this key (upgrade, lost key, contested)")
     approval.add_argument("--node", required=True, metavar="INSTANCE_ID")
     approval.add_argument("--fingerprint", required=True, metavar="SHA256:...",
-                          help="what `sudo python3 -m hpops_node_agent identity` prints on that node")
+                          help=f"what `{READ_AGENT_FINGERPRINT}` prints on that node (Session Manager, as root); "
+                               "`hpops adopt` prints it for every node it installs")
     for sub in (listed, approval):
-        sub.add_argument("--stack-name", required=True)
-        sub.add_argument("--region")
+        sub.add_argument("--stack-name", required=True, help=STACK_HELP)
+        sub.add_argument("--region", help=REGION_HELP)
         sub.set_defaults(func=cmd_node)
 
     iam_policy = commands.add_parser(
@@ -888,8 +902,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
                     "lifecycle and doctor on the stack, naming its resources. A wildcard resource only where the "
                     "action has none; its statement's Sid says why.")
-    iam_policy.add_argument("--stack-name", required=True, help="the deployed stack")
-    iam_policy.add_argument("--region")
+    iam_policy.add_argument("--stack-name", required=True, help=STACK_HELP)
+    iam_policy.add_argument("--region", help=REGION_HELP)
     iam_policy.add_argument("--lifecycle-bucket", action="append", default=[], metavar="BUCKET",
                             help="the S3 bucket of the cluster's lifecycle scripts, which doctor reads (repeatable; "
                                  "without it doctor's S3 reads are on *)")

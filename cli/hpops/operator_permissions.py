@@ -156,6 +156,7 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("ec2", "DescribeClientVpnAuthorizationRules", "ec2:DescribeClientVpnAuthorizationRules",
              "arn:aws:ec2:{region}:{account}:client-vpn-endpoint/*"),
         Call("ec2", "DescribeSecurityGroups", "ec2:DescribeSecurityGroups", "*"),
+        Call("ec2", "DescribeNetworkAcls", "ec2:DescribeNetworkAcls", "*"),
         Call("elastic-load-balancing-v2", "DescribeTargetGroups", "elasticloadbalancing:DescribeTargetGroups", "*"),
         Call("elastic-load-balancing-v2", "DescribeLoadBalancers", "elasticloadbalancing:DescribeLoadBalancers", "*"),
         # The published host identity, the agents' reports and enrollments, the usage collector's status.
@@ -189,6 +190,7 @@ WILDCARD_REASONS = {
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeClientVpnEndpoints": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeSecurityGroups": "Ec2DescribeActionsHaveNoResourceType",
+    "ec2:DescribeNetworkAcls": "Ec2DescribeActionsHaveNoResourceType",
     "cloudtrail:DescribeTrails": "DescribeTrailsHasNoResourceType",
     # The lifecycle bucket is the cluster's (its LifeCycleConfig.SourceS3Uri), not the stack's: without
     # --lifecycle-bucket it is unknown here.

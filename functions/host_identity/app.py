@@ -136,7 +136,9 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     """{plan, verdicts, mode} -> the changes allowed to go ahead; rejected nodes are reported."""
     config = HostIdentityConfig.from_env()
     plan, verdicts = event.get("plan") or {}, event.get("verdicts") or []
-    gated = gate_registrations(plan, verdicts, repair=event.get("mode") == "repair", enrollments=_enrollments(config))
+    enrollments, approvals = _enrollments(config)
+    gated = gate_registrations(plan, verdicts, repair=event.get("mode") == "repair", enrollments=enrollments,
+                               approvals=approvals)
     metrics.add_metric(name="HostIdentityRejected", unit=MetricUnit.Count, value=len(gated.rejected))
     metrics.add_metric(name="HostCertificateRenewalFailed", unit=MetricUnit.Count, value=len(gated.renewal_failed))
     notice = _notice(gated, config.cluster_name)
@@ -152,11 +154,12 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     return gated.to_state()
 
 
-def _enrollments(config) -> dict[str, str]:
-    """instance id -> enrollment status: only enrolled, uncontested agents' nodes are admitted (a
-    registered node that became contested stays: host_identity/gate.py)."""
-    records, _ = enrollment_store.list_enrollments(config.state_table, config.cluster_name)
-    return {r.instance_id: r.status for r in records}
+def _enrollments(config) -> tuple[dict[str, str], dict[str, str]]:
+    """(instance id -> enrollment status, instance id -> the fingerprint of a pending approval): only
+    enrolled, uncontested agents' nodes are admitted (a registered node that became contested stays:
+    host_identity/gate.py)."""
+    records, approvals = enrollment_store.list_enrollments(config.state_table, config.cluster_name)
+    return {r.instance_id: r.status for r in records}, {a["instanceId"]: a["fingerprint"] for a in approvals}
 
 
 def _notice(gated, cluster: str) -> tuple[str, str] | None:

@@ -25,7 +25,7 @@ EXPECTED = {
     "NodeAgentPolicy detached from the execution role": (
         "execution role hyperpod-exec does not have NodeAgentPolicy", "aws iam attach-role-policy --role-name hyperpod-exec"),
     "no NAT route and no VPC endpoints for the nodes' subnet": (
-        "no interface endpoint with private DNS for ssm, secretsmanager, events", "com.amazonaws.us-east-1.secretsmanager"),
+        "no interface endpoint with private DNS for ssm, lambda, events", "com.amazonaws.us-east-1.lambda"),
     "cluster security group does not admit SSH from the verifier": (
         "does not admit TCP 22 from the verifier's", "authorize-security-group-ingress"),
     "cluster security group does not admit SSH from the NLB's": (
@@ -34,8 +34,14 @@ EXPECTED = {
         "no active authorization rule of Client VPN cvpn-endpoint-0a1b2c3d4e5f60718 covers",
         "aws ec2 authorize-client-vpn-ingress --client-vpn-endpoint-id cvpn-endpoint-0a1b2c3d4e5f60718"),
     "a new login node whose agent was never installed": ("never reported", "journalctl -u hpops-node-agent"),
-    "the compute group runs with the login group's execution role": (
-        "gpu runs with hyperpod-exec, the role NodeAgentPolicy is attached to", "ClusterExecutionRoleName"),
+    "one role for every group, and it may read every secret": (
+        "role hyperpod-exec may read the canonical host keys (site-secrets (inline) allow secretsmanager:GetSecretValue",
+        "narrow site-secrets (inline) on role hyperpod-exec so secretsmanager:GetSecretValue does not cover"),
+    "the nodes' network ACL denies SSH from the verifier's and NLB's subnet": (
+        "drops TCP 22 into the login nodes' subnet", "aws ec2 create-network-acl-entry --network-acl-id acl-"),
+    "Run As on with one default user for everyone": (
+        "every principal without an SSMSessionRunAs tag runs as ubuntu, so they share one session limit",
+        "clear the default user"),
     "interface endpoints whose security group refuses HTTPS": (
         "does not admit TCP 443 from the nodes", "--protocol tcp --port 443 --source-group"),
     "a fresh stack: no host identity ever published": (
@@ -125,10 +131,11 @@ def test_doctor_runs_as_the_operator_under_the_policy_hpops_iam_policy_prints(ac
 WITHOUT = {
     "ec2:DescribeRouteTables": "node-network",
     "s3:GetObject": "lifecycle-script",
-    "iam:ListAttachedRolePolicies": ("node-agent-policy", "imds-exposure"),
+    "iam:ListAttachedRolePolicies": ("node-agent-policy", "execution-role", "imds-exposure"),
     "cloudtrail:DescribeTrails": "cloudtrail",
     "ce:ListCostAllocationTags": "cost-allocation-tag",
     "dynamodb:Query": ("agent-reports", "imds-exposure"),
+    "ec2:DescribeNetworkAcls": "network-acl",
 }
 
 

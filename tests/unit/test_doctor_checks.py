@@ -20,18 +20,27 @@ def _endpoints(*services: str, private_dns: bool = True, vpc: str = "vpc-1") -> 
     return [Endpoint(vpc, s, private_dns, f"vpce-{s}") for s in services]
 
 
-def test_a_private_subnet_with_an_endpoint_for_each_service_is_ok():
-    finding = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "secretsmanager", "events"))
+def test_a_private_subnet_with_an_endpoint_for_each_service_the_agent_calls_is_ok():
+    finding = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "lambda", "events"))
     assert finding.status == OK and "interface endpoints" in finding.message
+    assert "SSM, Lambda and EventBridge" in finding.message
+    # An API-driven cluster's install.sh reads DescribeCluster: the SageMaker API endpoint is needed too.
+    api = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "lambda", "events"),
+                                services=checks.NODE_SERVICES + (checks.SAGEMAKER_API,), node_group_ids=["sg-nodes"])
+    assert api.status == PROBLEM and "no interface endpoint with private DNS for sagemaker.api" in api.message
+    assert ("aws ec2 create-vpc-endpoint --vpc-id vpc-1 --vpc-endpoint-type Interface --service-name "
+            "com.amazonaws.us-east-1.sagemaker.api --subnet-ids subnet-a --security-group-ids sg-nodes "
+            "--private-dns-enabled") in api.fix
 
 
-def test_a_missing_endpoint_or_one_without_private_dns_is_named():
-    endpoints = _endpoints("ssm", "events") + _endpoints("secretsmanager", private_dns=False)
+def test_a_missing_lambda_endpoint_or_one_without_private_dns_is_named_and_secrets_manager_is_not_asked_for():
+    endpoints = _endpoints("ssm", "events") + _endpoints("lambda", private_dns=False)
     finding = checks.decide_network("login", REGION, [PRIVATE], endpoints)
     assert finding.status == PROBLEM
-    assert "no interface endpoint with private DNS for secretsmanager (secretsmanager without private DNS)" in finding.message
+    assert "no interface endpoint with private DNS for lambda (lambda without private DNS)" in finding.message
+    assert "com.amazonaws.us-east-1.lambda" in finding.fix and "secretsmanager" not in finding.line()
     # An endpoint in another VPC does not serve this subnet.
-    other = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "secretsmanager", "events", vpc="vpc-2"))
+    other = checks.decide_network("login", REGION, [PRIVATE], _endpoints("ssm", "lambda", "events", vpc="vpc-2"))
     assert other.status == PROBLEM
 
 
@@ -105,6 +114,26 @@ def test_reports_stale_behind_or_from_an_old_agent_are_each_named():
     assert ok.status == OK
 
 
+def test_a_silent_nodes_enrollment_state_is_named_with_its_fix():
+    from hpops.doctor_checks import EnrollmentFacts
+
+    launched_long_ago, launched_now = NOW - dt.timedelta(days=30), NOW - dt.timedelta(minutes=5)
+    enrollments = {"i-old": EnrollmentFacts(None, launched_long_ago), "i-contested": EnrollmentFacts("contested", launched_now),
+                   "i-pending": EnrollmentFacts(None, launched_long_ago, "SHA256:" + "a" * 43),
+                   "i-new": EnrollmentFacts(None, launched_now), "i-enrolled": EnrollmentFacts("enrolled", launched_long_ago)}
+    finding = checks.decide_reports("login", list(enrollments), {}, None, "1.0.0", NOW, dt.timedelta(minutes=25), "S",
+                                    enrollments, dt.timedelta(minutes=60))
+    assert finding.status == PROBLEM
+    assert "i-old was launched 30 days ago, outside the 60-minute enrollment window, and no approval names" in finding.message
+    assert "i-contested is contested" in finding.message
+    assert "i-pending's agent has not enrolled yet; an approval for SHA256:aaa" in finding.message
+    # Not an enrollment problem: the agent itself (or its path) is what to look at.
+    assert "i-enrolled, i-new never reported" in finding.message
+    assert "hpops adopt --stack-name S" in finding.fix
+    assert "hpops node approve-enrollment --stack-name S --node i-contested --fingerprint SHA256:..." in finding.fix
+    assert "sudo ssh-keygen -y -f /var/lib/hpops-node-agent/agent-key | ssh-keygen -lf -" in finding.fix
+
+
 SSM_WRITES = {"Field": "eventCategory", "Equals": ["Management"]}
 
 
@@ -140,7 +169,14 @@ def test_a_trail_of_another_region_counts_only_when_multi_region():
 def test_preferences_never_saved_mean_run_as_off():
     finding = checks.decide_run_as(None)
     assert finding.status == PROBLEM and finding.message.startswith(checks.RUN_AS_OFF)
-    assert checks.decide_run_as({"inputs": {"runAsEnabled": "true", "runAsDefaultUser": "ubuntu"}}).status == OK
+    assert "default user" not in finding.fix.replace("no default user", "")  # never advise the shared user
+    assert checks.decide_run_as({"inputs": {"runAsEnabled": "true", "runAsDefaultUser": ""}}).status == OK
+
+
+def test_run_as_with_one_default_user_for_everyone_is_a_problem():
+    finding = checks.decide_run_as({"inputs": {"runAsEnabled": "true", "runAsDefaultUser": "ubuntu"}})
+    assert finding.status == PROBLEM and f"{checks.RUN_AS_SHARED} ubuntu, so they share one session limit" in finding.message
+    assert "clear the default user" in finding.fix and "SSMSessionRunAs" in finding.fix
 
 
 def test_a_tag_billing_has_never_seen_and_an_untagged_cluster_are_both_named():
@@ -280,15 +316,74 @@ def test_without_client_vpn_or_permission_to_read_it_the_path_from_users_is_said
 # ---------------------------------------------------------------------------- the first day's checks
 
 
-def test_execution_role_shared_with_a_compute_group_is_a_problem_naming_the_group():
-    from hpops.doctor_checks import decide_execution_role
+SECRET = "arn:aws:secretsmanager:us-east-1:1:secret:HostIdentitySecret-abc"
+KEY = "arn:aws:kms:us-east-1:1:key/k-1"
+NODE_AGENT = {"Statement": [{"Effect": "Allow", "Action": ["ssm:GetParameters", "lambda:InvokeFunction", "events:PutEvents"],
+                             "Resource": "*"}]}
+
+
+def test_a_shared_execution_role_passes_unless_it_can_read_the_stacks_secrets():
+    from hpops.doctor_checks import Guarded, RoleGrants, decide_execution_role
 
     roles = {"login": "arn:aws:iam::1:role/exec", "controller-machine": "arn:aws:iam::1:role/exec",
              "gpu": "arn:aws:iam::1:role/exec"}
-    finding = decide_execution_role(roles, ["login", "controller-machine"], "exec")
-    assert finding.status == "PROBLEM" and finding.message.startswith("gpu runs with exec")
-    roles["gpu"] = "arn:aws:iam::1:role/compute"
-    assert decide_execution_role(roles, ["login", "controller-machine"], "exec").status == "OK"
+    guarded = Guarded({"the canonical host keys": SECRET}, KEY)
+    shared = decide_execution_role(roles, ["login", "controller-machine"], "exec",
+                                   {"exec": RoleGrants("exec", {"NodeAgentPolicy": NODE_AGENT})}, guarded)
+    assert shared.status == "OK" and "exec is shared with gpu" in shared.message
+    readable = {"NodeAgentPolicy": NODE_AGENT, "SecretsManagerReadWrite": {"Statement": [
+        {"Effect": "Allow", "Action": ["secretsmanager:*", "kms:Decrypt"], "Resource": "*"}]}}
+    finding = decide_execution_role(roles, ["login", "controller-machine"], "exec",
+                                    {"exec": RoleGrants("exec", readable)}, guarded)
+    assert finding.status == "PROBLEM" and "role exec may read the canonical host keys" in finding.message
+    assert "every user on controller-machine, gpu, login can take the role from IMDS" in finding.message
+    assert f"narrow SecretsManagerReadWrite on role exec so secretsmanager:GetSecretValue does not cover {SECRET}" in finding.fix
+    # The secret alone is not enough: without kms:Decrypt on the stack's key it cannot be read.
+    no_key = {"Reads": {"Statement": [{"Effect": "Allow", "Action": "secretsmanager:GetSecretValue", "Resource": "*"}]}}
+    assert decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", no_key)}, guarded).status == "OK"
+    # A Deny wins, and grants on other secrets do not count.
+    denied = {"R": {"Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"},
+                                  {"Effect": "Deny", "Action": "secretsmanager:GetSecretValue", "Resource": SECRET}]}}
+    assert decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", denied)}, guarded).status == "OK"
+    other = {"R": {"Statement": [{"Effect": "Allow", "Action": ["secretsmanager:GetSecretValue", "kms:Decrypt"],
+                                  "Resource": ["arn:aws:secretsmanager:us-east-1:1:secret:datasets/*", "*:key/*"]}]}}
+    assert decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", other)}, guarded).status == "OK"
+    unread = decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", {}, ("SiteManaged",))}, guarded)
+    assert unread.status == "UNKNOWN" and "exec: SiteManaged" in unread.message
+
+
+def _acl(*entries):
+    return [{"RuleNumber": n, "Protocol": p, "RuleAction": a, "Egress": e, "CidrBlock": c,
+             **({"PortRange": {"From": f, "To": t}} if f is not None else {})} for n, p, a, e, c, f, t in entries]
+
+
+OPEN = _acl((100, "-1", "allow", False, "0.0.0.0/0", None, None), (100, "-1", "allow", True, "0.0.0.0/0", None, None))
+
+
+def test_network_acls_dropping_ssh_or_its_replies_on_the_verifier_or_nlb_path_are_named_with_a_rule_to_add():
+    from hpops.doctor_checks import SubnetAcl, decide_network_acls
+
+    verifier, nlb = SubnetAcl("subnet-v", "10.0.1.0/24", "acl-v", OPEN), SubnetAcl("subnet-n", "10.0.2.0/24", "acl-n", OPEN)
+    nodes = SubnetAcl("subnet-x", "10.0.3.0/24", "acl-x", OPEN)
+    paths = [("the verifier", [verifier]), ("the load balancer", [nlb])]
+    assert decide_network_acls(22, paths, [nodes]).status == OK
+    # Rule 90 drops SSH from the verifier's subnet into the nodes' subnet.
+    deny = SubnetAcl("subnet-x", "10.0.3.0/24", "acl-x", _acl((90, "6", "deny", False, "10.0.1.0/25", 22, 22)) + OPEN)
+    finding = decide_network_acls(22, paths, [deny])
+    assert finding.status == PROBLEM
+    assert ("network ACL acl-x drops TCP 22 into the login nodes' subnet subnet-x from the verifier's 10.0.1.0/24 "
+            "(rule 90 denies it)") in finding.message and "load balancer" not in finding.message.split(":")[0]
+    assert ("aws ec2 create-network-acl-entry --network-acl-id acl-x --ingress --rule-number 89 --protocol tcp "
+            "--port-range From=22,To=22 --cidr-block 10.0.1.0/24 --rule-action allow") in finding.fix
+    # Replies: an ACL that lets only 32768-65535 back into the NLB's subnet drops port 1024.
+    narrow = SubnetAcl("subnet-n", "10.0.2.0/24", "acl-n", _acl(
+        (100, "-1", "allow", True, "0.0.0.0/0", None, None), (100, "6", "allow", False, "10.0.3.0/24", 32768, 65535),
+        (110, "6", "allow", False, "0.0.0.0/0", 22, 22)))
+    replies = decide_network_acls(22, [("the load balancer", [narrow])], [nodes])
+    assert replies.status == PROBLEM and "drops replies into the load balancer's subnet subnet-n from 10.0.3.0/24 on port 1024 (no rule allows it)" in replies.message
+    # Traffic within one subnet is not filtered by its ACL.
+    assert decide_network_acls(22, [("the verifier", [SubnetAcl("subnet-x", "10.0.3.0/24", "acl-x", [])])],
+                               [SubnetAcl("subnet-x", "10.0.3.0/24", "acl-x", [])]).status == OK
 
 
 def test_host_identity_never_published_is_a_problem_with_the_command_for_the_mode():

@@ -199,3 +199,24 @@ def test_the_gate_admits_only_enrolled_uncontested_nodes_and_never_takes_a_servi
     assert gated.register == ("10.0.0.1",)
     assert gated.deregister == (), "a contested serving node (10.0.0.9) and an unenrolled one (10.0.0.8) stay"
     assert {r["instanceId"] for r in gated.rejected} >= {"i-2", "i-3"}
+
+
+def test_the_kept_out_reason_names_the_enrollment_state_and_its_fix_not_only_the_agent():
+    """A node whose agent cannot enroll (launched long before its install, contested, approval pending)
+    fails verification for want of the keys: the alert says why and what to do, enrollment first."""
+    from hpops_core.host_identity.acknowledgement import NO_AGENT_HINT
+    from hpops_core.node_channel.contract import READ_AGENT_FINGERPRINT
+
+    plan = {"register": ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"], "keep": [], "deregister": []}
+    verdicts = [{"ip": f"10.0.0.{n}", "instanceId": f"i-{n}", "ok": False, "reason": NO_AGENT_HINT} for n in (1, 2, 3)]
+    verdicts.append({"ip": "10.0.0.4", "instanceId": "i-4", "ok": False, "reason": "presents other host keys"})
+    gated = gate_registrations(plan, verdicts, repair=False, enrollments={"i-2": "contested", "i-4": "enrolled"},
+                               approvals={"i-3": "SHA256:" + "b" * 43})
+    why = {r["instanceId"]: r["reason"] for r in gated.rejected}
+    assert gated.register == ()
+    assert why["i-1"].startswith("i-1's agent has not enrolled its key: a node launched more than EnrollmentWindowMinutes")
+    assert "`hpops adopt --stack-name <stack>`" in why["i-1"] and READ_AGENT_FINGERPRINT in why["i-1"]
+    assert why["i-1"].endswith(f"(and so: {NO_AGENT_HINT})")
+    assert why["i-2"].startswith("i-2's enrollment is contested") and "--node i-2 --fingerprint SHA256:..." in why["i-2"]
+    assert why["i-3"].startswith(f"i-3's agent has not enrolled its key yet; an approval for SHA256:{'b' * 43} waits")
+    assert why["i-4"] == "presents other host keys"  # enrolled: the verifier's reason alone

@@ -19,6 +19,20 @@ def test_the_parameter_table_is_generated_from_template_yaml():
     assert "| `SessionLimitsDryRun` | `true` |" in page, "a new stack starts session limits in dry run"
 
 
+def test_every_parameter_says_what_an_update_does_and_a_new_one_must_say_it_unless_only_functions_read_it():
+    from hpops_twin.generated_docs import ENVIRONMENT_ONLY, update_effect
+
+    raw = TemplateModel().raw
+    said = raw["Metadata"]["hpops::ParameterUpdates"]
+    assert set(said) <= set(raw["Parameters"]), "an update note for a parameter the template does not have"
+    assert "new DNS name" in update_effect(raw, "VpcId") and "Replaces the target groups" in update_effect(raw, "SshPort")
+    assert update_effect(raw, "EnrollmentWindowMinutes") == ENVIRONMENT_ONLY  # read only by a function's environment
+    raw["Parameters"]["NlbScheme"] = {"Type": "String", "Default": "internal"}
+    raw["Resources"]["LoginLoadBalancer"]["Properties"]["Scheme"] = {"Ref": "NlbScheme"}
+    with pytest.raises(ValueError, match="must say what an update of NlbScheme does"):
+        update_effect(raw, "NlbScheme")
+
+
 def test_a_parameter_outside_every_group_is_refused():
     raw = TemplateModel().raw
     raw["Parameters"]["Forgotten"] = {"Type": "String", "Default": ""}

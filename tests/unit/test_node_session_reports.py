@@ -147,6 +147,11 @@ def test_a_busy_node_counts_every_users_sessions_lists_each_users_newest_and_fit
     handles = {e["handle"] for e in listed_now}
     # Each user's newest is listed (a limit can end it), or, with more users than fit, only newest ones are.
     assert set(newest.values()) <= handles or handles <= set(newest.values())
+    oldest = {}
+    for s in reversed(listed):
+        oldest[s.user] = s.handle
+    if users <= 400:  # two entries a user fit: the oldest too, for SessionExcessPolicy=oldest
+        assert set(oldest.values()) <= handles
     assert section["omitted"] == len(listed) - len(listed_now) > 0
     report = parse_report_event(event(section))  # the stack accepts it whole
     assert len(report.to_json().encode()) < contract.MAX_REPORT_BYTES < 256 * 1024

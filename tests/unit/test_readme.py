@@ -83,7 +83,6 @@ SKIPPED = {
     "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
     "hpops node enrollments --stack-name S": AWS,
     "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
-    "python3 -m hpops_node_agent identity": f"{ON_A_NODE}, as root: prints the agent key's fingerprint",
     "python3 -m hpops_node_agent enroll": f"{ON_A_NODE}, as root: enrolls the agent key now "
                                           "(tests/twin/test_adopt_twin.py runs it through adopt)",
     "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
@@ -131,6 +130,11 @@ SKIPPED = {
     "sam build && sam deploy": AWS,
     "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
     "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
+    "aws ec2 authorize-security-group-ingress --group-id <cluster-sg> --protocol tcp --port 22 --source-group "
+    "<LoadBalancerSecurityGroupId>": f"{AWS}; doctor's nlb-path and verifier-path check the rule (tests/twin/test_doctor_twin.py)",
+    "hpops cost --stack-name S": AWS,
+    "sam delete --stack-name S": AWS,
+    "aws budgets delete-budget --account-id ACCOUNT --budget-name hpops-<cluster>": AWS,
     "make docs": "rewrites docs/parameters.md and docs/deployer-policy.json; tests/unit/test_generated_docs.py "
                  "runs the same generators and compares",
 }
@@ -149,6 +153,9 @@ MENTIONS = {
     "hpops host-keys generate": AWS,
     "hpops cost release": AWS,
     "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
+    "sam delete": AWS,
+    "aws ec2 create-vpc-endpoint": f"{AWS}: doctor's node-network fix (tests/unit/test_doctor_checks.py checks its words)",
+    "aws ec2 create-network-acl-entry": f"{AWS}: doctor's network-acl fix (tests/unit/test_doctor_checks.py checks its words)",
 }
 
 

@@ -42,6 +42,7 @@ import boto3
 from moto.core.botocore_stubber import BotocoreStubber
 
 from hpops.doctor import StackView, Target, target_of_stack
+from hpops.doctor_checks import NODE_SERVICES
 from hpops.lifecycle_script import INSTALL_LINE
 from hpops_twin.client_vpn import ClientVpnEndpoint, client_vpn_answered
 from hpops_twin.user_spend_twin import CONTROLLER_GROUP, UserSpendTwin
@@ -80,11 +81,18 @@ class DoctorAccount:
         self.denials: list = []  # what the operator policy refused in the last run
 
     # ------------------------------------------------------------------ setting up
-    def prepare(self) -> DoctorAccount:
+    def prepare(self, weeks_old: bool = False) -> DoctorAccount:
+        """A working installation; ``weeks_old``: the cluster HyperPod's common setup leaves after weeks
+        (launched 30 days ago, one execution role for every group, a private VPC whose nodes reach AWS
+        through interface endpoints for what the agent calls, no NAT), before `hpops adopt`: built with
+        doctor_world(weeks_old=True), whose nodes have no agent yet."""
         world, ec2 = self.world, self.aws.client("ec2")
         parameters = world.resolver.parameters
         self.vpc_id = parameters["VpcId"]
         self.subnets = parameters["SubnetIds"].split(",")
+        if weeks_old:
+            for node in world.sim.cluster(world.cluster_name).nodes.values():
+                node.launch_time -= dt.timedelta(days=30)
         self._lifecycle()
         self._node_agent_policy()
         # The cluster's own security group: all traffic between its nodes, SSH from the verifier.
@@ -100,12 +108,15 @@ class DoctorAccount:
         self.nlb_rule = [{"IpProtocol": "tcp", "FromPort": int(parameters["SshPort"]), "ToPort": int(parameters["SshPort"]),
                           "UserIdGroupPairs": [{"GroupId": world.resolver.physical_ids["LoginLoadBalancerSecurityGroup"]}]}]
         ec2.authorize_security_group_ingress(GroupId=self.cluster_group, IpPermissions=self.nlb_rule)
-        self._nat_route()
+        if weeks_old:
+            self.agent_endpoints = self._endpoints_for_the_agent()
+        else:
+            self._nat_route()
         self._client_vpn()
         world.sim.cluster(world.cluster_name).vpc_config = {"SecurityGroupIds": [self.cluster_group],
                                                             "Subnets": [self.subnets[0]]}
-        # The compute group runs with a role of its own (the simulator gives every group the same one).
-        self.group_spec(world.worker_group)["ExecutionRole"] = f"arn:aws:iam::{world.account_id}:role/{COMPUTE_ROLE}"
+        if not weeks_old:  # the compute group runs with a role of its own (the simulator gives every group one)
+            self.group_spec(world.worker_group)["ExecutionRole"] = f"arn:aws:iam::{world.account_id}:role/{COMPUTE_ROLE}"
         # CloudFormation's AWS::SNS::Subscription for AlarmEmail (the twin does not provision subscriptions);
         # the on-call engineer confirmed it (moto lists every subscription as confirmed).
         self.aws.client("sns").subscribe(TopicArn=world.output("AlertTopicArn"), Protocol="email", Endpoint=ALARM_EMAIL)
@@ -124,6 +135,22 @@ class DoctorAccount:
         # A working installation has swept once: the published host identity reached every agent.
         world.wait([world.run_schedule()])
         return self
+
+    def _endpoints_for_the_agent(self) -> dict[str, str]:
+        """Interface endpoints (private DNS) for each service the agent calls, admitting HTTPS from the
+        cluster's security group: service -> endpoint id."""
+        ec2 = self.aws.client("ec2")
+        self.endpoint_group = ec2.create_security_group(GroupName="agent-endpoints", Description="interface endpoints",
+                                                        VpcId=self.vpc_id)["GroupId"]
+        ec2.authorize_security_group_ingress(GroupId=self.endpoint_group, IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443, "UserIdGroupPairs": [{"GroupId": self.cluster_group}]}])
+        return {service: self.create_endpoint(service) for service in NODE_SERVICES}
+
+    def create_endpoint(self, service: str) -> str:
+        return self.aws.client("ec2").create_vpc_endpoint(
+            VpcId=self.vpc_id, ServiceName=f"com.amazonaws.{self.aws.region_name}.{service}", VpcEndpointType="Interface",
+            SubnetIds=[self.subnets[0]], SecurityGroupIds=[self.endpoint_group],
+            PrivateDnsEnabled=True)["VpcEndpoint"]["VpcEndpointId"]
 
     def _client_vpn(self) -> None:
         """Users come in through AWS Client VPN, associated with a subnet of the VPC and authorized to all of it."""
@@ -425,13 +452,49 @@ def host_identity_never_published(account: DoctorAccount) -> Iterator[None]:
 
 
 @contextmanager
-def compute_group_shares_the_role(account: DoctorAccount) -> Iterator[None]:
-    """The compute group created with the login group's execution role (a copied group definition)."""
-    spec = account.group_spec(account.world.worker_group)
+def shared_role_reads_the_host_keys(account: DoctorAccount) -> Iterator[None]:
+    """One execution role for every group (common), and someone gave it Secrets Manager reads with
+    kms:Decrypt on everything (a broad site policy): every user can now read the host keys."""
+    iam, spec = account.aws.client("iam"), account.group_spec(account.world.worker_group)
     saved = spec["ExecutionRole"]
     spec["ExecutionRole"] = f"arn:aws:iam::{account.world.account_id}:role/{EXECUTION_ROLE}"
+    iam.put_role_policy(RoleName=EXECUTION_ROLE, PolicyName="site-secrets", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["secretsmanager:GetSecretValue",
+                                                                               "kms:Decrypt"], "Resource": "*"}]}))
     yield
+    iam.delete_role_policy(RoleName=EXECUTION_ROLE, PolicyName="site-secrets")
     spec["ExecutionRole"] = saved
+
+
+@contextmanager
+def run_as_default_user(account: DoctorAccount) -> Iterator[None]:
+    """Run As on with one default user for everyone (what an old doctor fix suggested)."""
+    ssm = account.aws.client("ssm")
+    ssm.delete_document(Name="SSM-SessionManagerRunShell")
+    account.world.save_session_preferences(True, "ubuntu")
+    yield
+    ssm.delete_document(Name="SSM-SessionManagerRunShell")
+    account.world.save_session_preferences(True)
+
+
+@contextmanager
+def network_acl_drops_ssh(account: DoctorAccount) -> Iterator[None]:
+    """The nodes' subnet gets a network ACL of its own whose rule 90 denies TCP 22 from the other subnet
+    (where the verifier and the NLB also sit), before its allow-all rule."""
+    ec2, subnet = account.aws.client("ec2"), account.subnets[0]
+    acl = ec2.create_network_acl(VpcId=account.vpc_id)["NetworkAcl"]["NetworkAclId"]
+    other = ec2.describe_subnets(SubnetIds=[account.subnets[1]])["Subnets"][0]["CidrBlock"]
+    ec2.create_network_acl_entry(NetworkAclId=acl, RuleNumber=90, Protocol="6", RuleAction="deny", Egress=False,
+                                 CidrBlock=other, PortRange={"From": 22, "To": 22})
+    for egress in (False, True):
+        ec2.create_network_acl_entry(NetworkAclId=acl, RuleNumber=100, Protocol="-1", RuleAction="allow",
+                                     Egress=egress, CidrBlock="0.0.0.0/0")
+    [default] = ec2.describe_network_acls(Filters=[{"Name": "association.subnet-id", "Values": [subnet]}])["NetworkAcls"]
+    association = next(a["NetworkAclAssociationId"] for a in default["Associations"] if a["SubnetId"] == subnet)
+    association = ec2.replace_network_acl_association(AssociationId=association, NetworkAclId=acl)["NewAssociationId"]
+    yield
+    ec2.replace_network_acl_association(AssociationId=association, NetworkAclId=default["NetworkAclId"])
+    ec2.delete_network_acl(NetworkAclId=acl)
 
 
 @contextmanager
@@ -444,7 +507,7 @@ def endpoints_refuse_https(account: DoctorAccount) -> Iterator[None]:
     created = [ec2.create_vpc_endpoint(VpcId=account.vpc_id, ServiceName=f"com.amazonaws.{region}.{service}",
                                        VpcEndpointType="Interface", SubnetIds=[account.subnets[0]],
                                        SecurityGroupIds=[group], PrivateDnsEnabled=True)["VpcEndpoint"]["VpcEndpointId"]
-               for service in ("ssm", "secretsmanager", "events")]
+               for service in NODE_SERVICES]
     yield
     ec2.delete_vpc_endpoints(VpcEndpointIds=created)
     ec2.delete_security_group(GroupId=group)
@@ -500,12 +563,13 @@ BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
     ("lifecycle-script", "install line appended after on_create.sh's final exit", install_line_after_exit),
     ("lifecycle-script", "bundle's install.sh not uploaded beside on_create.sh", bundle_not_uploaded),
     ("node-agent-policy", "NodeAgentPolicy detached from the execution role", policy_detached),
-    ("execution-role", "the compute group runs with the login group's execution role", compute_group_shares_the_role),
+    ("execution-role", "one role for every group, and it may read every secret", shared_role_reads_the_host_keys),
     ("node-network", "no NAT route and no VPC endpoints for the nodes' subnet", no_nat_route),
     ("node-endpoints", "interface endpoints whose security group refuses HTTPS", endpoints_refuse_https),
     ("verifier-path", "cluster security group does not admit SSH from the verifier", ssh_not_admitted),
     ("nlb-path", "cluster security group does not admit SSH from the NLB's", nlb_not_admitted),
     ("nlb-path", "Client VPN authorized only to its own subnet, not the NLB's", client_vpn_not_authorized),
+    ("network-acl", "the nodes' network ACL denies SSH from the verifier's and NLB's subnet", network_acl_drops_ssh),
     ("host-identity", "a fresh stack: no host identity ever published", host_identity_never_published),
     ("kms-key-policy", "the key policy no longer lets IAM grant the key's use", key_policy_without_the_account),
     ("agent-reports", "a new login node whose agent was never installed", login_node_without_agent),
@@ -513,6 +577,7 @@ BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
     ("alert-subscription", "the alarm e-mail never confirmed", alarm_email_unconfirmed),
     ("cloudtrail", "the only trail stopped logging", trail_stopped),
     ("run-as", "Session Manager Run As off", run_as_off),
+    ("run-as", "Run As on with one default user for everyone", run_as_default_user),
     ("cost-allocation-tag", "cost allocation tag ClusterName inactive", cost_tag_inactive),
     ("slurm-usage", "Slurm accounting disabled on the controller", accounting_disabled),
     ("slurm-usage", "GPUs not in AccountingStorageTRES", gpus_not_tracked),
@@ -520,8 +585,10 @@ BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
 )
 
 
-def doctor_world() -> Any:
-    """A fresh twin with a Slurm controller group (whose agent reports usage) and an alarm e-mail."""
+def doctor_world(weeks_old: bool = False) -> Any:
+    """A fresh twin with a Slurm controller group (whose agent reports usage) and an alarm e-mail;
+    ``weeks_old``: its nodes were provisioned before on_create.sh had the install line (no agents)."""
     from hpops_twin.world import TwinWorld
 
-    return TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)}, parameters={"AlarmEmail": ALARM_EMAIL})
+    return TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)}, parameters={"AlarmEmail": ALARM_EMAIL},
+                     agents_installed=not weeks_old)

@@ -23,7 +23,8 @@ from hpops_twin.template_model import TemplateModel
 PARAMETERS_INTRO = """# Stack parameters
 
 Every parameter of `template.yaml`, in the groups the CloudFormation console shows
-(`AWS::CloudFormation::Interface`), with its default and when to change it (its `Description`).
+(`AWS::CloudFormation::Interface`), with its default, when to change it (its `Description`) and what
+`sam deploy` with a new value does (replaced resources, a new DNS name, what reaches the nodes and when).
 Generated: `make docs` (tests/unit/test_generated_docs.py fails when this page and template.yaml differ).
 Set them in `samconfig.toml`'s `parameter_overrides`, then `sam deploy`.
 """
@@ -52,16 +53,62 @@ def parameters_markdown(raw: Mapping[str, Any]) -> str:
                          f"unknown {unknown}")
     lines = [PARAMETERS_INTRO]
     for group in groups:
-        lines += [f"## {group['Label']['default']}", "", "| Parameter | Default | When to change it |", "|---|---|---|"]
+        lines += [f"## {group['Label']['default']}", "",
+                  "| Parameter | Default | When to change it | What an update does |", "|---|---|---|---|"]
         for name in group["Parameters"]:
             parameter = parameters[name]
             allowed = parameter.get("AllowedValues")
             text = _cell(parameter.get("Description", ""))
             if allowed and len(allowed) <= 6:
                 text += f" (one of {', '.join(f'`{a}`' for a in allowed)})"
-            lines.append(f"| `{name}` | {_default(parameter)} | {text} |")
+            lines.append(f"| `{name}` | {_default(parameter)} | {text} | {_cell(update_effect(raw, name))} |")
         lines.append("")
     return "\n".join(lines)
+
+
+ENVIRONMENT_ONLY = "In place: the functions read it at their next run; nothing is replaced, nothing on the nodes changes."
+
+
+def update_effect(raw: Mapping[str, Any], name: str) -> str:
+    """What `sam deploy` with a new value of ``name`` does: template.yaml's Metadata hpops::ParameterUpdates,
+    else (a parameter only the functions' environment reads) in place. Raises for any other parameter
+    without an entry, so a new one cannot be added without saying."""
+    said = raw.get("Metadata", {}).get("hpops::ParameterUpdates", {})
+    if name in said:
+        return said[name]
+    places = _references(raw, name)
+    if places and all("Environment" in path for path in places):
+        return ENVIRONMENT_ONLY
+    raise ValueError(f"template.yaml's Metadata hpops::ParameterUpdates must say what an update of {name} does "
+                     f"(it is read in {sorted({'/'.join(p[:3]) for p in places})})")
+
+
+def _references(raw: Mapping[str, Any], name: str) -> list[tuple[str, ...]]:
+    """Where the template reads parameter ``name`` (Ref or ${name} in a Sub): each as its key path."""
+    import re
+
+    found: list[tuple[str, ...]] = []
+
+    def walk(node: Any, path: tuple[str, ...]) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                if key == "Ref" and value == name:
+                    found.append(path)
+                elif key == "Fn::Sub":
+                    text = value if isinstance(value, str) else value[0]
+                    if re.search(r"\$\{" + re.escape(name) + r"\}", text):
+                        found.append(path)
+                    if not isinstance(value, str):
+                        walk(value[1], path + (key,))
+                else:
+                    walk(value, path + (str(key),))
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+
+    for section in ("Globals", "Conditions", "Resources", "Outputs"):
+        walk(raw.get(section, {}), (section,))
+    return found
 
 
 # What `sam deploy` itself calls, beside each resource's handlers: the change set (through the SAM

@@ -171,6 +171,7 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ec2", "DescribeClientVpnTargetNetworks"): ("ec2:DescribeClientVpnTargetNetworks", CLIENT_VPN_ENDPOINT),
     ("ec2", "DescribeClientVpnAuthorizationRules"): ("ec2:DescribeClientVpnAuthorizationRules", CLIENT_VPN_ENDPOINT),
     ("ec2", "DescribeSecurityGroups"): ("ec2:DescribeSecurityGroups", "*"),
+    ("ec2", "DescribeNetworkAcls"): ("ec2:DescribeNetworkAcls", "*"),
     # S3 (doctor reads the lifecycle prefix): objects arn:aws:s3:::{BucketName}/{ObjectName}, HeadObject is
     # s3:GetObject; listing is s3:ListBucket on arn:aws:s3:::{BucketName}
     ("s3", "GetObject"): ("s3:GetObject", "arn:aws:s3:::{Bucket}/{Key}"),

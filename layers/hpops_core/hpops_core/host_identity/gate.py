@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpops_core.node_channel.contract import READ_AGENT_FINGERPRINT
+
 
 @dataclass(frozen=True)
 class GatedPlan:
@@ -27,22 +29,32 @@ class GatedPlan:
         }
 
 
-def enrollment_problem(instance_id: str, enrollments: Mapping[str, str] | None) -> str | None:
-    """Why a node may not be admitted for its enrollment (None: it may). ``enrollments``: instance id ->
-    status (node_channel/enrollment.py); None when the caller does not check enrollment."""
+def enrollment_problem(instance_id: str, enrollments: Mapping[str, str] | None,
+                       approvals: Mapping[str, str] | None = None) -> str | None:
+    """Why a node may not be admitted for its enrollment (None: it may), with what to do. ``enrollments``:
+    instance id -> status (node_channel/enrollment.py), None when the caller does not check enrollment;
+    ``approvals``: instance id -> the fingerprint an operator's pending approval names."""
     if enrollments is None:
         return None
     status = enrollments.get(instance_id)
     if status == "enrolled":
         return None
+    approve = (f"read its agent's key fingerprint as root on the node ({READ_AGENT_FINGERPRINT}), then "
+               f"`hpops node approve-enrollment --stack-name <stack> --node {instance_id} --fingerprint SHA256:...`")
+    if status is None and (approvals or {}).get(instance_id):
+        return (f"{instance_id}'s agent has not enrolled its key yet; an approval for {approvals[instance_id]} waits "
+                "for its next attempt (within 5 minutes)")
     if status is None:
-        return (f"{instance_id}'s agent has not enrolled its key (upgrade: `hpops node approve-enrollment`; "
-                "docs/node-agent.md)")
-    return f"{instance_id}'s enrollment is {status}: two keys claimed it; an operator must re-enroll it"
+        return (f"{instance_id}'s agent has not enrolled its key: a node launched more than EnrollmentWindowMinutes "
+                f"before its agent asked (a cluster that ran before the install) needs an operator's approval: "
+                f"`hpops adopt --stack-name <stack>`, or {approve}; a newer node lacks the agent or its path to "
+                "Lambda (`hpops doctor`)")
+    return f"{instance_id}'s enrollment is {status}: two keys claimed it; an operator must re-enroll it: {approve}"
 
 
 def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]], repair: bool,
-                       enrollments: Mapping[str, str] | None = None) -> GatedPlan:
+                       enrollments: Mapping[str, str] | None = None,
+                       approvals: Mapping[str, str] | None = None) -> GatedPlan:
     """Register only nodes whose presented host keys matched and whose agent is enrolled, uncontested;
     in a repair, also drop registered ones that failed. A registered node that became contested stays.
 
@@ -55,10 +67,13 @@ def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, 
     register, rejected, reasons = [], [], []
     for ip in plan.get("register", []):
         verdict = by_ip.get(ip)
-        unenrolled = enrollment_problem(verdict["instanceId"], enrollments) if verdict and verdict.get("ok") else None
+        unenrolled = enrollment_problem(verdict["instanceId"], enrollments, approvals) \
+            if verdict and verdict.get("instanceId") else None
         if unenrolled:
-            rejected.append({"ip": ip, "instanceId": verdict["instanceId"], "reason": unenrolled})
-            reasons.append(f"keep {ip} out: {unenrolled}")
+            # An agent that cannot enroll cannot fetch the keys or report: enrollment is the first reason.
+            failed = "" if verdict.get("ok") else f" (and so: {verdict.get('reason')})"
+            rejected.append({"ip": ip, "instanceId": verdict["instanceId"], "reason": unenrolled + failed})
+            reasons.append(f"keep {ip} out: {unenrolled}{failed}")
         elif verdict and verdict.get("ok"):
             register.append(ip)
             reasons.append(f"register {ip}: {verdict['instanceId']} presents the canonical host identity")

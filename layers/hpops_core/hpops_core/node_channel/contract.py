@@ -112,6 +112,11 @@ import re
 # Relative, so it resolves to hpops_core.common.validation in the layer and in the lifecycle bundle alike.
 from hpops_core.common import validation
 
+# The agent's own key on a node, and the one way an operator reads its fingerprint (as root, through
+# Session Manager): derived from the private key, as the agent does, not from a .pub beside it.
+AGENT_KEY_PATH = "/var/lib/hpops-node-agent/agent-key"
+READ_AGENT_FINGERPRINT = "sudo ssh-keygen -y -f " + AGENT_KEY_PATH + " | ssh-keygen -lf -"
+
 HOST_IDENTITY_FORMAT = "hpops.node.host-identity.v1"
 LOGIN_LIMITS_FORMAT = "hpops.node.login-limits.v1"
 REPORT_FORMAT = "hpops.node.report.v1"
