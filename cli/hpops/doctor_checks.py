@@ -37,6 +37,8 @@ CHECK_HELP = {
     "kms-key-policy": "the host identity key's policy lets IAM grant its use",
     "agent-reports": "every Running login node's agent reports; else why (enrollment: outside the window, "
                      "contested, approval pending)",
+    "enrollment": "no node is contested; whether the agents enrolled with AWS's signed identity documents "
+                  "(a NOTE where IMDS serves none)",
     "alert-subscription": "the alert topic has a confirmed subscription",
     "cloudtrail": "a trail logs StartSession (session limits act at once)",
     "run-as": "Session Manager Run As is on, with no default user shared by everyone",
