@@ -65,6 +65,7 @@ checks: lint build checkov
 lint: $(STAMP)
 	$(BIN)/sam validate --lint --template template.yaml
 	$(BIN)/cfn-lint template.yaml
+	$(BIN)/cfn-lint -t docs/deployer-role.json
 
 build: $(STAMP)
 	$(BIN)/sam build --template template.yaml --build-dir .aws-sam/build
@@ -100,6 +101,7 @@ lifecycle: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m hpops_twin.generated_docs parameters > docs/parameters.md
 	$(BIN)/python -m hpops_twin.generated_docs deployer-policy > docs/deployer-policy.json
+	$(BIN)/python -m hpops_twin.generated_docs deployer-role > docs/deployer-role.json
 
 clean:
 	rm -rf .aws-sam .pytest_cache bench-results dist .venv-checkov

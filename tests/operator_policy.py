@@ -20,11 +20,12 @@ def _region(region: str | None) -> str:
     return region or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
 
 
-def operator_policy_of(capsys, stack_name: str, region: str | None, main: Callable | None = None) -> dict | None:
-    """What `hpops iam-policy` prints for the stack (None: there is no such stack to write one for)."""
+def operator_policy_of(capsys, stack_name: str, region: str | None, main: Callable | None = None,
+                       role: str = "operator") -> dict | None:
+    """What `hpops iam-policy --role ROLE` prints for the stack (None: there is no such stack to write one for)."""
     if main is None:
         from hpops.main import main
-    status = main(["iam-policy", "--stack-name", stack_name] + (["--region", region] if region else []))
+    status = main(["iam-policy", "--stack-name", stack_name, "--role", role] + (["--region", region] if region else []))
     out = capsys.readouterr().out
     return json.loads(out) if status == 0 else None
 
@@ -53,13 +54,17 @@ def operator_lookup(stack_name: str, region: str | None) -> Lookup:
 
 
 def run_as_operator(capsys, main: Callable, *argv: str) -> tuple[int, str, str]:
-    """`main(argv)`; with --stack-name, under that stack's operator policy. Returns (status, out, err)."""
+    """`main(argv)`; with --stack-name, under that stack's policy for the job that runs the command (the
+    read-only operator's or the administrator's, and nothing of the other's). Returns (status, out, err)."""
+    from hpops.operator_permissions import role_of
+
     args = list(argv)
     policy = None
     if "--stack-name" in args:
         stack_name = args[args.index("--stack-name") + 1]
         region = args[args.index("--region") + 1] if "--region" in args else None
-        policy = operator_policy_of(capsys, stack_name, region, main)
+        words = [a for a in args[:args.index("--stack-name")] if not a.startswith("-")]
+        policy = operator_policy_of(capsys, stack_name, region, main, role_of(words))
         if policy is None:  # only for a stack that does not exist: there is nothing to write a policy for
             try:
                 boto3.client("cloudformation", region_name=_region(region)).describe_stacks(StackName=stack_name)

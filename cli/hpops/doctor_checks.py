@@ -82,8 +82,13 @@ class Finding:
 
 
 def exit_status(findings: Sequence[Finding]) -> int:
-    """0 when every check that ran is OK; 1 when one found a problem or could not tell."""
-    return 1 if any(f.status in (PROBLEM, UNKNOWN) for f in findings) else 0
+    """Every hpops command's rule (errors.EXIT_*): 1 when a check found a problem; else 2 when one could
+    not tell (access denied, an unreadable fact); else 0. NOTE and SKIPPED lines change nothing."""
+    from hpops.errors import EXIT_PROBLEM, EXIT_USAGE
+
+    if any(f.status == PROBLEM for f in findings):
+        return EXIT_PROBLEM
+    return EXIT_USAGE if any(f.status == UNKNOWN for f in findings) else 0
 
 
 # ---------------------------------------------------------------------------- 1. lifecycle script

@@ -47,7 +47,7 @@ def approve(dynamodb: Any, sagemaker: Any, table: str, cluster: str, login_group
 
 def listing(dynamodb: Any, table: str, cluster: str) -> list[str]:
     """One line per enrollment and per pending approval."""
-    records, approvals = enrollment_store.list_enrollments(table, cluster, dynamodb=dynamodb)
+    records, approvals = enrollment_store.list_enrollments(table, cluster, dynamodb=dynamodb, with_approvals=True)
     lines = [f"{r.instance_id}  {r.role:<10} {r.status:<9} {r.fingerprint}  since {r.enrolled_at} via {r.via}"
              + (f"  contested by {', '.join(r.contested_by)}" if r.contested_by else "")
              for r in sorted(records, key=lambda r: r.instance_id)]

@@ -22,6 +22,9 @@ from botocore.exceptions import (
 
 from hpops_core.common.errors import HpopsError, TransientAwsError
 
+# Exit status, the same for the same cause in every command: 0 all is well; EXIT_PROBLEM the command
+# found a problem and named it (with its fix); EXIT_USAGE it could not tell or could not start.
+EXIT_PROBLEM = 1
 EXIT_USAGE = 2  # usage or setup error: the command could not tell (as `hpops cost` documents)
 
 NO_REGION = "no AWS region: pass --region, or set AWS_REGION (or a region in your AWS profile)"

@@ -20,13 +20,15 @@
     hpops cost release --stack-name S USER --reason TEXT      let a held USER's jobs start again this month
     hpops node enrollments|approve-enrollment --stack-name S [--node ID --fingerprint SHA256:...]
                                              which agent key speaks for each node; approve one
-    hpops iam-policy --stack-name S [--lifecycle-bucket B]
+    hpops iam-policy --stack-name S [--role operator | --role administrator] [--lifecycle-bucket B]
                                              the least-privilege IAM policy (JSON) for these commands on S
 
 `status` and `repair` talk to a real deployment through the stack's outputs and parameters
 (your usual AWS credentials); with `--twin` they run against a fresh local twin instead.
 A problem the command cannot get past (no region or credentials, an unknown stack, access denied,
 a missing or malformed file) is one line naming it and the fix, and exit status 2.
+Exit status, every command: 0 all is well; 1 it found a problem and named it (status, doctor, cost,
+repair's failed execution); 2 it could not tell or could not start.
 """
 
 from __future__ import annotations
@@ -197,12 +199,11 @@ def _enrollment(dynamodb: Any, table: str, cluster: str) -> dict:
     serving it: the first key inside the window is trusted, as before documents), and which are contested."""
     from hpops_core.node_channel import enrollment_store
 
-    records, approvals, documents = enrollment_store.read_enrollments(table, cluster, dynamodb=dynamodb)
+    records, _, documents = enrollment_store.read_enrollments(table, cluster, dynamodb=dynamodb)
     return {"nodes": len(records), "documentsSeen": documents,
             "byHow": {how: sum(1 for r in records if r.via == how) for how in ("document", "approval", "window")},
             "contested": [{"instanceId": r.instance_id, "keys": 1 + len(r.contested_by)}
-                          for r in sorted(records, key=lambda r: r.instance_id) if not r.usable],
-            "pendingApprovals": len(approvals)}
+                          for r in sorted(records, key=lambda r: r.instance_id) if not r.usable]}
 
 
 def _iso(epoch: int) -> str:
@@ -674,7 +675,7 @@ def _cost_subscribe(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Exit 0: every check OK; 1: a check found a problem or could not tell; 2: could not start."""
+    """Exit 0: every check OK; 1: a check found a problem; 2: a check could not tell, or could not start."""
     if args.twin:
         return _twin("doctor", args)
     from hpops.doctor import StackView, Target, physical_ids, print_doctor, run_doctor, target_of_stack
@@ -740,7 +741,7 @@ def cmd_node(args: argparse.Namespace) -> int:
 
 
 def cmd_iam_policy(args: argparse.Namespace) -> int:
-    """Print the operator's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
+    """Print one job's policy for the stack; what it leaves out (outputs the stack lacks) goes to stderr."""
     from hpops.operator_permissions import operator_policy, policy_json
 
     session = _session(args.region)
@@ -751,7 +752,8 @@ def cmd_iam_policy(args: argparse.Namespace) -> int:
     resources = {r["LogicalResourceId"]: r["PhysicalResourceId"]
                  for page in cloudformation.get_paginator("list_stack_resources").paginate(StackName=args.stack_name)
                  for r in page["StackResourceSummaries"] if r.get("PhysicalResourceId")}
-    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources, args.lifecycle_bucket)
+    document, notes = operator_policy(stack["StackId"], outputs, parameters, resources, args.lifecycle_bucket,
+                                      role=args.role)
     print(policy_json(document))
     for note in notes:
         print(note, file=sys.stderr)
@@ -869,8 +871,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "or the problem and the command that fixes it:\n\n" + "\n".join(
                         f"  {name:<20}{CHECK_HELP[name]}{'' if name in NEEDS_STACK else ' [before a deploy too: --cluster]'}"
                         for name in CHECKS)
-                    + "\n\nExit 0: all OK (NOTE lines included); 1: a problem, or a check that could not tell; 2: usage "
-                    "or setup error.")
+                    + "\n\nExit 0: all OK (NOTE lines included); 1: a problem; 2: a check could not tell (and none "
+                    "found a problem), or usage or setup error.")
     where = doctor.add_mutually_exclusive_group()
     where.add_argument("--stack-name", help=STACK_HELP + "; every check")
     where.add_argument("--cluster", help="before a deploy: the HyperPod cluster (the checks that need no stack)")
@@ -898,12 +900,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(func=cmd_node)
 
     iam_policy = commands.add_parser(
-        "iam-policy", help="the least-privilege IAM policy the operator's commands need on a stack (JSON)",
-        description="Prints one IAM policy document allowing status, repair, cost (subscribe, release), host-keys, "
-                    "lifecycle and doctor on the stack, naming its resources. A wildcard resource only where the "
-                    "action has none; its statement's Sid says why.")
+        "iam-policy", help="the least-privilege IAM policy one job's commands need on a stack (JSON)",
+        description="Prints one IAM policy document, naming the stack's resources, for one job: --role operator "
+                    "(read-only: status, doctor, cost, lifecycle, host-keys show|ca-show, node enrollments) or "
+                    "--role administrator (what changes things: repair, host-keys generate|adopt|rotate|ca-generate, "
+                    "adopt, node approve-enrollment, cost subscribe|release). Each fits a managed policy. A wildcard "
+                    "resource only where the action has none; its statement's Sid says why.")
     iam_policy.add_argument("--stack-name", required=True, help=STACK_HELP)
     iam_policy.add_argument("--region", help=REGION_HELP)
+    iam_policy.add_argument("--role", choices=("operator", "administrator"), default="operator",
+                            help="whose policy: the read-only operator's (default) or the administrator's")
     iam_policy.add_argument("--lifecycle-bucket", action="append", default=[], metavar="BUCKET",
                             help="the S3 bucket of the cluster's lifecycle scripts, which doctor reads (repeatable; "
                                  "without it doctor's S3 reads are on *)")

@@ -12,6 +12,11 @@ template filled from the stack:
     {lifecycle-bucket}             each bucket given with --lifecycle-bucket ("*" for the resource without one)
 
 "*" only where the action has no resource type; WILDCARD_REASONS says why, and is the statement's Sid.
+`${aws:username}` and `${aws:userid}` are IAM's policy variables, left for IAM to fill.
+
+Two jobs, two policies (ROLES), each within a managed policy's 6,144 characters: the operator reads
+(status, doctor, cost, the enrollments and host identity on record); the administrator changes things
+(repair, host-keys, adopt, node approve-enrollment, cost release and subscribe).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class Call:
     action: str
     resource: str
     leading_keys: tuple[str, ...] = ()  # DynamoDB: the partition keys (patterns) the command reads or writes
+    # Further conditions, as (operator, key, value templates): e.g. KMS only through Secrets Manager.
+    conditions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
 
 
 STACK = "arn:aws:cloudformation:{region}:{account}:stack/{stack}/*"
@@ -36,9 +43,22 @@ TABLE = "arn:aws:dynamodb:{region}:{account}:table/{output:SyncStateTableName}"
 CLUSTER = "{parameter:ClusterArn}"
 SYNC = "{output:LoginNodeSyncStateMachineArn}"
 RUN_SHELL = "arn:aws:ssm:{region}:{account}:document/SSM-SessionManagerRunShell"
-# An AWS-owned document: its ARN is written with and without the account; "*" takes both.
-ADOPT_DOCUMENT = "arn:aws:ssm:{region}:*:document/AWS-StartNonInteractiveCommand"
 HOST_KEY = "{resource:HostIdentityKey}"
+# The host identity key is used only by Secrets Manager on the operator's behalf (kms:ViaService).
+VIA_SECRETS_MANAGER = (("StringEquals", "kms:ViaService", ("secretsmanager.{region}.amazonaws.com",)),)
+# Session Manager: adopt's one document (AWS-owned documents have no account in their ARN; "*" matches
+# the empty one), and the cluster as the session's target. How StartSession authorizes a
+# sagemaker-cluster: target is UNCONFIRMED (none of the reference's resource types: document, instance,
+# managed-instance, task, is a HyperPod node); the twin checks the cluster's ARN. If AWS refuses it,
+# the AccessDenied names the resource it checked: put that ARN in place of the cluster's.
+ADOPT_DOCUMENT = "arn:aws:ssm:{region}:*:document/AWS-StartNonInteractiveCommand"
+SESSION_TARGET = "arn:aws:sagemaker:{region}:{account}:cluster/{cluster-id}"
+# Without it, a StartSession naming no document opens the default shell with no check on that document.
+DOCUMENT_CHECKED = (("BoolIfExists", "ssm:SessionDocumentAccessCheck", ("true",)),)
+# The caller's own sessions only (the Session Manager guide's session ID ARN forms: an IAM user's, a
+# federated or assumed-role principal's).
+OWN_SESSIONS = ("arn:aws:ssm:{region}:{account}:session/${aws:username}-*",
+                "arn:aws:ssm:{region}:{account}:session/${aws:userid}-*")
 
 # The state table's item kinds (hpops_core.common.state_table and budget_guard's usage_store and
 # alert_state name them; tests/unit/test_operator_policy.py holds these to those modules).
@@ -46,7 +66,8 @@ LEASE = ("cluster#{parameter:ClusterName}",)  # the sync lease, with the publish
 NODE_REPORTS = ("node-report#{parameter:ClusterName}",)
 SPEND_ITEMS = ("usage#{parameter:ClusterName}", "usage#{parameter:ClusterName}#*", "budget#{parameter:ClusterName}")
 BUDGET_ITEMS = ("budget#{parameter:ClusterName}",)  # a release is a budget item
-ENROLLMENTS = ("enroll#{parameter:ClusterName}",)  # agent keys and operator approvals
+ENROLLMENTS = ("enroll#{parameter:ClusterName}",)  # the agents' keys: NodeChannel writes them, never an operator
+APPROVALS = ("approval#{parameter:ClusterName}",)  # an operator's single-use approvals of one key each
 ADMISSION = ("admission#{parameter:ClusterName}",)  # load-aware admission's record
 
 READ_STACK = (Call("cloudformation", "DescribeStacks", "cloudformation:DescribeStacks", STACK),)
@@ -97,21 +118,22 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     ),
     "host-keys generate|adopt|rotate": READ_STACK + (
         Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue", "{output:HostIdentitySecretArn}"),
-        Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
+        Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY, conditions=VIA_SECRETS_MANAGER),
         Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE, LEASE),
     ),
     "host-keys ca-generate": READ_STACK + (
         Call("secrets-manager", "PutSecretValue", "secretsmanager:PutSecretValue",
              "{output:HostCertificateAuthoritySecretArn}"),
-        Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY),
+        Call("secrets-manager", "PutSecretValue", "kms:GenerateDataKey", HOST_KEY, conditions=VIA_SECRETS_MANAGER),
         Call("dynamodb", "UpdateItem", "dynamodb:UpdateItem", TABLE, LEASE),
     ),
     "host-keys show|ca-show": READ_STACK + (Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),),
     "lifecycle": READ_STACK,
-    "node enrollments": READ_STACK + (Call("dynamodb", "Query", "dynamodb:Query", TABLE, ENROLLMENTS),),
+    "node enrollments": READ_STACK + (Call("dynamodb", "Query", "dynamodb:Query", TABLE, ENROLLMENTS + APPROVALS),),
+    # An approval, never an enrollment: the agent's own enroll call uses it (NodeChannel writes the record).
     "node approve-enrollment": READ_STACK + (
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
-        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, APPROVALS),
     ),
     # Session Manager into each running node of the cluster (its one document only: the target's type is
     # UNCONFIRMED, the document's is not), the approval of the key it read there as root, then a repair.
@@ -119,9 +141,13 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS + ENROLLMENTS),
-        Call("ssm", "StartSession", "ssm:StartSession", "*"),
-        Call("ssm", "StartSession", "ssm:StartSession", ADOPT_DOCUMENT),
-        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, ENROLLMENTS),
+        Call("ssm", "StartSession", "ssm:StartSession", ADOPT_DOCUMENT, conditions=DOCUMENT_CHECKED),
+        Call("ssm", "StartSession", "ssm:StartSession", SESSION_TARGET, conditions=DOCUMENT_CHECKED),
+        # The Session Manager plugin ends (and, after a network drop, resumes) the sessions it started.
+        *(Call("ssm", operation, f"ssm:{operation}", arn) for operation in ("TerminateSession", "ResumeSession")
+          for arn in OWN_SESSIONS),
+        # The approval of the key it read as root on each node (never an enrollment: NodeChannel writes those).
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, APPROVALS),
         # After the repair: which nodes it touched are in the target group.
         Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
         Call("sfn", "StartExecution", "states:StartExecution", SYNC),
@@ -182,9 +208,6 @@ WILDCARD_REASONS = {
     "elasticloadbalancing:DescribeTargetGroups": "ElbDescribeActionsHaveNoResourceType",
     "elasticloadbalancing:DescribeLoadBalancers": "ElbDescribeActionsHaveNoResourceType",
     "ssm:DescribeSessions": "DescribeSessionsHasNoResourceType",
-    # A sagemaker-cluster: target is none of the reference's StartSession resource types (UNCONFIRMED how
-    # AWS authorizes it).
-    "ssm:StartSession": "HyperPodSessionTargetsHaveNoResourceType",
     "ec2:DescribeSubnets": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeRouteTables": "Ec2DescribeActionsHaveNoResourceType",
     "ec2:DescribeVpcEndpoints": "Ec2DescribeActionsHaveNoResourceType",
@@ -199,6 +222,25 @@ WILDCARD_REASONS = {
 }
 LIFECYCLE_BUCKET = "{lifecycle-bucket}"
 
+# Who runs which command: the operator reads; the administrator changes things (and attaches the
+# operator's policy too, for the reads).
+ROLES: dict[str, tuple[str, ...]] = {
+    "operator": ("status", "cost", "doctor", "host-keys show|ca-show", "node enrollments", "lifecycle"),
+    "administrator": ("repair", "cost subscribe", "cost release", "host-keys generate|adopt|rotate",
+                      "host-keys ca-generate", "adopt", "node approve-enrollment"),
+}
+
+
+def role_of(words: Sequence[str]) -> str:
+    """The job whose policy allows the command line `words` (e.g. ["host-keys", "rotate"]): the longest
+    COMMANDS name it starts with."""
+    found = sorted(((len(name.split()), role) for role, names in ROLES.items() for name in names
+                    if len(words) >= len(name.split())
+                    and all(word in part.split("|") for word, part in zip(words, name.split()))), reverse=True)
+    if not found:
+        raise KeyError(f"no job runs hpops {' '.join(words)}")
+    return found[0][1]
+
 
 class MissingStackValue(Exception):
     """A resource template names an output, parameter or resource the stack does not have."""
@@ -210,6 +252,8 @@ def _filler(stack: Mapping[str, str], outputs: Mapping[str, str], parameters: Ma
         def value(match: re.Match) -> str:
             kind, _, name = match.group(1).partition(":")
             if not name:
+                if kind not in stack:
+                    raise MissingStackValue(kind)
                 return stack[kind]
             source = {"output": outputs, "parameter": parameters, "resource": resources,
                       "execution": outputs}[kind]
@@ -219,7 +263,7 @@ def _filler(stack: Mapping[str, str], outputs: Mapping[str, str], parameters: Ma
             if kind == "execution":  # arn:...:stateMachine:NAME -> arn:...:execution:NAME:*
                 return found.replace(":stateMachine:", ":execution:", 1) + ":*"
             return found
-        return re.sub(r"\{([^}]+)\}", value, template)
+        return re.sub(r"(?<!\$)\{([^}]+)\}", value, template)  # ${aws:...} is IAM's to fill
     return fill
 
 
@@ -246,49 +290,71 @@ def _templates(call: Call, lifecycle_buckets: Sequence[str]) -> list[str]:
 
 
 def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
-                    resources: Mapping[str, str], lifecycle_buckets: Sequence[str] = ()) -> tuple[dict, list[str]]:
-    """The policy document for every command on this stack, and the notes on what it leaves out.
+                    resources: Mapping[str, str], lifecycle_buckets: Sequence[str] = (),
+                    role: str = "operator") -> tuple[dict, list[str]]:
+    """The policy document for the commands of one job (ROLES) on this stack, and the notes on what it
+    leaves out.
 
     ``stack_id``: the stack's ARN (its region and account); ``resources``: logical id -> physical id;
     ``lifecycle_buckets``: the buckets of the cluster's lifecycle scripts, which doctor reads."""
     _, _, _, region, account, rest = stack_id.split(":", 5)
     stack = {"region": region, "account": account, "stack": rest.split("/")[1]}
+    if parameters.get("ClusterArn"):
+        stack["cluster-id"] = parameters["ClusterArn"].rsplit("/", 1)[-1]
     fill = _filler(stack, outputs, parameters, resources)
     statements: dict[str, dict[str, set[str]]] = {}  # Sid -> action -> resources
-    leading_keys: dict[str, set[str]] = {}  # DynamoDB action -> the partition keys it may touch
+    conditions: dict[str, set[tuple[str, str, tuple[str, ...]]]] = {}  # action -> its conditions
     notes: list[str] = []
-    for command, calls in COMMANDS.items():
-        for call in calls:
+    for command in ROLES[role]:
+        for call in COMMANDS[command]:
             for template in _templates(call, lifecycle_buckets):
                 try:
                     resource = fill(template)
                     if template.startswith("{resource:"):
                         resource = _resource_arn(call.action, resource, region, account)
-                    keys = {fill(key) for key in call.leading_keys}
+                    keys = tuple(fill(key) for key in call.leading_keys)
+                    found = {(operator, key, tuple(fill(v) for v in values)) for operator, key, values in call.conditions}
                 except MissingStackValue as missing:
                     notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
                     continue
+                if keys:
+                    found.add(("ForAllValues:StringLike", "dynamodb:LeadingKeys", keys))
                 sid = (WILDCARD_REASONS[call.action] if resource == "*"
                        else _sid(call.action.split(":")[0]) + "OfTheStack")
                 statements.setdefault(sid, {}).setdefault(call.action, set()).add(resource)
-                leading_keys.setdefault(call.action, set()).update(keys)
-    if not lifecycle_buckets:
+                conditions.setdefault(call.action, set()).update(found)
+    if "doctor" in ROLES[role] and not lifecycle_buckets:
         notes.append("hpops doctor: s3:GetObject and s3:ListBucket on *: pass --lifecycle-bucket B (the bucket of "
                      "the cluster's LifeCycleConfig.SourceS3Uri) to name it")
     document: dict = {"Version": "2012-10-17", "Statement": []}
     for sid, actions in sorted(statements.items()):
-        # One statement per distinct resource set (and DynamoDB item kinds): every action in it applies to
-        # every resource in it.
-        groups: dict[tuple[tuple[str, ...], tuple[str, ...]], list[str]] = {}
+        # One statement per distinct resource set and conditions: every action in it applies to every
+        # resource in it, under the same conditions.
+        groups: dict[tuple, list[str]] = {}
         for action, arns in actions.items():
-            groups.setdefault((tuple(sorted(arns)), tuple(sorted(leading_keys.get(action, ())))), []).append(action)
-        for number, ((arns, keys), names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
+            groups.setdefault((tuple(sorted(arns)), _condition_block(conditions.get(action, set()))), []).append(action)
+        for number, ((arns, condition), names) in enumerate(sorted(groups.items(), key=lambda g: sorted(g[1]))):
             statement = {"Sid": sid if number == 0 else f"{sid}{number + 1}", "Effect": "Allow",
                          "Action": sorted(names), "Resource": list(arns) if len(arns) > 1 else arns[0]}
-            if keys:
-                statement["Condition"] = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(keys)}}
+            if condition:
+                statement["Condition"] = json.loads(condition)
             document["Statement"].append(statement)
     return document, notes
+
+
+def _condition_block(found: set[tuple[str, str, tuple[str, ...]]]) -> str:
+    """A statement's Condition as canonical JSON ("" for none): values of one key merged, sorted."""
+    block: dict[str, dict[str, set[str]]] = {}
+    for operator, key, values in found:
+        block.setdefault(operator, {}).setdefault(key, set()).update(values)
+    return json.dumps({operator: {key: sorted(values) if len(values) > 1 else next(iter(values))
+                                  for key, values in sorted(keys.items())}
+                       for operator, keys in sorted(block.items())}) if block else ""
+
+
+def policy_characters(document: dict) -> int:
+    """A policy's size as IAM counts it against its quotas: characters without whitespace."""
+    return len("".join(json.dumps(document).split()))
 
 
 def policy_json(document: dict) -> str:

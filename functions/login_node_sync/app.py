@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from datetime import datetime, timezone
 
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
+from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster import login_group as login_nodes
-from hpops_core.login_sync import admission, admission_store, slots, sync_lease, target_group
+from hpops_core.login_sync import admission, admission_store, leave_notices, slots, sync_lease, target_group
 from hpops_core.login_sync.config import ADMISSION_RECORD_MAX_AGE_SECONDS, SyncConfig
-from hpops_core.common.errors import EmptyListingGuardError, LoginGroupError, MalformedEventError
+from hpops_core.common.errors import EmptyListingGuardError, LoginGroupError, MalformedEventError, TransientAwsError
 from hpops_core.login_sync.target_plan import LoginNode, plan_targets, still_to_apply
 from hpops_core.node_channel import contract
 
@@ -99,8 +101,8 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
     config = SyncConfig.from_env()
     nodes = [LoginNode(instance_id=n["instanceId"], status=n["status"], ip=n.get("ip")) for n in event.get("nodes", [])]
     targets = target_group.describe_targets(config.target_group_arn)
-    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"), config.cluster_name,
-                        _held_out(config))
+    held_out = _held_out(config)
+    plan = plan_targets(nodes, targets, config.ssh_port, event.get("clusterStatus"), config.cluster_name, held_out)
     # Nodes whose host identity must be checked before they take traffic: every new one, and in
     # a repair every registered one too (and those out of rotation: their certificates are renewed too).
     instance_of = {n.ip: n.instance_id for n in nodes if n.ip}
@@ -115,7 +117,9 @@ def plan_target_changes(event: dict, context: LambdaContext) -> dict:
         # Slots follow the nodes that stay registered or out of rotation (their users come back by the
         # slot); a new node gets one once ApplyTargetChanges registers it.
         _reconcile_slots(config, plan.keep + plan.held_out)
-    return plan.to_state() | {"verify": [{"ip": ip, "instanceId": instance_of[ip]} for ip in to_verify]}
+    notices = _tell_users_of_leaving_nodes(config, nodes, plan, {ip: held_out[ip] for ip in plan.held_out},
+                                           event.get("dryRun"))
+    return plan.to_state() | ({"leaveNotices": list(notices)} if notices else {}) | {"verify": [{"ip": ip, "instanceId": instance_of[ip]} for ip in to_verify]}
 
 
 def _held_out(config: SyncConfig) -> dict[str, str]:
@@ -130,6 +134,30 @@ def _held_out(config: SyncConfig) -> dict[str, str]:
         return {}
     entries = admission.held_out(state, int(time.time()), ADMISSION_RECORD_MAX_AGE_SECONDS)
     return {ip: entry.reason for ip, entry in sorted(entries.items(), key=lambda e: (e[1].since, e[0]))}
+
+
+def _tell_users_of_leaving_nodes(config: SyncConfig, nodes: list[LoginNode], plan, held_out: dict[str, str],
+                                 dry_run: bool) -> tuple[str, ...]:
+    """Publish which login nodes leave rotation; each node's agent tells its users (LeaveNoticeMinutes).
+
+    Read only when a node may be leaving or rotation changes, so a quiet pass costs no call. A
+    failure to publish never stops the sync: the target group matters more than the notice, and the
+    LeaveNoticesFailed metric's alarm tells the operator."""
+    if config.leave_notice_minutes is None or dry_run or plan.guard:
+        return ()
+    if not (plan.has_changes or held_out or any(n.ip and not n.serving for n in nodes)):
+        return ()
+    try:
+        notices = leave_notices.publish_leave_notices(
+            contract.leave_notices_parameter(config.cluster_name), nodes, held_out, datetime.now(timezone.utc),
+            config.leave_notice_minutes, config.load_balancer_dns_name)
+    except (ClientError, BotoCoreError, TransientAwsError) as error:
+        metrics.add_metric(name="LeaveNoticesFailed", unit=MetricUnit.Count, value=1)
+        logger.error("leave notices not published: the sync goes on", extra={"reason": str(error)})
+        return ()
+    if notices.reasons:
+        logger.info("leave notices published", extra={"reasons": list(notices.reasons)})
+    return notices.reasons
 
 
 def _reconcile_slots(config: SyncConfig, eligible: Iterable[str]) -> None:

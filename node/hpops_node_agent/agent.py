@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -52,8 +53,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_holds
 
-from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, login_limits, node_load, slurm_holds,
-               ssh_sessions, sshd_keepalive, usage, user_caps)
+from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, leave_notice, login_limits, node_load,
+               slurm_holds, ssh_sessions, sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
 from .identity import IdentityError, NodeIdentity, describe_groups_with, imds_identity_document, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
@@ -398,6 +399,7 @@ class NodeAgent:
             "userCaps": contract.user_caps_parameter(cluster),
             "keepalive": contract.ssh_keepalive_parameter(cluster),
             "slots": contract.login_slots_parameter(cluster),
+            "leave": contract.leave_notices_parameter(cluster),
         }
         try:
             response = self._call("ssm", "GetParameters", "get_parameters", Names=list(names.values()))
@@ -431,6 +433,7 @@ class NodeAgent:
             report["sshKeepalive"] = keepalive
             self._log_once("keepalive", "ssh-keepalive", keepalive)
         self._log_once("slot", "login-slot", self._login_slot(found.get(names["slots"]), node.ip))
+        self._log_once("leave", "leave-notice", self._leave_notice(found.get(names["leave"]), node.instance_id))
         changed = host["result"] == "changed" or limits["result"] == "changed"
         digest = report_digest(report)
         trigger = choose_trigger(self._pending_start, changed, digest, self.state, now,
@@ -648,8 +651,9 @@ class NodeAgent:
             caps = user_caps.caps_of_document(json.loads(parameter["Value"])) if parameter else None
         except (ValueError, TypeError) as error:  # BadCaps is a ValueError: nothing written
             return {"result": "failed", "reason": short("caps refused: {}".format(error))}
-        # systemd reads the drop-ins at daemon-reload; on a test root there is no systemd to tell.
-        reload_cmd = ["systemctl", "daemon-reload"] if self.config.root == "/" else None
+        # systemd reads the drop-ins at daemon-reload; another root has no systemd of its own to tell.
+        reload_cmd = (shlex.split(self.config.daemon_reload_cmd) if self.config.daemon_reload_cmd else
+                      ["systemctl", "daemon-reload"] if self.config.root == "/" else None)
         try:
             outcome = user_caps.apply(Path(self.config.root), caps, reload_cmd=reload_cmd)
         except (OSError, subprocess.SubprocessError) as error:
@@ -687,6 +691,15 @@ class NodeAgent:
         outcome = sshd_keepalive.apply(self.config.root, timeout, self.config.sshd_cmd, self.config.reload_cmd)
         return dict(outcome, reason=short(outcome["reason"]))
 
+    def _leave_notice(self, parameter: Optional[dict], instance_id: Optional[str]) -> Dict[str, Any]:
+        """While the stack says this node leaves rotation, each session's terminal is told once."""
+        if instance_id is None:
+            return {"result": "waiting", "reason": "no instance id"}
+        section, self.state["leaveNotice"] = leave_notice.converge(
+            parameter["Value"] if parameter else None, instance_id, self.state.get("leaveNotice") or {},
+            Path(self.config.under_root("/proc")), Path(self.config.under_root("/dev")))
+        return dict(section, reason=short(str(section["reason"])))
+
     def _login_slot(self, parameter: Optional[dict], ip: str) -> Dict[str, Any]:
         """The login message naming this node's slot (LoginNodeSlots); removed when it has none."""
         try:
@@ -705,7 +718,15 @@ class NodeAgent:
         try:
             if path.exists() and path.read_bytes() == wanted:
                 return {"result": "unchanged", "reason": line}
-            path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            if not path.parent.is_dir():
+                try:
+                    path.parent.mkdir(mode=0o755, parents=True)
+                except OSError as error:
+                    if error.errno not in (errno.EROFS, errno.EACCES):
+                        raise
+                    # The unit may write there only where it exists (ReadWritePaths=-/etc/profile.d).
+                    return {"result": "unchanged", "reason": "no {} on this node, and the service may not create "
+                                                             "it: no login message".format(path.parent)}
             host_keys.atomic_write(str(path), wanted, 0o644)
         except OSError as error:
             return {"result": "failed", "reason": short("cannot write {}: {}".format(path, error.strerror))}

@@ -36,8 +36,8 @@ NODE_PYTHON_VERSION = "{}.{}".format(*MIN_PYTHON)
 
 
 # The standard-library half of hpops_core.node_channel; the rest of that package is the stack's.
-SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "login_limits.py", "login_slots.py", "proof_format.py",
-                           "ssh_keepalive.py", "user_caps.py", "user_holds.py")
+SHIPPED_CHANNEL_MODULES = ("__init__.py", "contract.py", "leave_notices.py", "login_limits.py", "login_slots.py",
+                           "proof_format.py", "ssh_keepalive.py", "user_caps.py", "user_holds.py")
 # Standard-library modules of hpops_core.common that the channel modules import (the name and id rules,
 # and the error root their exceptions derive from).
 SHIPPED_COMMON_MODULES = ("__init__.py", "errors.py", "validation.py")

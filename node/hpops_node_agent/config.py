@@ -42,6 +42,9 @@ OPTIONAL = {
     "stateDir": ("state_dir", str, DEFAULT_STATE_DIR),
     "sshdCmd": ("sshd_cmd", str, DEFAULT_SSHD_CMD),
     "reloadCmd": ("reload_cmd", str, DEFAULT_RELOAD_CMD),
+    # How systemd is told to read the per-user slice caps ("": systemctl daemon-reload on a node's own
+    # root, nothing on another root, which has no systemd of its own).
+    "daemonReloadCmd": ("daemon_reload_cmd", str, ""),
     "sshKeygenCmd": ("ssh_keygen_cmd", str, DEFAULT_SSH_KEYGEN_CMD),
     "instanceId": ("instance_id", str, None),
     "ip": ("ip", str, None),
@@ -86,6 +89,7 @@ class AgentConfig:
     state_dir: str = DEFAULT_STATE_DIR
     sshd_cmd: str = DEFAULT_SSHD_CMD
     reload_cmd: str = DEFAULT_RELOAD_CMD
+    daemon_reload_cmd: str = ""
     ssh_keygen_cmd: str = DEFAULT_SSH_KEYGEN_CMD
     instance_id: Optional[str] = None
     ip: Optional[str] = None

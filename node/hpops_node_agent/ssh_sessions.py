@@ -182,6 +182,50 @@ def list_sessions(proc: Path = Path("/proc"), listener_pids: Optional[Iterable[i
     return sessions
 
 
+@dataclass(frozen=True)
+class SessionTerminal:
+    """The terminal of one interactive session: the controlling tty (``tty_nr``) of a session leader
+    that sshd or the Session Manager worker started for ``user``."""
+
+    user: str
+    uid: int
+    tty_nr: int
+    pid: int
+    start_ticks: int
+
+    @property
+    def key(self) -> str:
+        return "{}:{}:{}".format(self.tty_nr, self.pid, self.start_ticks)
+
+
+def session_terminals(proc: Path = Path("/proc"), listener_pids: Optional[Iterable[int]] = None) -> List[SessionTerminal]:
+    """The terminals of this node's interactive sessions, one per tty: the same sessions list_sessions
+    counts (a monitor proven by its user child, each channel of a multiplexed connection, a Session
+    Manager shell run as a user), and of those only the channels that have a terminal."""
+    processes = _processes(proc)
+    children: Dict[int, List[_Proc]] = {}
+    for p in processes:
+        children.setdefault(p.ppid, []).append(p)
+    listeners = None if listener_pids is None else set(listener_pids)
+    found: Dict[int, SessionTerminal] = {}
+    for p in processes:
+        if p.uid != 0 or p.state == "Z":
+            continue
+        monitor = _MONITOR.match(p.title)
+        leaders: List[Tuple[str, _Proc]] = []
+        if monitor and (listeners is None or p.ppid in listeners) and validation.is_posix_user(monitor.group("user")):
+            user_child = _user_child(p, monitor.group("user"), children)
+            if user_child is not None:
+                leaders = [(monitor.group("user"), c) for c in _channels(user_child[0], children)]
+        elif p.exe == SSM_WORKER:
+            leaders = [(name, c) for c in children.get(p.pid, []) if c.uid != 0 and c.state != "Z"
+                       for name in [_user_of(c.uid)] if name is not None and validation.is_posix_user(name)]
+        for user, leader in leaders:
+            if leader.tty_nr and leader.tty_nr not in found:
+                found[leader.tty_nr] = SessionTerminal(user, leader.uid, leader.tty_nr, leader.pid, leader.start_ticks)
+    return sorted(found.values(), key=lambda t: t.tty_nr)
+
+
 def _child_ttys(title: str, user: str) -> Optional[str]:
     """The ttys in a user child's title (``sshd: USER@pts/0,pts/1``; "" for none), None if it is
     not ``user``'s user child. The name is matched whole, so ``alice`` never reads

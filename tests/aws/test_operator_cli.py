@@ -616,7 +616,7 @@ def test_repair_that_fails_exits_1_and_prints_the_error(region, clock, capsys):
 def test_repair_under_a_policy_without_one_of_its_actions_is_denied_naming_it(region, clock, capsys):
     with mock_aws(config=EXECUTING):
         machine = _repair_stack(REPAIR_DEFINITION)
-        policy = operator_policy_of(capsys, STACK_NAME, REGION)
+        policy = operator_policy_of(capsys, STACK_NAME, REGION, role="administrator")
         for statement in policy["Statement"]:
             statement["Action"] = [a for a in statement["Action"] if a != "states:DescribeExecution"]
         with policy_enforced("operator", {"HpopsOperator": policy}, operator_lookup(STACK_NAME, REGION)) as denials:
@@ -631,14 +631,20 @@ def test_repair_under_a_policy_without_one_of_its_actions_is_denied_naming_it(re
 
 
 def test_iam_policy_names_the_stacks_resources_and_says_what_it_leaves_out(deployment, capsys):
-    status = main(["iam-policy", "--stack-name", STACK_NAME])
-    captured = capsys.readouterr()
-    policy = json.loads(captured.out)
-
-    assert status == 0
+    granted, errors = set(), []
+    for role in ("operator", "administrator"):
+        status = main(["iam-policy", "--stack-name", STACK_NAME, "--role", role])
+        captured = capsys.readouterr()
+        policy = json.loads(captured.out)
+        assert status == 0
+        granted |= {(action, resource) for s in policy["Statement"] for action in s["Action"]
+                    for resource in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
+        errors += captured.err.splitlines()
+        # The read-only operator changes nothing: no write, start or subscribe.
+        if role == "operator":
+            assert not {a for a, _ in granted if a.split(":")[1].startswith(
+                ("Put", "Update", "Start", "Subscribe", "Terminate", "Resume", "Delete"))}, sorted(granted)
     outputs = stack_outputs()
-    granted = {(action, resource) for s in policy["Statement"] for action in s["Action"]
-               for resource in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
     table = f"arn:aws:dynamodb:{REGION}:{DEFAULT_ACCOUNT_ID}:table/{outputs['SyncStateTableName']}"
     assert {("states:ListExecutions", outputs["LoginNodeSyncStateMachineArn"]),
             ("states:ListExecutions", outputs["SessionLimitsStateMachineArn"]),
@@ -648,8 +654,7 @@ def test_iam_policy_names_the_stacks_resources_and_says_what_it_leaves_out(deplo
     assert not any(action.startswith(("states:", "dynamodb:", "sagemaker:", "sns:")) and resource == "*"
                    for action, resource in granted)
     # This stack has no BudgetGuard state machine or user alert topic: what needs them is not granted, and said.
-    assert "hpops cost subscribe: sns:Subscribe left out: the stack has no output UserSpendAlertTopicArn" \
-        in captured.err.splitlines()
+    assert "hpops cost subscribe: sns:Subscribe left out: the stack has no output UserSpendAlertTopicArn" in errors
     assert not any(action == "sns:Subscribe" for action, _ in granted)
 
 

@@ -11,16 +11,19 @@ ReadWritePaths, ReadOnlyPaths, InaccessiblePaths (with the '-' prefix: ignore if
 StateDirectory/RuntimeDirectory/CacheDirectory/LogsDirectory (created and writable),
 ConfigurationDirectory (created, read-only), ProtectKernelTunables, ProtectControlGroups, UMask,
 PrivateDevices (a /dev with null, zero, full, random, urandom, tty, pts and shm only).
-A setting that changes the file system in a way not rebuilt here (BindPaths=, RootDirectory=,
-TemporaryFileSystem=, User=...) raises UnsupportedSetting: the test fails until this file learns
-it, instead of passing a sandbox weaker than the unit's. Not rebuilt, as they do not change which
-paths the agent may write: NoNewPrivileges, ProtectKernelModules, ProtectKernelLogs, ProtectClock,
-ProtectHostname, RestrictNamespaces, RestrictAddressFamilies, RestrictSUIDSGID, RestrictRealtime,
-LockPersonality.
+NoNewPrivileges (setpriv --no-new-privs), ProtectHostname (a UTS namespace, and sethostname denied),
+ProtectClock, ProtectKernelModules and ProtectKernelLogs (their capabilities dropped from the bounding
+set, /usr/lib/modules and /proc/kmsg hidden, their calls denied), RestrictNamespaces,
+RestrictAddressFamilies, RestrictSUIDSGID, RestrictRealtime, LockPersonality (a seccomp filter built
+by tests/node/unit_seccomp.py with libseccomp, as systemd builds it).
+Any other [Service] setting (BindPaths=, RootDirectory=, User=, SystemCallFilter=,
+MemoryDenyWriteExecute=...) raises UnsupportedSetting naming it: the test fails until this file
+learns it, instead of passing a sandbox weaker than the unit's.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +35,23 @@ MANAGED_DIRECTORIES = {"StateDirectory": "/var/lib", "RuntimeDirectory": "/run",
 PROTECT_SYSTEM = {"yes": ("/usr", "/boot", "/efi"), "true": ("/usr", "/boot", "/efi"),
                   "full": ("/usr", "/boot", "/efi", "/etc"), "strict": ("/",)}
 HOME_PATHS = ("/home", "/root", "/run/user")
-# File-system settings this sandbox does not rebuild: any of them makes the test fail, not pass weaker.
-UNSUPPORTED = ("BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "RootDirectory", "RootImage",
-               "MountImages", "ExtensionImages", "ExtensionDirectories", "ProtectProc", "ProcSubset", "PrivateUsers",
-               "DynamicUser", "User", "Group", "ExecPaths", "NoExecPaths", "WorkingDirectory", "RootDirectoryStartOnly")
+
+
+# Settings that are no sandbox (how the service starts and restarts), and the sandbox settings rebuilt here.
+NOT_SANDBOX = ("Type", "Environment", "ExecStart", "Restart", "RestartSec", "RemainAfterExit", "TimeoutStartSec")
+REBUILT = ("ProtectSystem", "ProtectHome", "PrivateTmp", "ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths",
+           "StateDirectory", "StateDirectoryMode", "RuntimeDirectory", "CacheDirectory", "LogsDirectory",
+           "ConfigurationDirectory", "ProtectKernelTunables", "ProtectControlGroups", "UMask", "PrivateDevices",
+           "NoNewPrivileges", "ProtectHostname", "ProtectClock", "ProtectKernelModules", "ProtectKernelLogs",
+           "RestrictNamespaces", "RestrictAddressFamilies", "RestrictSUIDSGID", "RestrictRealtime", "LockPersonality")
+# systemd.exec(5): the capabilities each drops from the bounding set, the paths each hides.
+DROPPED_CAPABILITIES = {"ProtectClock": ("sys_time", "wake_alarm"), "ProtectKernelModules": ("sys_module",),
+                        "ProtectKernelLogs": ("syslog",)}
+HIDDEN_BY = {"ProtectKernelModules": ("/usr/lib/modules",), "ProtectKernelLogs": ("/proc/kmsg",)}
+SECCOMP = ("RestrictNamespaces", "RestrictSUIDSGID", "RestrictRealtime", "LockPersonality", "ProtectHostname",
+           "ProtectClock", "ProtectKernelModules", "ProtectKernelLogs")
+SECCOMP_LAUNCHER = Path(__file__).resolve().parent / "unit_seccomp.py"
+SYSTEM_PYTHON = "/usr/bin/python3"  # has python3-seccomp
 
 
 class UnsupportedSetting(AssertionError):
@@ -73,11 +89,15 @@ class Sandbox:
     kernel_read_only: Tuple[str, ...]  # real paths (/proc/sys, /sys...)
     umask: str = "0022"
     private_devices: bool = False
+    no_new_privileges: bool = False
+    own_hostname: bool = False  # ProtectHostname: a UTS namespace of its own
+    dropped_capabilities: Tuple[str, ...] = ()
+    system_calls: Tuple[Tuple[str, object], ...] = ()  # what unit_seccomp.py denies
 
     @classmethod
     def from_unit(cls, unit_text: str) -> "Sandbox":
         settings = service_settings(unit_text)
-        used = sorted(set(settings) & set(UNSUPPORTED))
+        used = sorted(set(settings) - set(NOT_SANDBOX) - set(REBUILT))
         if used:
             raise UnsupportedSetting(f"the unit sets {', '.join(used)}, which tests/node/unit_sandbox.py does not "
                                      "rebuild: teach it, so the sandbox test stays as strict as the unit")
@@ -121,9 +141,23 @@ class Sandbox:
             kernel += ["/proc/sys", "/sys"]
         if last("ProtectControlGroups") in ("yes", "true"):
             kernel.append("/sys/fs/cgroup")
+        def on(key: str) -> bool:
+            return last(key) in ("yes", "true", "1", "on")
+
+        if last("RestrictNamespaces") not in ("no", "false", "yes", "true"):
+            raise UnsupportedSetting(f"RestrictNamespaces={last('RestrictNamespaces')}: only yes/no are rebuilt")
+        calls: Dict[str, object] = {key: True for key in SECCOMP if on(key)}
+        families = " ".join(settings.get("RestrictAddressFamilies", [])).split()
+        if families:
+            if families[0].startswith("~") or any(not f.startswith("AF_") for f in families):
+                raise UnsupportedSetting(f"RestrictAddressFamilies={' '.join(families)}: only an allow-list is rebuilt")
+            calls["RestrictAddressFamilies"] = families
+        hidden += [(path, True) for key, paths in HIDDEN_BY.items() if on(key) for path in paths]
+        dropped = tuple(cap for key, caps in DROPPED_CAPABILITIES.items() if on(key) for cap in caps)
         return cls(tuple(read_only), tuple(writable), tuple(created), tuple(hidden),
                    last("PrivateTmp") in ("yes", "true"), tuple(kernel), last("UMask", "0022"),
-                   last("PrivateDevices") in ("yes", "true"))
+                   last("PrivateDevices") in ("yes", "true"), on("NoNewPrivileges"), on("ProtectHostname"),
+                   dropped, tuple(sorted(calls.items())))
 
     def script(self, root: Path, host_paths: Tuple[str, ...] = ()) -> str:
         """bash: set up the namespace for a node rebased at ``root``, then exec "$@".
@@ -161,7 +195,8 @@ class Sandbox:
                                  f"mount -o remount,bind,ro {target}; fi")
         for path, _ in self.hidden:
             for target in (at(path), shlex.quote(path)):
-                lines.append(f"if [ -d {target} ]; then mount -t tmpfs -o ro,mode=000 tmpfs {target}; fi")
+                lines.append(f"if [ -d {target} ]; then mount -t tmpfs -o ro,mode=000 tmpfs {target}; "
+                             f"elif [ -e {target} ]; then mount --bind /dev/null {target}; fi")
         if self.private_tmp:
             lines += ["mount -t tmpfs -o mode=1777 tmpfs /tmp", "mount -t tmpfs -o mode=1777 tmpfs /var/tmp"]
             for path in under_tmp:
@@ -180,9 +215,16 @@ class Sandbox:
                       "mount -t tmpfs -o mode=1777 tmpfs \"$staging/shm\"", "mount -n --move \"$staging\" /dev"]
         for path in self.kernel_read_only:
             lines.append(f"mount --bind {path} {path}; mount -o remount,bind,ro {path}")
-        lines += [f"umask {shlex.quote(self.umask)}", 'exec "$@"']
+        launch = []
+        if self.no_new_privileges or self.dropped_capabilities:
+            launch += ["setpriv"] + (["--no-new-privs"] if self.no_new_privileges else [])
+            if self.dropped_capabilities:
+                launch += ["--bounding-set", ",".join("-" + cap for cap in self.dropped_capabilities)]
+        if self.system_calls:
+            launch += [SYSTEM_PYTHON, "-I", str(SECCOMP_LAUNCHER), json.dumps(dict(self.system_calls))]
+        lines += [f"umask {shlex.quote(self.umask)}", "exec " + " ".join(map(shlex.quote, launch)) + ' "$@"']
         return "\n".join(lines)
 
     def command(self, root: Path, argv: List[str], host_paths: Tuple[str, ...] = ()) -> List[str]:
-        return ["unshare", "-m", "--propagation", "private", "bash", "-c", self.script(root, host_paths),
-                "unit-sandbox", *argv]
+        return ["unshare", "-m", *(["-u"] if self.own_hostname else []), "--propagation", "private", "bash", "-c",
+                self.script(root, host_paths), "unit-sandbox", *argv]

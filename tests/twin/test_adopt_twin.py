@@ -29,7 +29,7 @@ def test_adopt_on_a_cluster_launched_30_days_ago_admits_every_login_node_with_no
         runner = TwinSessionRunner(world)
         now = dt.datetime.now(dt.timezone.utc)
         login = sorted(n.instance_id for n in world.sim.nodes(world.cluster_name, world.login_group))
-        with world.iam.operator(account.operator_policy()) as denials:
+        with world.iam.operator(account.operator_policy("administrator")) as denials:
             session = boto3.session.Session(region_name=world.region)
             outputs, parameters = _Outputs(world), dict(world.resolver.parameters)
             # One node's session fails (its user may not sudo, say): adopt says so and what to run.

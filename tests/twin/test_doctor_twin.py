@@ -153,7 +153,7 @@ def test_without_one_action_its_check_is_unknown_naming_the_action_and_the_other
     assert account.denials and {d.action for d in account.denials} == {action}
     unknown = [f for f in findings if f.status not in (OK, NOTE)]
     checks = WITHOUT[action] if isinstance(WITHOUT[action], tuple) else (WITHOUT[action],)
-    assert {(f.check, f.status) for f in unknown} == {(c, UNKNOWN) for c in checks} and exit_status(findings) == 1
+    assert {(f.check, f.status) for f in unknown} == {(c, UNKNOWN) for c in checks} and exit_status(findings) == 2
     for finding in unknown:
         assert f"could not tell: access denied to {action} (" in finding.line(), finding.line()
         assert f"User: operator is not authorized to perform: {action} on resource: " in finding.line()

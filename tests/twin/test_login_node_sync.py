@@ -40,6 +40,10 @@ def test_node_replacement_moves_traffic_to_the_new_ip(synced_world):
     assert_all_succeeded(world.wait(world.publish(world.sim.replace_node(world.cluster_name, victim.instance_id))))
     assert old_ip not in world.target_ips(), "the failing node stops taking new sessions at once"
     assert world.converged()
+    # Its users are told, through the document its agent reads with its desired state.
+    notices = json.loads(world.aws.client("ssm").get_parameter(Name="/hpops/ml-research/node/leave-notices")["Parameter"]["Value"])
+    assert notices["graceMinutes"] == 10 and notices["host"].endswith(".elb.amazonaws.com")
+    assert {i: (e["ip"], e["why"]) for i, e in notices["nodes"].items()} == {victim.instance_id: (old_ip, "stopping")}
 
     assert_all_succeeded(world.wait(world.publish(world.sim.finish_provisioning(world.cluster_name))))
     assert world.converged()

@@ -92,10 +92,12 @@ def test_the_goals_hold_at_the_defaults_with_every_feature_on_and_with_the_optio
 
 def test_only_the_metrics_an_alarm_of_the_stack_watches_are_billed():
     keys, certificate = cost_table(BENCH), cost_table(BENCH, {"HostIdentityMode": "certificate"})
-    # Renewals cannot fail outside certificate mode; LoginImbalance exists only with load-aware admission.
-    assert lines(keys)["CloudWatch custom metrics"]["quantity"] == 4
-    assert lines(certificate)["CloudWatch custom metrics"]["quantity"] == 5
-    assert lines(cost_table(BENCH, {"LoadAwareAdmission": "off"}))["CloudWatch custom metrics"]["quantity"] == 3
+    # Renewals cannot fail outside certificate mode; LoginImbalance exists only with load-aware admission,
+    # LeaveNoticesFailed only with leave notices on.
+    assert lines(keys)["CloudWatch custom metrics"]["quantity"] == 5
+    assert lines(certificate)["CloudWatch custom metrics"]["quantity"] == 6
+    assert lines(cost_table(BENCH, {"LoadAwareAdmission": "off"}))["CloudWatch custom metrics"]["quantity"] == 4
+    assert lines(cost_table(BENCH, {"LeaveNoticeMinutes": "off"}))["CloudWatch custom metrics"]["quantity"] == 4
     assert len(keys["metrics"]) > 40, "every figure a handler counts is still listed, as a log line"
 
 

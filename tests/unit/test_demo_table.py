@@ -34,3 +34,12 @@ def test_demo_lines_fit_a_terminal_with_fingerprints_and_versions_shortened():
     text = " ".join(part.strip() for part in shown)
     assert "SHA256:c1oadu3Z…" in text and "SHA256:VTuDVSmr…" in text and "version a488185e… (6 files)" in text
     assert all(part.startswith(" " * 22) for part in shown[1:]), "continuations sit under the line's own indent"
+
+
+def test_the_demo_says_what_it_enforces_that_a_new_stack_only_dry_runs():
+    from hpops_twin.demo_story import beyond_defaults
+    from hpops_twin.world import ENFORCING
+
+    note = beyond_defaults(ENFORCING | {"LoadAwareAdmission": "on"})
+    assert "SessionLimitsDryRun=false (a new stack: true)" in note
+    assert "LoadAwareAdmission=on (a new stack: dry-run)" in note

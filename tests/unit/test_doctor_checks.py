@@ -195,7 +195,10 @@ def test_usage_that_stopped_arriving_is_named():
 def test_exit_status_counts_problems_and_unknowns_not_skips():
     line = checks.Finding("run-as", OK, "on")
     assert checks.exit_status([line, checks.Finding("slurm-usage", checks.SKIPPED, "needs the stack")]) == 0
-    assert checks.exit_status([line, checks.Finding("cloudtrail", UNKNOWN, "could not tell")]) == 1
+    # Could not tell: 2, as every command exits when it cannot tell; a problem found wins: 1.
+    unknown = checks.Finding("cloudtrail", UNKNOWN, "could not tell")
+    assert checks.exit_status([line, unknown]) == 2
+    assert checks.exit_status([unknown, checks.Finding("run-as", PROBLEM, "off")]) == 1
 
 
 def test_a_trail_doctor_may_not_read_is_unknown_unless_another_logs_start_session():

@@ -40,20 +40,34 @@ def test_a_parameter_outside_every_group_is_refused():
         parameters_markdown(raw)
 
 
-def test_the_deployers_policy_is_generated_from_the_expanded_template():
+def test_the_deployers_pages_are_generated_from_the_expanded_template():
     import json
 
-    from hpops_twin.generated_docs import deployer_policy, deployer_policy_json, expanded_resource_types
+    from hpops_twin.deployer_iam import TEMPLATE_NAMES, deployer_policy, expanded_resource_types, service_role_actions
+    from hpops_twin.generated_docs import deployer_policy_json, deployer_role_json
 
     raw = TemplateModel().raw
-    page = (DOCS / "deployer-policy.json").read_text(encoding="utf-8")
-    assert page == deployer_policy_json(raw), "docs/deployer-policy.json differs from template.yaml: run `make docs`"
-    document, unknown = deployer_policy(raw)
-    actions = {a for s in document["Statement"] for a in s["Action"]}
+    assert (DOCS / "deployer-policy.json").read_text(encoding="utf-8") == deployer_policy_json(raw), \
+        "docs/deployer-policy.json differs from template.yaml: run `make docs`"
+    page = (DOCS / "deployer-role.json").read_text(encoding="utf-8")
+    assert page == deployer_role_json(raw), "docs/deployer-role.json differs from template.yaml: run `make docs`"
+    role = json.loads(page)["Resources"]
+    service_role = {a for name, r in role.items() if name.startswith("ServiceRolePolicy")
+                    for s in r["Properties"]["PolicyDocument"]["Statement"]
+                    for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
     # What the stack creates is creatable: one create action per kind of resource the transform makes.
     types = expanded_resource_types(raw)
     assert {"AWS::Lambda::Function", "AWS::StepFunctions::StateMachine", "AWS::IAM::Role", "AWS::KMS::Key"} <= set(types)
     assert {"lambda:CreateFunction", "states:CreateStateMachine", "iam:CreateRole", "iam:PassRole", "kms:CreateKey",
-            "cloudformation:CreateChangeSet", "cloudformation:ExecuteChangeSet"} <= actions
-    assert not set(unknown) & actions
-    assert json.loads(page) == document
+            "lambda:DeleteFunction", "iam:DeleteRole"} <= service_role
+    actions, left_out = service_role_actions(raw)
+    assert set(actions) >= service_role and not {entry.split(":")[0] + ":" + entry.split(":")[1] for entry in left_out} \
+        & service_role
+    # The deployer: sam's own calls, and the service role handed to CloudFormation only.
+    deployer = {a for s in deployer_policy(TEMPLATE_NAMES)["Statement"]
+                for a in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])}
+    assert {"cloudformation:CreateChangeSet", "cloudformation:ExecuteChangeSet", "cloudformation:DeleteStack",
+            "iam:PassRole", "s3:PutObject"} == deployer & {"cloudformation:CreateChangeSet",
+                                                            "cloudformation:ExecuteChangeSet", "cloudformation:DeleteStack",
+                                                            "iam:PassRole", "s3:PutObject"}
+    assert {a.split(":")[0] for a in deployer} == {"cloudformation", "s3", "iam"}

@@ -24,7 +24,9 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "ResourceArn": "arn:aws:sagemaker:us-east-1:1:cluster/abc123", "TargetGroupArn": "tg",
                "Bucket": "lifecycle", "RoleName": "hyperpod-exec", "PolicyArn": f"arn:aws:iam::{ACCOUNT}:policy/p",
                "KeyId": "0f1e2d3c-1111-2222-3333-444455556666", "ClientVpnEndpointId": "cvpn-endpoint-0123456789abcdef0",
-               "TrailName": f"arn:aws:cloudtrail:us-east-1:{ACCOUNT}:trail/management-events"}
+               "TrailName": f"arn:aws:cloudtrail:us-east-1:{ACCOUNT}:trail/management-events",
+               "SessionId": "operator-0123456789abcdef0", "DocumentName": "AWS-StartNonInteractiveCommand",
+               "Target": "sagemaker-cluster:abc123_login-i-0123456789abcdef0"}
     if call.service == "s3":
         request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)
     request |= {"DocumentName": "AWS-StartNonInteractiveCommand"}  # the one document adopt starts sessions with
@@ -66,7 +68,10 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     parameters = {"ClusterArn": f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                   "ClusterExecutionRoleName": "hyperpod-exec", "ClusterName": "ml-research"}
     resources = {"CheckUserSpendFunction": "hpops-ml-CheckUserSpendFunction-1AB", "HostIdentityKey": "0f1e2d3c-1111"}
-    document, notes = operator_policy(STACK_ID, outputs, parameters, resources)
+    reads, read_notes = operator_policy(STACK_ID, outputs, parameters, resources)
+    changes, notes = operator_policy(STACK_ID, outputs, parameters, resources, role="administrator")
+    document = {"Statement": reads["Statement"] + changes["Statement"]}
+    notes = read_notes + notes
 
     granted = {(action, resource) for s in document["Statement"] for action in s["Action"]
                for resource in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
@@ -78,14 +83,18 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
     assert ("cloudwatch:DescribeAlarms", f"arn:aws:cloudwatch:us-east-1:{ACCOUNT}:alarm:hpops-ml-*") in granted
     assert ("dynamodb:PutItem", f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/hpops-ml-SyncStateTable-1AB") in granted
     # DynamoDB: the item kinds the commands touch, each action only its own.
-    kinds = {a: s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] for s in document["Statement"]
-             for a in s["Action"] if a.startswith("dynamodb:")}
-    assert kinds == {
-        "dynamodb:GetItem": ["admission#ml-research", "budget#ml-research", "ce-cache#ml-research", "cluster#ml-research", "usage#ml-research",
-                             "usage#ml-research#*"],
-        "dynamodb:Query": ["budget#ml-research", "enroll#ml-research", "node-report#ml-research", "usage#ml-research",
-                           "usage#ml-research#*"],
-        "dynamodb:PutItem": ["budget#ml-research", "enroll#ml-research"], "dynamodb:UpdateItem": ["cluster#ml-research"]}
+    def kinds(policy):
+        return {a: s["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"] for s in policy["Statement"]
+                for a in s["Action"] if a.startswith("dynamodb:")}
+
+    assert kinds(reads) == {
+        "dynamodb:GetItem": ["admission#ml-research", "budget#ml-research", "ce-cache#ml-research", "cluster#ml-research",
+                             "usage#ml-research", "usage#ml-research#*"],
+        "dynamodb:Query": ["approval#ml-research", "budget#ml-research", "enroll#ml-research", "node-report#ml-research",
+                           "usage#ml-research", "usage#ml-research#*"]}
+    # The administrator writes approvals (their own partition) and releases, never an enrollment.
+    assert kinds(changes) == {"dynamodb:PutItem": ["approval#ml-research", "budget#ml-research"],
+                              "dynamodb:UpdateItem": "cluster#ml-research", "dynamodb:Query": "node-report#ml-research"}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])

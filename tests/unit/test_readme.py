@@ -115,8 +115,15 @@ SKIPPED = {
     "hpops doctor --stack-name S": AWS,
     "hpops doctor --cluster NAME --region R": AWS,
     "hpops cost release --stack-name S USER --reason TEXT": AWS,
-    "hpops iam-policy --stack-name S [--region R] [--lifecycle-bucket B]": AWS,
+    "hpops iam-policy --stack-name S [--role operator | --role administrator] [--region R] [--lifecycle-bucket B]": AWS,
+    "hpops iam-policy --stack-name S [--role administrator]": AWS,
     "hpops iam-policy --stack-name S": AWS,
+    "sam build && sam deploy": AWS,
+    "hpops iam-policy --stack-name S --role administrator": AWS,
+    "sam deploy --resolve-s3 --role-arn <ServiceRoleArn>": AWS,
+    "aws cloudformation deploy --template-file docs/deployer-role.json --stack-name hpops-login-autopilot-deployer "
+    "--capabilities CAPABILITY_IAM --parameter-overrides StackName=hpops-login-autopilot "
+    "ClusterExecutionRoleName=<role>": AWS,
     "sshd -t": f"{ON_A_NODE}: what the agent checks before a reload",
     "ssh-keygen -y": f"{ON_A_NODE}: how the agent derives public keys",
     "journalctl -u hpops-node-agent": ON_A_NODE,
@@ -127,7 +134,6 @@ SKIPPED = {
     "hpops adopt --stack-name S": f"{AWS}; tests/twin/test_adopt_twin.py runs its path against the twin's nodes",
     "hpops adopt --stack-name S --print": AWS,
     "hpops status --stack-name S": AWS,
-    "sam build && sam deploy": AWS,
     "pip install .": "installs the CLI into the current Python; make test's bootstrap does the same (editable)",
     "ssh <user>@<LoadBalancerDnsName>": "a user's login through a deployed stack's load balancer",
     "aws ec2 authorize-security-group-ingress --group-id <cluster-sg> --protocol tcp --port 22 --source-group "
@@ -135,7 +141,8 @@ SKIPPED = {
     "hpops cost --stack-name S": AWS,
     "sam delete --stack-name S": AWS,
     "aws budgets delete-budget --account-id ACCOUNT --budget-name hpops-<cluster>": AWS,
-    "make docs": "rewrites docs/parameters.md and docs/deployer-policy.json; tests/unit/test_generated_docs.py "
+    "make docs": "rewrites docs/parameters.md, docs/deployer-policy.json and docs/deployer-role.json; "
+                 "tests/unit/test_generated_docs.py "
                  "runs the same generators and compares",
 }
 # Commands the prose names without their arguments: skipped as well (they need AWS), and only
@@ -149,6 +156,7 @@ MENTIONS = {
     "hpops adopt": AWS,
     "hpops lifecycle": f"{AWS}; the parameter table names it, `hpops lifecycle --stack-name S ...` is above",
     "hpops iam-policy": AWS,
+    "hpops iam-policy --role administrator": AWS,
     "hpops host-keys ca-generate": AWS,
     "hpops host-keys generate": AWS,
     "hpops cost release": AWS,

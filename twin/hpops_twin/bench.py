@@ -314,6 +314,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section("sessions at scale: 4 / 12 / 50 login nodes, 200 / 2,000 / 10,000 users, functions fed stored data"):
         scale_rows, scale_verdicts = scale_sessions_bench.scale_sessions_section()
     verdicts |= scale_verdicts
+    from hpops_twin.demo_bench import KEY as DEMO_KEY, demo_section
+
+    with progress.section("demo: `make demo` warm, its CPU seconds and longest silence"):
+        demo_run, demo_verdicts = demo_section()
+    verdicts |= demo_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
@@ -329,6 +334,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        "budget_holds": [asdict(r) for r in hold_rows], HOLD_BOUND_KEY: hold_bound_record(hold_rows),
                        BALANCE_KEY: [asdict(r) for r in balance_rows], ADMISSION_KEY: admission_record,
                        scale_sessions_bench.KEY: scale_sessions_bench.record(scale_rows),
+                       DEMO_KEY: asdict(demo_run),
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)

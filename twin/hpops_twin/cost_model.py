@@ -378,7 +378,8 @@ def _traced(function: str, template: TemplateModel) -> int:
 
 
 # What a platform team can switch off by parameter, losing only that part.
-SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"}, {"LoadAwareAdmission": "off"})
+SWITCHES = ({"CreateDashboard": "false"}, {"UserSpendEnabled": "false"}, {"LoadAwareAdmission": "off"},
+            {"LeaveNoticeMinutes": "off"})
 LEAN = {k: v for switch in SWITCHES for k, v in switch.items()}
 # Every feature on: the defaults already have the dashboard, per-user spend and session limits.
 EVERY_FEATURE = {"HostIdentityMode": "certificate"}

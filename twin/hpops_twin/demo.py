@@ -140,6 +140,7 @@ class Demo:
             lines = []
             if invocation.function.endswith("PlanTargetChangesFunction"):
                 lines = [r for r in result.get("reasons", []) if not r.startswith("register ")] if world.resolver.parameters["HostIdentityMode"] != "off" else result.get("reasons", [])
+                lines = lines + [f"leave notice: {r}" for r in result.get("leaveNotices", [])]
             elif invocation.function.endswith("VerifyNodeIdentityFunction") and result:
                 lines = [f"verify {result['ip']}: {result['reason']}"]
             elif invocation.function.endswith("PublishHostIdentityFunction") and result.get("published"):

@@ -244,8 +244,9 @@ class DoctorAccount:
             return None  # not the cluster: moto answers
         return {"Tags": list(cluster.tags or [])}
 
-    def operator_policy(self) -> dict:
-        """What `hpops iam-policy --stack-name hpops-twin --lifecycle-bucket sagemaker-lifecycle-twin` prints."""
+    def operator_policy(self, role: str = "operator") -> dict:
+        """What `hpops iam-policy --stack-name hpops-twin --role ROLE --lifecycle-bucket sagemaker-lifecycle-twin`
+        prints."""
         from hpops.operator_permissions import operator_policy
 
         world = self.world
@@ -259,7 +260,8 @@ class DoctorAccount:
                 outputs[name] = value
         stack_id = f"arn:aws:cloudformation:{self.aws.region_name}:{world.account_id}:stack/{STACK_NAME}/twin"
         resources = {k: v for k, v in world.resolver.physical_ids.items() if isinstance(v, str)}
-        document, _ = operator_policy(stack_id, outputs, dict(world.resolver.parameters), resources, [LIFECYCLE_BUCKET])
+        document, _ = operator_policy(stack_id, outputs, dict(world.resolver.parameters), resources, [LIFECYCLE_BUCKET],
+                                      role=role)
         return document
 
     def target(self) -> Target:

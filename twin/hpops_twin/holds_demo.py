@@ -40,8 +40,11 @@ def run_holds_chapter(main: Demo) -> None:
         def held_users() -> list[str]:
             return json.loads(ssm.get_parameter(Name=parameter)["Parameter"]["Value"])["users"]
 
+        def progress(when: dt.datetime, so_far: int) -> None:  # the month's reports take a while: say how far
+            demo.say(f"          ... the controller's agent runs through {when:%b %d %H:%M}: {so_far} window reports sent")
+
         def sweep(when: dt.datetime) -> list[str]:
-            [result] = world.budget.run([month.start_sweep(when)])
+            [result] = world.budget.run([month.start_sweep(when, progress)])
             decided.append(result.output["userSpend"]["holds"])
             return []
 

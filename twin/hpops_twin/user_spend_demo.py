@@ -17,6 +17,7 @@ import contextlib
 import datetime as dt
 import io
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ MONTH = "2026-11"
 MONTH_START = dt.datetime(2026, 11, 1, tzinfo=UTC)
 AGENT_FIRST_RUN = MONTH_START + dt.timedelta(minutes=15)
 AGENT_EVERY = dt.timedelta(hours=6)
+PROGRESS_RUNS = 12  # the demo says how far the agent got every 3 days of runs
 FIRST_SWEEP = dt.datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 SWEEPS = (FIRST_SWEEP, FIRST_SWEEP + dt.timedelta(hours=1))
 # The agent's last run before each sweep (on the 3-minute grid every job time is on: see demo_jobs).
@@ -103,18 +105,21 @@ class Month:
         self.agent_runs.append(when)
         return self.controller.run_agent(when).windows_sent
 
-    def deliver_until(self, last: dt.datetime) -> int:
-        """The agent's runs from where it stopped (or Nov 1) to ``last``: windows sent."""
+    def deliver_until(self, last: dt.datetime, progress: Callable[[dt.datetime, int], None] | None = None) -> int:
+        """The agent's runs from where it stopped (or Nov 1) to ``last``: windows sent. ``progress`` hears
+        of every PROGRESS_RUNS runs."""
         when = self.agent_runs[-1] + AGENT_EVERY if self.agent_runs else AGENT_FIRST_RUN
         sent = 0
         while when < last:
             sent += self.run_agent(when)
+            if progress and len(self.agent_runs) % PROGRESS_RUNS == 0:
+                progress(when, sent)
             when += AGENT_EVERY
         return sent + self.run_agent(last)
 
-    def start_sweep(self, when: dt.datetime) -> str:
+    def start_sweep(self, when: dt.datetime, progress: Callable[[dt.datetime, int], None] | None = None) -> str:
         """The hourly BudgetSweep, started at ``when`` (after the agent's run just before it)."""
-        self.deliver_until(when - AGENT_BEFORE_SWEEP)
+        self.deliver_until(when - AGENT_BEFORE_SWEEP, progress)
         with execution_clock(when):
             return self.world.budget.sweep()
 
@@ -169,7 +174,11 @@ def run_user_spend_chapter(main: Demo) -> None:
         first_collection = FIRST_SWEEP - AGENT_BEFORE_SWEEP
 
         def deliver() -> list[str]:
-            sent.append(month.deliver_until(first_collection))
+            # The month is hundreds of signed reports: say how far the agent got every few days.
+            def progress(when: dt.datetime, so_far: int) -> None:
+                demo.say(f"          ... agent runs through {when:%b %d %H:%M}: {so_far} window reports sent")
+
+            sent.append(month.deliver_until(first_collection, progress))
             return []
 
         demo.step(f"per-user spend: the controller's agent reports Nov 1 to {first_collection:%b %d %H:%M} (node-report bus)",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import io
 import json
 import os
 import re
@@ -23,7 +22,6 @@ import threading
 import time
 import traceback
 import uuid
-import zipfile
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -33,6 +31,7 @@ from unittest import mock
 import boto3
 import yaml
 from moto import mock_aws
+from moto.elbv2.models import ELBv2Backend
 from moto.events.exceptions import ValidationException as EventsValidationException
 from moto.events.models import EventPattern, EventsBackend
 from moto.stepfunctions.models import StateMachine as MotoStateMachine
@@ -54,7 +53,9 @@ from hpops_core.host_identity.operator import install_canonical_bundle, install_
 from hpops_twin import identity_documents
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
-from hpops_twin.iam.enforce import DEPLOYER, IamEnforcer, acting_as
+from hpops_twin.deployer_iam import Names, service_role_arn
+from hpops_twin.iam.enforce import IamEnforcer, acting_as
+from hpops_twin.stack_deploy import SERVICE_ROLE_NAME, SamDeploy
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
 from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
@@ -66,6 +67,7 @@ ACCOUNT_ID = "123456789012"
 # service account; which one is UNCONFIRMED), so the product must not require the stack's.
 HYPERPOD_SERVICE_ACCOUNT_ID = "210987654321"
 STACK_NAME = "hpops-twin"
+CLUSTER_EXECUTION_ROLE = "hyperpod-exec"
 
 # Resource types that have no runtime behaviour the twin needs (IAM, alarms, policies, layers).
 NOT_PROVISIONED = {
@@ -147,6 +149,20 @@ class StuckExecutionError(TimeoutError):
         else:
             reason = f"still RUNNING after the {bound:g}s bound ({where})"
         super().__init__(f"execution {execution_arn.rsplit(':', 1)[-1]} ({execution_arn}) is stuck: {reason}")
+
+
+_REAL_CREATE_LOAD_BALANCER = ELBv2Backend.create_load_balancer
+
+
+def _load_balancer_arn_of_its_type(backend: ELBv2Backend, *args: Any, **kwargs: Any) -> Any:
+    """moto names every load balancer loadbalancer/app/...; AWS names a Network Load Balancer
+    loadbalancer/net/..., and IAM policies name it so (its listeners follow: listener/net/...)."""
+    balancer = _REAL_CREATE_LOAD_BALANCER(backend, *args, **kwargs)
+    if balancer.type == "network" and ":loadbalancer/app/" in balancer.arn:
+        old = balancer.arn
+        balancer.arn = old.replace(":loadbalancer/app/", ":loadbalancer/net/")
+        backend.load_balancers[balancer.arn] = backend.load_balancers.pop(old)
+    return balancer
 
 
 def _choice_rule_as_strict_as_aws(rule: Any, env: Any) -> None:
@@ -344,7 +360,16 @@ class TwinWorld:
         self.refused: list[tuple[dict, dict]] = []  # (event, failed PutEvents entry) not delivered
         self.interpreter_crashes: dict[str, str] = {}  # execution ARN -> why moto's interpreter thread died
         self._stack: list[Any] = []
+        self.stack_name = STACK_NAME
+        # What CloudFormation would delete, newest first: (what, how), as each resource is created.
+        self._undo: list[tuple[str, Callable[[], Any]]] = []
         self._check_identity()
+
+    @property
+    def deployer_names(self) -> Names:
+        """The names the deployer's and the service role's policies are filled with (docs/deployer-role.json)."""
+        return Names(self.stack_name, self.region, self.account_id, CLUSTER_EXECUTION_ROLE,
+                     service_role_arn(self.account_id, self.stack_name, SERVICE_ROLE_NAME))
 
     def _check_identity(self) -> None:
         """The cluster's name, id and login group become stack parameters: CloudFormation would
@@ -370,6 +395,7 @@ class TwinWorld:
         clone_fix.start()
         self._stack.append(clone_fix)
         for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
+                    mock.patch.object(ELBv2Backend, "create_load_balancer", _load_balancer_arn_of_its_type),
                     mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes)),
                     mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
             fix.start()
@@ -489,7 +515,7 @@ class TwinWorld:
             "LoginGroupName": self.login_group,
             "VpcId": vpc_id,
             "SubnetIds": ",".join(subnets),
-            "ClusterExecutionRoleName": "hyperpod-exec",
+            "ClusterExecutionRoleName": CLUSTER_EXECUTION_ROLE,
             "VerifierSubnetIds": ",".join(subnets),
             # Agents poll right before each read of their report (node_hosts.py): no need to wait.
             "NodeReportPollSeconds": "0",
@@ -498,6 +524,13 @@ class TwinWorld:
             print("twin: ssh-keygen (OpenSSH client) not found: host identity checks are off in this twin")
             parameters["HostIdentityMode"] = "off"
         self.resolver = Resolver(self.template.raw, parameters, self.region, self.account_id, STACK_NAME)
+        # `sam deploy --role-arn`: the deployer's change set, the resources made by CloudFormation's service
+        # role (docs/deployer-role.json), a failed creation rolled back by it (a missing action fails here).
+        self.stack = SamDeploy(self)
+        self.stack.create()
+
+    def create_stack_resources(self) -> None:
+        """CloudFormation creating the stack's resources, in dependency order (the caller acts as the role)."""
         for logical_id in self.template.of_type("AWS::Serverless::LayerVersion"):  # functions' Layers name them
             self._record(logical_id, f"arn:aws:lambda:{self.region}:{self.account_id}:layer:{self._physical_name(logical_id)}:1")
         order = [
@@ -521,13 +554,38 @@ class TwinWorld:
                  if logical_id not in waits_for_machines]
         queue += [("AWS::Serverless::Function", logical_id, self.template.resources[logical_id])
                   for logical_id in sorted(waits_for_machines)]
-        # CloudFormation creates each resource with the credentials of whoever runs `sam deploy`: the twin
-        # does so as the deployer, under docs/deployer-policy.json (a missing action fails the deploy).
-        with acting_as(DEPLOYER):
-            for resource_type, logical_id, resource in queue:
-                if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
-                    continue
-                getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
+        for resource_type, logical_id, resource in queue:
+            if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
+                continue
+            getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
+
+    def update_stack_resources(self) -> None:
+        """CloudFormation updating the stack for new code: each function's code and configuration, each
+        state machine's definition (the caller acts as the service role)."""
+        lambda_client, sfn = self.aws.client("lambda"), self.aws.client("stepfunctions")
+        for logical_id, spec in self.template.functions().items():
+            name = self.resolver.physical_ids.get(logical_id)
+            if name is None:  # a function a condition left out
+                continue
+            binding = self.dispatcher.bindings[name]
+            lambda_client.update_function_configuration(FunctionName=name, Role=self._twin_role(),
+                                                        Environment={"Variables": dict(binding.environment)})
+            lambda_client.update_function_code(FunctionName=name, **self.stack.code(spec.code_uri))
+        for logical_id, arn in self.state_machine_arns.items():
+            sfn.update_state_machine(stateMachineArn=arn, definition=self._definition(logical_id),
+                                     roleArn=self._twin_role())
+
+    def delete_stack_resources(self) -> None:
+        """CloudFormation deleting what it made, newest first (a deletion, or a failed creation's rollback;
+        the caller acts as the service role)."""
+        while self._undo:
+            _, delete = self._undo.pop()
+            delete()
+        self.routes.clear()  # the executions ended with their state machines
+        self.state_machine_arns.clear()
+
+    def _made(self, what: str, delete: Callable[[], Any]) -> None:
+        self._undo.append((what, delete))
 
     def _physical_name(self, logical_id: str, limit: int = 64) -> str:
         return f"{STACK_NAME}-{logical_id}"[:limit]
@@ -538,6 +596,7 @@ class TwinWorld:
             TableName=name, KeySchema=props["KeySchema"], AttributeDefinitions=props["AttributeDefinitions"],
             BillingMode=props.get("BillingMode", "PAY_PER_REQUEST"),
         )["TableDescription"]
+        self._made(logical_id, lambda: self.aws.client("dynamodb").delete_table(TableName=name))
         if "TimeToLiveSpecification" in props:
             self.aws.client("dynamodb").update_time_to_live(TableName=name, TimeToLiveSpecification=props["TimeToLiveSpecification"])
         self._record(logical_id, name, Arn=table["TableArn"])
@@ -545,22 +604,27 @@ class TwinWorld:
     def _provision_Key(self, logical_id: str, props: dict) -> None:
         policy = {"Policy": json.dumps(props["KeyPolicy"])} if props.get("KeyPolicy") else {}
         key = self.aws.client("kms").create_key(Description=props.get("Description", ""), **policy)["KeyMetadata"]
+        self._made(logical_id, lambda: self.aws.client("kms").schedule_key_deletion(KeyId=key["KeyId"], PendingWindowInDays=7))
         self._record(logical_id, key["KeyId"], Arn=key["Arn"])
 
     def _provision_Secret(self, logical_id: str, props: dict) -> None:
         secret = self.aws.client("secretsmanager").create_secret(
             Name=self._physical_name(logical_id), SecretString=props["SecretString"], KmsKeyId=props.get("KmsKeyId", ""),
         )
+        self._made(logical_id, lambda: self.aws.client("secretsmanager").delete_secret(
+            SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True))
         self._record(logical_id, secret["ARN"])
 
     def _provision_EventBus(self, logical_id: str, props: dict) -> None:
         arn = self.aws.client("events").create_event_bus(Name=props["Name"])["EventBusArn"]
+        self._made(logical_id, lambda: self.aws.client("events").delete_event_bus(Name=props["Name"]))
         self._record(logical_id, props["Name"], Arn=arn, Name=props["Name"])
 
     def _provision_SecurityGroup(self, logical_id: str, props: dict) -> None:
         ec2 = self.aws.client("ec2")
         group = ec2.create_security_group(
             GroupName=self._physical_name(logical_id), Description=props["GroupDescription"], VpcId=props["VpcId"])
+        self._made(logical_id, lambda: self.aws.client("ec2").delete_security_group(GroupId=group["GroupId"]))
         for key, authorize in (("SecurityGroupIngress", ec2.authorize_security_group_ingress),
                                ("SecurityGroupEgress", ec2.authorize_security_group_egress)):
             for rule in props.get(key, []):
@@ -572,21 +636,25 @@ class TwinWorld:
     def _provision_Queue(self, logical_id: str, props: dict) -> None:
         sqs = self.aws.client("sqs")
         url = sqs.create_queue(QueueName=self._physical_name(logical_id, 80))["QueueUrl"]
+        self._made(logical_id, lambda: self.aws.client("sqs").delete_queue(QueueUrl=url))
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         self._record(logical_id, url, Arn=arn, QueueName=url.rsplit("/", 1)[-1])
 
     def _provision_Topic(self, logical_id: str, props: dict) -> None:
         arn = self.aws.client("sns").create_topic(Name=self._physical_name(logical_id, 256))["TopicArn"]
+        self._made(logical_id, lambda: self.aws.client("sns").delete_topic(TopicArn=arn))
         self._record(logical_id, arn, TopicName=arn.rsplit(":", 1)[-1])
 
     def _provision_Parameter(self, logical_id: str, props: dict) -> None:
         self.aws.client("ssm").put_parameter(Name=props["Name"], Value=props["Value"], Type=props["Type"])
+        self._made(logical_id, lambda: self.aws.client("ssm").delete_parameter(Name=props["Name"]))
         self._record(logical_id, props["Name"])
 
     def _provision_LogGroup(self, logical_id: str, props: dict) -> None:
-        name = f"/twin/{self._physical_name(logical_id)}"
+        name = self._physical_name(logical_id, 512)  # CloudFormation's generated name: <stack>-<LogicalId>-...
         logs = self.aws.client("logs")
         logs.create_log_group(logGroupName=name)
+        self._made(logical_id, lambda: self.aws.client("logs").delete_log_group(logGroupName=name))
         if "RetentionInDays" in props:
             logs.put_retention_policy(logGroupName=name, retentionInDays=int(props["RetentionInDays"]))
         self._record(logical_id, name, Arn=f"arn:aws:logs:{self.region}:{self.account_id}:log-group:{name}:*")
@@ -597,6 +665,7 @@ class TwinWorld:
             Scheme=props.get("Scheme", "internal"), Type=props.get("Type", "network"),
             SecurityGroups=props.get("SecurityGroups", []),
         )["LoadBalancers"][0]
+        self._made(logical_id, lambda: self.aws.client("elbv2").delete_load_balancer(LoadBalancerArn=lb["LoadBalancerArn"]))
         self._record(logical_id, lb["LoadBalancerArn"], DNSName=lb["DNSName"])
 
     def _provision_TargetGroup(self, logical_id: str, props: dict) -> None:
@@ -608,6 +677,7 @@ class TwinWorld:
             if number in arguments:
                 arguments[number] = int(arguments[number])
         tg = elbv2.create_target_group(Name=self._physical_name(logical_id, 32).rstrip("-"), **arguments)["TargetGroups"][0]
+        self._made(logical_id, lambda: self.aws.client("elbv2").delete_target_group(TargetGroupArn=tg["TargetGroupArn"]))
         if props.get("TargetGroupAttributes"):
             elbv2.modify_target_group_attributes(
                 TargetGroupArn=tg["TargetGroupArn"],
@@ -620,6 +690,7 @@ class TwinWorld:
             LoadBalancerArn=props["LoadBalancerArn"], Protocol=props["Protocol"], Port=int(props["Port"]),
             DefaultActions=props["DefaultActions"],
         )["Listeners"][0]
+        self._made(logical_id, lambda: self.aws.client("elbv2").delete_listener(ListenerArn=listener["ListenerArn"]))
         if props.get("ListenerAttributes"):
             self.aws.client("elbv2").modify_listener_attributes(
                 ListenerArn=listener["ListenerArn"],
@@ -633,20 +704,21 @@ class TwinWorld:
             return iam.get_role(RoleName=name)["Role"]["Arn"]
         except iam.exceptions.NoSuchEntityException:
             trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Principal": {"Service": ["lambda.amazonaws.com", "states.amazonaws.com"]}, "Action": "sts:AssumeRole"}]}
-            return iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+            arn = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]["Arn"]
+            self._made(name, lambda: self.aws.client("iam").delete_role(RoleName=name))
+            return arn
 
     def _provision_Function(self, logical_id: str, props: dict) -> None:
         spec = self.template.functions()[logical_id]
         environment = {k: str(v) for k, v in self.resolver.resolve(self.template.function_environment(logical_id)).items()}
         name = self._physical_name(logical_id)
-        code = io.BytesIO()
-        with zipfile.ZipFile(code, "w") as archive:
-            archive.writestr("README", "code runs in-process in the twin; see lambda_dispatch.py")
+        # The package sam uploaded (the twin's runs in-process: lambda_dispatch.py).
         function = self.aws.client("lambda").create_function(
             FunctionName=name, Runtime=self.template.globals.get("Function", {}).get("Runtime", "python3.11"),
-            Role=self._twin_role(), Handler=spec.handler, Code={"ZipFile": code.getvalue()},
+            Role=self._twin_role(), Handler=spec.handler, Code=self.stack.code(spec.code_uri),
             Environment={"Variables": environment},
         )
+        self._made(logical_id, lambda: self.aws.client("lambda").delete_function(FunctionName=name))
         self.dispatcher.bind(FunctionBinding(name=name, code_uri=spec.code_uri, handler=spec.handler, environment=environment))
         self._record(logical_id, name, Arn=function["FunctionArn"])
         for source in spec.events:
@@ -654,6 +726,7 @@ class TwinWorld:
                 props = self.resolver.resolve(source.properties)
                 rule_name = self._physical_name(f"{logical_id}{source.name}")
                 rule_arn = self.aws.client("events").put_rule(Name=rule_name, ScheduleExpression=props["Schedule"])["RuleArn"]
+                self._made(rule_name, self._rule_deletion(rule_name, "default"))
                 self._record(f"{logical_id}{source.name}", rule_name, Arn=rule_arn)
                 self.function_schedules[source.name] = {"schedule": props["Schedule"], "function": name,
                                                         "logical_id": f"{logical_id}{source.name}"}
@@ -664,20 +737,30 @@ class TwinWorld:
             rule_arn = self.aws.client("events").put_rule(Name=self._physical_name(f"{logical_id}{source.name}"),
                                                           EventBusName=props.get("EventBusName", "default"),
                                                           EventPattern=json.dumps(props["Pattern"]))["RuleArn"]
+            self._made(f"{logical_id}{source.name}", self._rule_deletion(self._physical_name(f"{logical_id}{source.name}"),
+                                                                         props.get("EventBusName", "default")))
             self._record(f"{logical_id}{source.name}", self._physical_name(f"{logical_id}{source.name}"), Arn=rule_arn)
             self.function_rules[source.name] = {"pattern": props["Pattern"], "bus": props.get("EventBusName", "default"),
                                                 "function": name, "dlq": props.get("DeadLetterConfig", {}).get("Arn"),
                                                 "logical_id": f"{logical_id}{source.name}", "target": logical_id}
 
-    def _provision_StateMachine(self, logical_id: str, props: dict) -> None:
+    def _rule_deletion(self, name: str, bus: str) -> Callable[[], Any]:
+        return lambda: self.aws.client("events").delete_rule(Name=name, EventBusName=bus)
+
+    def _definition(self, logical_id: str) -> str:
         spec = self.template.state_machines()[logical_id]
         definition = spec.definition_path.read_text(encoding="utf-8")
         for key, value in self.resolver.resolve(spec.substitutions).items():
             definition = definition.replace("${" + key + "}", str(value))
+        return definition
+
+    def _provision_StateMachine(self, logical_id: str, props: dict) -> None:
+        spec = self.template.state_machines()[logical_id]
         arn = self.aws.client("stepfunctions").create_state_machine(
-            name=self._physical_name(logical_id, 80), definition=definition, roleArn=self._twin_role(),
-            type=props.get("Type", "STANDARD"),
+            name=self._physical_name(logical_id, 80), definition=self._definition(logical_id),
+            roleArn=self._twin_role(), type=props.get("Type", "STANDARD"),
         )["stateMachineArn"]
+        self._made(logical_id, lambda: self.aws.client("stepfunctions").delete_state_machine(stateMachineArn=arn))
         self.state_machine_arns[logical_id] = arn
         self._record(logical_id, arn, Name=arn.rsplit(":", 1)[-1])
         events = self.aws.client("events")
@@ -697,6 +780,7 @@ class TwinWorld:
                                            "logical_id": f"{logical_id}{source.name}"}
             else:
                 raise NotImplementedError(f"event source type {source.kind}")
+            self._made(rule_name, self._rule_deletion(rule_name, "default"))
             self._record(f"{logical_id}{source.name}", rule_name, Arn=rule_arn)
 
     def _record(self, logical_id: str, ref: str, **attributes: str) -> None:
@@ -829,15 +913,20 @@ class TwinWorld:
         began = time.monotonic()
         results = []
         for arn in execution_arns:
+            pause = 0.005
             while True:
-                described = sfn.describe_execution(executionArn=arn)
-                if described["status"] != "RUNNING":
-                    break
+                # While it runs, look at moto's execution object: a DescribeExecution every few
+                # milliseconds (request parsing, IAM's check) would take the CPU the execution needs.
+                if not self._still_running(arn):
+                    described = sfn.describe_execution(executionArn=arn)
+                    if described["status"] != "RUNNING":
+                        break
                 crash = self.interpreter_crashes.get(arn)
                 elapsed = time.monotonic() - began
                 if crash or elapsed > timeout:
                     raise StuckExecutionError(arn, self.last_state(arn), elapsed, timeout, crash)
-                time.sleep(0.02)
+                time.sleep(pause)
+                pause = min(pause * 1.5, 0.05)
             results.append(ExecutionResult(
                 arn=arn, name=arn.rsplit(":", 1)[-1], status=described["status"],
                 error=described.get("error"), cause=described.get("cause"),
@@ -845,6 +934,17 @@ class TwinWorld:
                 output=json.loads(described["output"]) if described.get("output") else None,
             ))
         return results
+
+    def _still_running(self, execution_arn: str) -> bool:
+        from moto.stepfunctions.parser.models import stepfunctions_parser_backends
+
+        backend = stepfunctions_parser_backends[self.account_id][self.region]
+        machine_arn = ":".join(execution_arn.split(":")[:-1]).replace(":execution:", ":stateMachine:")
+        for machine in backend.state_machines:
+            if machine.arn == machine_arn:
+                execution = next((e for e in machine.executions if e.exec_arn == execution_arn), None)
+                return execution is not None and execution.exec_status is not None and execution.status == "RUNNING"
+        return False
 
     def wait_for_all(self, timeout: float = 60, raise_on_timeout: bool = True) -> list[ExecutionResult]:
         try:

@@ -164,6 +164,8 @@ if [ "$enroll_first" = 1 ]; then
     fi
     exit 0
 fi
+# The login message's directory (present on Ubuntu): the unit may write there only where it exists.
+[ "$role" != "login" ] || mkdir -p -m 0755 "$prefix/etc/profile.d"
 # The agent's own key (root-only): the stack trusts only what it signs. A failure here must not fail
 # provisioning: the agent makes the key at start if it is missing.
 if fingerprint="$(agent identity)"; then

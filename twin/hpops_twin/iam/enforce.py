@@ -36,7 +36,7 @@ from moto.stepfunctions.parser.backend.execution_worker import ExecutionWorker
 
 from hpops_twin.iam.evaluate import Decision, TwinIamError, decide
 from hpops_twin.iam.operations import Check, Lookup, checks
-from hpops_twin.iam.principals import deployer_policy, principal_policies
+from hpops_twin.iam.principals import deployer_policies, principal_policies
 
 # botocore service id -> (wire protocol, the AccessDenied error code that service sends)
 PROTOCOLS: dict[str, tuple[str, str]] = {
@@ -60,6 +60,7 @@ QUERY_NAMESPACES = {
 EVENTS_SERVICE = "events.amazonaws.com"
 OPERATOR = "operator"
 DEPLOYER = "deployer"
+SERVICE_ROLE = "cloudformation-service-role"
 
 
 # Every enforcer of this process adds here: what a whole test run exercised and refused.
@@ -147,6 +148,18 @@ def denied_response(url: str, service: str, denial: Denial, method: str = "POST"
     return AWSResponse(url, 403 if protocol != "json" or service == "sqs" else 400, headers, MockRawResponse(body))
 
 
+def caller_variables() -> dict[str, tuple[str, ...]]:
+    """The policy variables of whoever the default credentials are (IAM's aws:username for an IAM user,
+    aws:userid for every caller: an assumed role's is ROLEID:session-name)."""
+    import boto3
+
+    identity = boto3.client("sts").get_caller_identity()  # needs no permission
+    found = {"aws:userid": (identity["UserId"],)}
+    if ":user/" in identity["Arn"]:
+        found["aws:username"] = (identity["Arn"].rsplit("/", 1)[-1],)
+    return found
+
+
 class _Principals(threading.local):
     def __init__(self) -> None:
         self.stack: list[str] = []
@@ -194,6 +207,7 @@ class IamEnforcer:
         self._resource_policies: dict[str, dict] = {}
         self._boundaries: dict[str, dict[str, dict]] = {}
         self._log_groups: dict[str, str] = {}
+        self.operator_variables: dict[str, tuple[str, ...]] = {}  # the operator's ${aws:username}, ${aws:userid}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ policies
@@ -208,10 +222,12 @@ class IamEnforcer:
     def _deployer(self) -> dict[str, dict[str, dict]]:
         with self._lock:
             if self._deployer_policies is None:
-                policies = {"HpopsDeployer": deployer_policy()}
+                deployer, service_role = deployer_policies(self.world.deployer_names)
+                found = {DEPLOYER: deployer, SERVICE_ROLE: service_role}
                 if self.policy_edit is not None:
-                    self.policy_edit(DEPLOYER, policies)
-                self._deployer_policies = {DEPLOYER: policies}
+                    for principal, policies in found.items():
+                        self.policy_edit(principal, policies)
+                self._deployer_policies = found
             return self._deployer_policies
 
     def _lookup(self) -> Lookup:
@@ -233,9 +249,10 @@ class IamEnforcer:
         key = (principal, check.action, check.resource, check.context)
         decision = self._decisions.get(key)
         if decision is None:
-            # The deployer's policy names no resource of the stack: it is read before the stack exists.
-            policies = self._deployer() if principal == DEPLOYER else self.policies()
-            context = dict(check.context)
+            # The deployer's and the service role's policies name no resource of the stack: they are read
+            # before the stack exists.
+            policies = self._deployer() if principal in (DEPLOYER, SERVICE_ROLE) else self.policies()
+            context = dict(check.context) | (self.operator_variables if principal == OPERATOR else {})
             if principal == EVENTS_SERVICE or principal.startswith(EVENTS_SERVICE + "@"):
                 source_arn = principal.partition("@")[2]
                 context |= {"aws:sourcearn": (source_arn,), "aws:sourceaccount": (self.world.resolver.account_id,)}
@@ -290,7 +307,9 @@ class IamEnforcer:
         """Requests sent inside the block are the operator CLI's, allowed only by `policy` (what
         `hpops iam-policy` prints for the twin's stack). Yields the denials made inside the block."""
         self.policies()
+        variables = caller_variables()
         with self._lock:
+            self.operator_variables = variables
             self._principals[OPERATOR] = {"HpopsOperator": policy}
             # A test may hand a narrower policy next time: decisions under the last one do not hold.
             self._decisions = {key: d for key, d in self._decisions.items() if key[0] != OPERATOR}
@@ -395,13 +414,14 @@ def policy_enforced(principal: str, policies: dict[str, dict], lookup: Lookup) -
     the operator CLI's tests, against moto resources without a twin world. Yields the denials."""
     real_stubber_call = BotocoreStubber.__call__
     denials: list[Denial] = []
+    variables = caller_variables()
 
     def stubber_call(stubber: BotocoreStubber, event_name: str, request: Any, **kwargs: Any) -> Any:
         if not stubber.enabled:
             return real_stubber_call(stubber, event_name, request, **kwargs)
         _, service, operation = event_name.split(".", 2)
         for check in checks(service, operation, request_parameters(service, request), lookup):
-            decision = decide(policies, check.action, check.resource, dict(check.context))
+            decision = decide(policies, check.action, check.resource, dict(check.context) | variables)
             if not decision.allowed:
                 denial = Denial(principal, service, operation, check.action, check.resource, decision.reason)
                 denials.append(denial)  # the caller's to judge: a test may remove an action on purpose

@@ -23,7 +23,11 @@ class TwinIamError(Exception):
 # Condition keys the twin puts in a request's context (enforce.py) and so can evaluate.
 KNOWN_CONDITION_KEYS = frozenset({
     "kms:viaservice", "aws:sourcearn", "aws:sourceaccount", "dynamodb:leadingkeys", "events:source",
+    "ssm:sessiondocumentaccesscheck", "iam:passedtoservice", "iam:policyarn", "iam:permissionsboundary",
+    "cloudformation:rolearn",
 })
+# Policy variables in a Resource, filled from the caller's identity (context keys of the same name).
+POLICY_VARIABLES = frozenset({"aws:username", "aws:userid"})
 
 _STRING_OPERATORS = {"StringEquals", "StringNotEquals", "StringLike", "StringNotLike",
                      "StringEqualsIgnoreCase", "ArnEquals", "ArnLike", "ArnNotEquals", "ArnNotLike", "Bool"}
@@ -105,11 +109,35 @@ def _matches_action(statement: Mapping, action: str) -> bool:
     return not any(glob_match(a, action, ignore_case=True) for a in _as_list(statement.get("NotAction")))
 
 
-def _matches_resource(statement: Mapping, resource: str) -> bool:
+def _filled(pattern: str, context: Mapping[str, tuple[str, ...]]) -> str | None:
+    """`pattern` with its policy variables replaced by the caller's values; None when the caller has no
+    value for one (IAM: the element then matches nothing)."""
+    if "${" not in pattern:
+        return pattern
+    missing = False
+
+    def value(match: re.Match) -> str:
+        nonlocal missing
+        name = match.group(1).lower()
+        if name not in POLICY_VARIABLES:
+            raise TwinIamError(f"policy variable ${{{match.group(1)}}} is not understood by the twin")
+        values = context.get(name)
+        if not values:
+            missing = True
+            return ""
+        return values[0]  # IAM names hold neither * nor ?
+
+    filled = re.sub(r"\$\{([^}]+)\}", value, pattern)
+    return None if missing else filled
+
+
+def _matches_resource(statement: Mapping, resource: str, context: Mapping[str, tuple[str, ...]]) -> bool:
     if "Resource" in statement:
-        return any(glob_match(r, resource) for r in _as_list(statement["Resource"]))
+        return any(p is not None and glob_match(p, resource)
+                   for p in (_filled(r, context) for r in _as_list(statement["Resource"])))
     if "NotResource" in statement:
-        return not any(glob_match(r, resource) for r in _as_list(statement["NotResource"]))
+        return not any(p is not None and glob_match(p, resource)
+                       for p in (_filled(r, context) for r in _as_list(statement["NotResource"])))
     return True  # resource-based policies may omit Resource: the resource is the one the policy is on
 
 
@@ -133,7 +161,7 @@ def decide(policies: Mapping[str, Mapping], action: str, resource: str, context:
     for name, document in policies.items():
         for number, statement in enumerate(_statements(document)):
             if not (_matches_principal(statement, principal) and _matches_action(statement, action)
-                    and _matches_resource(statement, resource)):
+                    and _matches_resource(statement, resource, context)):
                 continue
             if not condition_holds(statement.get("Condition") or {}, context):
                 continue

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hpops_twin.iam.evaluate import TwinIamError
@@ -65,12 +65,6 @@ def _fill(template: str, params: dict, lookup: Lookup) -> str:
 
 def _cluster(params: dict, lookup: Lookup) -> list[str]:
     return [lookup.cluster_arn(params["ClusterName"])]
-
-
-def _session_resources(params: dict, lookup: Lookup) -> list[str]:
-    """StartSession's target ("*": see the row) and its document; without one, the account's shell document."""
-    document = params.get("DocumentName") or "SSM-SessionManagerRunShell"
-    return ["*", f"arn:aws:ssm:{lookup.region}:{lookup.account}:document/{document}"]
 
 
 def _parameters(field: str) -> Callable[[dict, Lookup], list[str]]:
@@ -140,7 +134,29 @@ def _rule(params: dict, lookup: Lookup) -> list[str]:
     return [f"arn:aws:events:{lookup.region}:{lookup.account}:rule/{path}"]
 
 
+def _session_resources(params: dict, lookup: Lookup) -> list[str]:
+    """StartSession is authorized on its target and on its document (the reference's resource types:
+    instance, managed-instance, task, document). The document is always checked here, the default
+    SSM-SessionManagerRunShell when none is named: AWS checks that one only under a policy with
+    ssm:SessionDocumentAccessCheck, so the twin is the stricter. A sagemaker-cluster: target is none of
+    the reference's types: how AWS authorizes it is UNCONFIRMED; the twin checks the cluster's ARN
+    (<cluster-id> is its last segment)."""
+    target = params["Target"]
+    region, account = lookup.region, lookup.account
+    if target.startswith("sagemaker-cluster:"):
+        cluster_id = target.removeprefix("sagemaker-cluster:").split("_", 1)[0]
+        target_arn = f"arn:aws:sagemaker:{region}:{account}:cluster/{cluster_id}"
+    elif target.startswith("mi-"):
+        target_arn = f"arn:aws:ssm:{region}:{account}:managed-instance/{target}"
+    else:
+        target_arn = f"arn:aws:ec2:{region}:{account}:instance/{target}"
+    document = params.get("DocumentName") or "SSM-SessionManagerRunShell"
+    owner = "" if document.startswith("AWS-") else account  # AWS-owned documents' ARNs name no account
+    return [target_arn, f"arn:aws:ssm:{region}:{owner}:document/{document}"]
+
+
 TABLE = "arn:aws:dynamodb:{region}:{account}:table/{TableName}"
+STACK = "arn:aws:cloudformation:{region}:{account}:stack/{StackName}/*"
 CLIENT_VPN_ENDPOINT = "arn:aws:ec2:{region}:{account}:client-vpn-endpoint/{ClientVpnEndpointId}"
 TARGET_GROUP = "{TargetGroupArn}"
 SECURITY_GROUP = "arn:aws:ec2:{region}:{account}:security-group/{GroupId}"
@@ -194,11 +210,9 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("ssm", "PutParameter"): ("ssm:PutParameter", _parameters("Name")),
     ("ssm", "DeleteParameter"): ("ssm:DeleteParameter", _parameters("Name")),
     ("ssm", "DescribeSessions"): ("ssm:DescribeSessions", "*"),
-    # `hpops adopt`: a sagemaker-cluster: target is none of StartSession's resource types in the reference
-    # (document, instance, managed-instance, task); how AWS authorizes it is UNCONFIRMED, so "*". The
-    # document is authorized on its own ARN as well.
     ("ssm", "StartSession"): ("ssm:StartSession", _session_resources),
     ("ssm", "TerminateSession"): ("ssm:TerminateSession", "arn:aws:ssm:{region}:{account}:session/{SessionId}"),
+    ("ssm", "ResumeSession"): ("ssm:ResumeSession", "arn:aws:ssm:{region}:{account}:session/{SessionId}"),
     ("ssm", "GetDocument"): ("ssm:GetDocument", "arn:aws:ssm:{region}:{account}:document/{Name}"),
     # Secrets Manager (the KMS permission each needs is added in `checks`)
     ("secrets-manager", "GetSecretValue"): ("secretsmanager:GetSecretValue", "{SecretId}"),
@@ -275,6 +289,41 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     ("iam", "CreateRole"): ("iam:CreateRole", "arn:aws:iam::{account}:role/{RoleName}"),
     ("lambda", "CreateFunction"): ("lambda:CreateFunction", _function),
     ("sfn", "CreateStateMachine"): ("states:CreateStateMachine", "arn:aws:states:{region}:{account}:stateMachine:{name}"),
+    # Updating the stack (a change set's updates, as the service role)
+    ("lambda", "UpdateFunctionConfiguration"): ("lambda:UpdateFunctionConfiguration", _function),
+    ("lambda", "UpdateFunctionCode"): ("lambda:UpdateFunctionCode", _function),
+    ("sfn", "UpdateStateMachine"): ("states:UpdateStateMachine", "{stateMachineArn}"),
+    # Deleting it (a stack's deletion, or a failed creation's rollback, as the service role)
+    ("dynamodb", "DeleteTable"): ("dynamodb:DeleteTable", TABLE),
+    ("sqs", "DeleteQueue"): ("sqs:DeleteQueue", _queue),
+    ("sns", "DeleteTopic"): ("sns:DeleteTopic", "{TopicArn}"),
+    ("cloudwatch-logs", "DeleteLogGroup"): ("logs:DeleteLogGroup", "arn:aws:logs:{region}:{account}:log-group:{logGroupName}"),
+    ("kms", "ScheduleKeyDeletion"): ("kms:ScheduleKeyDeletion", _key),
+    ("secrets-manager", "DeleteSecret"): ("secretsmanager:DeleteSecret", "{SecretId}"),
+    ("eventbridge", "DeleteEventBus"): ("events:DeleteEventBus", "arn:aws:events:{region}:{account}:event-bus/{Name}"),
+    ("eventbridge", "DeleteRule"): ("events:DeleteRule", _rule),
+    ("ec2", "DeleteSecurityGroup"): ("ec2:DeleteSecurityGroup", SECURITY_GROUP),
+    ("elastic-load-balancing-v2", "DeleteListener"): ("elasticloadbalancing:DeleteListener", "{ListenerArn}"),
+    ("elastic-load-balancing-v2", "DeleteTargetGroup"): ("elasticloadbalancing:DeleteTargetGroup", TARGET_GROUP),
+    ("elastic-load-balancing-v2", "DeleteLoadBalancer"): ("elasticloadbalancing:DeleteLoadBalancer", "{LoadBalancerArn}"),
+    ("lambda", "DeleteFunction"): ("lambda:DeleteFunction", _function),
+    ("sfn", "DeleteStateMachine"): ("states:DeleteStateMachine", "{stateMachineArn}"),
+    ("iam", "DeleteRole"): ("iam:DeleteRole", "arn:aws:iam::{account}:role/{RoleName}"),
+    # sam deploy, as the deployer: its change sets (through the service role, RoleARN) and the artifacts
+    # bucket --resolve-s3 makes (objects arn:aws:s3:::{Bucket}/{Key}, the bucket arn:aws:s3:::{Bucket})
+    ("cloudformation", "CreateChangeSet"): ("cloudformation:CreateChangeSet", STACK),
+    ("cloudformation", "DescribeChangeSet"): ("cloudformation:DescribeChangeSet", STACK),
+    ("cloudformation", "ExecuteChangeSet"): ("cloudformation:ExecuteChangeSet", STACK),
+    ("cloudformation", "DescribeStackEvents"): ("cloudformation:DescribeStackEvents", STACK),
+    ("cloudformation", "GetTemplateSummary"): ("cloudformation:GetTemplateSummary", STACK),
+    ("cloudformation", "DeleteStack"): ("cloudformation:DeleteStack", STACK),
+    ("s3", "CreateBucket"): ("s3:CreateBucket", "arn:aws:s3:::{Bucket}"),
+    ("s3", "PutBucketVersioning"): ("s3:PutBucketVersioning", "arn:aws:s3:::{Bucket}"),
+    ("s3", "PutBucketPolicy"): ("s3:PutBucketPolicy", "arn:aws:s3:::{Bucket}"),
+    ("s3", "PutBucketTagging"): ("s3:PutBucketTagging", "arn:aws:s3:::{Bucket}"),
+    ("s3", "PutBucketEncryption"): ("s3:PutEncryptionConfiguration", "arn:aws:s3:::{Bucket}"),
+    ("s3", "PutPublicAccessBlock"): ("s3:PutBucketPublicAccessBlock", "arn:aws:s3:::{Bucket}"),
+    ("s3", "PutObject"): ("s3:PutObject", "arn:aws:s3:::{Bucket}/{Key}"),
 }
 
 
@@ -320,8 +369,14 @@ def _transact_checks(params: dict, lookup: Lookup) -> list[Check]:
     return found
 
 
-# Operations that hand a role to the service, and the parameter naming it.
-PASSES_ROLE = {("lambda", "CreateFunction"): "Role", ("sfn", "CreateStateMachine"): "roleArn"}
+# Operations that hand a role to a service: the parameter naming it, and the service (iam:PassedToService).
+PASSES_ROLE = {("lambda", "CreateFunction"): ("Role", "lambda.amazonaws.com"),
+               ("lambda", "UpdateFunctionConfiguration"): ("Role", "lambda.amazonaws.com"),
+               ("sfn", "CreateStateMachine"): ("roleArn", "states.amazonaws.com"),
+               ("sfn", "UpdateStateMachine"): ("roleArn", "states.amazonaws.com"),
+               ("cloudformation", "CreateChangeSet"): ("RoleARN", "cloudformation.amazonaws.com"),
+               ("cloudformation", "DeleteStack"): ("RoleARN", "cloudformation.amazonaws.com")}
+SERVERLESS_TRANSFORM = "AWS::Serverless-2016-10-31"
 
 # Operations AWS answers for any caller: "No permissions are required to perform this operation."
 NEEDS_NO_PERMISSION = {("sts", "GetCallerIdentity")}
@@ -355,7 +410,22 @@ def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[C
         # 403 AccessDenied, so that objects' existence does not leak.
         found.append(Check("s3:ListBucket", f"arn:aws:s3:::{params['Bucket']}"))
     if (service, operation) in PASSES_ROLE:
-        found.append(Check("iam:PassRole", params[PASSES_ROLE[(service, operation)]]))
+        field, taker = PASSES_ROLE[(service, operation)]
+        if params.get(field):
+            found.append(Check("iam:PassRole", params[field], (("iam:passedtoservice", (taker,)),)))
+        if service == "cloudformation":  # the change set runs as the role it names (cloudformation:RoleArn)
+            found = [replace(c, context=c.context + (("cloudformation:rolearn", (params[field],)),))
+                     if c.action.startswith("cloudformation:") and params.get(field) else c for c in found]
+    if (service, operation) == ("cloudformation", "CreateChangeSet") \
+            and SERVERLESS_TRANSFORM in str(params.get("TemplateBody", "")):
+        # A template with the SAM transform: CloudFormation checks the transform's own ARN too.
+        found.append(Check("cloudformation:CreateChangeSet",
+                           f"arn:aws:cloudformation:{lookup.region}:aws:transform/{SERVERLESS_TRANSFORM.split('::')[1]}"))
+    code = params.get("Code") or {}
+    if service == "lambda" and (operation == "UpdateFunctionCode" and params.get("S3Bucket") or code.get("S3Bucket")):
+        # Lambda reads the code's object with the caller's credentials.
+        where = code or params
+        found.append(Check("s3:GetObject", f"arn:aws:s3:::{where['S3Bucket']}/{where['S3Key']}"))
     if (service, operation) == ("secrets-manager", "CreateSecret"):
         # A secret under a customer managed key: Secrets Manager asks KMS for a data key and decrypts it.
         key = _key({"KeyId": params["KmsKeyId"]}, lookup)[0] if params.get("KmsKeyId") else None

@@ -10,8 +10,10 @@ Principals:
     statemachine:<LogicalId>  the state machine's role (its Lambda invokes, direct integrations)
     rule:<RuleLogicalId>      the role EventBridge uses to start the rule's state machine
     agent                     the node agent: NodeAgentPolicy on the instance group's role
-    deployer                  whoever runs `sam deploy`: docs/deployer-policy.json (the twin provisions the
-                              stack as it; the policy's own test holds the file to template.yaml)
+    deployer                  whoever runs `sam deploy`: the DeployerPolicy of docs/deployer-role.json (its
+                              change sets, the artifacts bucket, PassRole on the service role)
+    cloudformation-service-role  the role CloudFormation creates, updates and deletes the stack's resources
+                              with: the ServiceRolePolicy* of docs/deployer-role.json
     events.amazonaws.com      EventBridge itself, allowed only by resource policies (the DLQ's)
 """
 
@@ -28,7 +30,7 @@ from hpops_twin.iam.evaluate import TwinIamError
 from hpops_twin.template_model import Resolver, TemplateModel
 
 MANAGED_POLICIES_PATH = Path(__file__).with_name("managed_policies.json")
-DEPLOYER_POLICY_PATH = Path(__file__).resolve().parents[3] / "docs" / "deployer-policy.json"
+DEPLOYER_ROLE_PATH = Path(__file__).resolve().parents[3] / "docs" / "deployer-role.json"
 
 
 @cache
@@ -37,9 +39,15 @@ def managed_policies() -> dict[str, dict]:
     return {arn: document for arn, document in data.items() if not arn.startswith("_")}
 
 
-def deployer_policy() -> dict:
-    """A fresh copy of the deployer's policy as docs/ publishes it (a test may edit its copy)."""
-    return json.loads(DEPLOYER_POLICY_PATH.read_text(encoding="utf-8"))
+def deployer_policies(names: Any) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Fresh copies of the policies docs/deployer-role.json makes, filled for `names` (deployer_iam.Names):
+    ({"DeployerPolicy": the deployer's}, {"ServiceRolePolicy1": ..., ...: the service role's})."""
+    from hpops_twin.deployer_iam import filled
+
+    template = json.loads(DEPLOYER_ROLE_PATH.read_text(encoding="utf-8"))
+    documents = {name: filled(resource["Properties"]["PolicyDocument"], names)
+                 for name, resource in template["Resources"].items() if resource["Type"] == "AWS::IAM::ManagedPolicy"}
+    return ({"DeployerPolicy": documents.pop("DeployerPolicy")}, documents)
 
 
 class _ManagedPolicyLoader:

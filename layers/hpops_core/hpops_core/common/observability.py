@@ -28,7 +28,7 @@ CLUSTER_DIMENSION = "cluster"
 # Every figure a handler counts, alarmed or not, goes into one structured log line per invocation (no
 # EMF), which the dashboard's Logs Insights widgets sum: FIGURES_MESSAGE, the figures under FIGURES_FIELD.
 ALARMED_METRICS = frozenset({"HostIdentityRejected", "HostCertificateRenewalFailed", "LoginLimitsPushFailed",
-                             "SafetyGuardTripped", "LoginImbalance"})
+                             "SafetyGuardTripped", "LoginImbalance", "LeaveNoticesFailed"})
 FIGURES_MESSAGE = "figures"
 FIGURES_FIELD = "figures"
 _figures: dict[str, float] = {}  # shared like Powertools' own metric set: one process, one invocation at a time

@@ -36,9 +36,14 @@ def session_partition(cluster: str) -> str:
 
 
 def enrollment_partition(cluster: str) -> str:
-    """Which agent key speaks for each login/controller instance, and operator approvals
-    (node_channel/enrollment_store.py)."""
+    """Which agent key speaks for each login/controller instance (node_channel/enrollment_store.py)."""
     return f"enroll#{cluster}"
+
+
+def approval_partition(cluster: str) -> str:
+    """Operators' single-use approvals of an agent key (node_channel/enrollment_store.py): a partition of
+    their own, so an operator's policy may write approvals and never an enrollment (dynamodb:LeadingKeys)."""
+    return f"approval#{cluster}"
 
 
 def fetch_nonce_partition(cluster: str) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hpops_core.common import validation
 from hpops_core.common.config import env_choice, env_int, env_str
 from hpops_core.login_sync.admission import AdmissionPolicy
+from hpops_core.node_channel.leave_notices import MAX_GRACE_MINUTES
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class SyncConfig:
     load_balancer_dns_name: str = ""
     # LoadAwareAdmission: only "on" keeps the nodes its record names out of the target group.
     admission_mode: str = "off"
+    # LeaveNoticeMinutes: the grace users of a leaving login node are told; None when notices are off.
+    leave_notice_minutes: int | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SyncConfig:
@@ -54,7 +57,13 @@ class SyncConfig:
             load_balancer_dns_name=env.get("LOAD_BALANCER_DNS_NAME", "").strip(),
             admission_mode=env_choice(env, "LOAD_AWARE_ADMISSION", ADMISSION_MODES) if env.get("LOAD_AWARE_ADMISSION")
             else "off",
+            leave_notice_minutes=_leave_notice_minutes(env),
         )
+
+
+def _leave_notice_minutes(env: Mapping[str, str]) -> int | None:
+    value = env.get("LEAVE_NOTICE_MINUTES", "off").strip()
+    return None if value == "off" else env_int(env, "LEAVE_NOTICE_MINUTES", 0, MAX_GRACE_MINUTES)
 
 
 ADMISSION_MODES = ("off", "dry-run", "on")

@@ -220,6 +220,10 @@ def login_slots_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/login-slots"
 
 
+def leave_notices_parameter(cluster: str) -> str:
+    return parameter_prefix(cluster) + "node/leave-notices"
+
+
 def ssh_keepalive_parameter(cluster: str) -> str:
     return parameter_prefix(cluster) + "node/ssh-keepalive"
 

@@ -1,11 +1,16 @@
-"""Where enrollments live: the state table's `enroll#<cluster>` partition.
+"""Where enrollments live: the state table's `enroll#<cluster>` and `approval#<cluster>` partitions.
 
-    sk "node#<instance id>"      the enrollment (enrollment.Enrollment): key, fingerprint, AWS's group
-                                 and role, IP, status enrolled|contested, enrolledAt, via, contestedBy
-                                 (at most MAX_CONTESTED_BY), windowEndsAt, expectDocument
-    sk "approval#<instance id>"  an operator's single-use approval of one key fingerprint (expires)
-    sk "documents"               present once an agent of the cluster enrolled with a verified instance
-                                 identity document: the cluster's IMDS serves them (documentsSince)
+    enroll#<cluster>   sk "node#<instance id>"      the enrollment (enrollment.Enrollment): key, fingerprint,
+                                                    AWS's group and role, IP, status enrolled|contested,
+                                                    enrolledAt, via, contestedBy (at most MAX_CONTESTED_BY),
+                                                    windowEndsAt, expectDocument
+    enroll#<cluster>   sk "documents"               present once an agent of the cluster enrolled with a
+                                                    verified instance identity document (documentsSince)
+    approval#<cluster> sk "approval#<instance id>"  an operator's single-use approval of one key
+                                                    fingerprint (expires)
+
+Approvals have their own partition so that the administrator's policy can write them and never an
+enrollment (a dynamodb:LeadingKeys condition names partitions, not sort keys).
 
 Public facts only (public keys, fingerprints): nothing here is a secret.
 """
@@ -17,7 +22,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.common.state_table import enrollment_partition
+from hpops_core.common.state_table import approval_partition, enrollment_partition
 from hpops_core.node_channel.enrollment import CONTESTED, MAX_CONTESTED_BY, Approval, Enrollment
 
 NODE_PREFIX = "node#"
@@ -28,7 +33,8 @@ APPROVAL_TTL_SECONDS = 24 * 3600
 
 
 def _key(cluster: str, prefix: str, instance_id: str) -> dict:
-    return {"pk": {"S": enrollment_partition(cluster)}, "sk": {"S": prefix + instance_id}}
+    partition = approval_partition(cluster) if prefix == APPROVAL_PREFIX else enrollment_partition(cluster)
+    return {"pk": {"S": partition}, "sk": {"S": prefix + instance_id}}
 
 
 def enrollment_item(record: Enrollment) -> dict:
@@ -150,26 +156,32 @@ def put_approval(table: str, cluster: str, instance_id: str, fingerprint: str, a
         (dynamodb or client("dynamodb")).put_item(TableName=table, Item=item)
 
 
-def list_enrollments(table: str, cluster: str, dynamodb: Any = None) -> tuple[list[Enrollment], list[dict]]:
-    """(enrollments, pending approvals as {"instanceId", "fingerprint", "approvedAt"}) of the cluster."""
-    enrollments, approvals, _ = read_enrollments(table, cluster, dynamodb)
+def list_enrollments(table: str, cluster: str, dynamodb: Any = None,
+                     with_approvals: bool = False) -> tuple[list[Enrollment], list[dict]]:
+    """(enrollments, pending approvals as {"instanceId", "fingerprint", "approvedAt"}) of the cluster; the
+    approvals' partition is read only `with_approvals` (the operator's listing; the sync needs none)."""
+    enrollments, approvals, _ = read_enrollments(table, cluster, dynamodb, with_approvals)
     return enrollments, approvals
 
 
-def read_enrollments(table: str, cluster: str, dynamodb: Any = None) -> tuple[list[Enrollment], list[dict], bool]:
-    """list_enrollments, and whether a verified instance identity document was ever seen (one Query)."""
+def read_enrollments(table: str, cluster: str, dynamodb: Any = None,
+                     with_approvals: bool = False) -> tuple[list[Enrollment], list[dict], bool]:
+    """list_enrollments, and whether a verified instance identity document was ever seen (same Query)."""
     enrollments, approvals, documents = [], [], False
     paginator = (dynamodb or client("dynamodb")).get_paginator("query")
+    partitions = [enrollment_partition(cluster)] + ([approval_partition(cluster)] if with_approvals else [])
     with transient_errors_named("dynamodb:Query"):
-        for page in paginator.paginate(TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
-                                       ExpressionAttributeValues={":pk": {"S": enrollment_partition(cluster)}}):
-            for item in page.get("Items", []):
-                sk = item["sk"]["S"]
-                if sk.startswith(NODE_PREFIX):
-                    enrollments.append(enrollment_from_item(cluster, item))
-                elif sk.startswith(APPROVAL_PREFIX):
-                    approvals.append({"instanceId": sk[len(APPROVAL_PREFIX):], "fingerprint": item["fingerprint"]["S"],
-                                      "approvedAt": item.get("approvedAt", {}).get("S", "")})
-                elif sk == DOCUMENTS_SK:
-                    documents = True
+        for partition in partitions:
+            for page in paginator.paginate(TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True,
+                                           ExpressionAttributeValues={":pk": {"S": partition}}):
+                for item in page.get("Items", []):
+                    sk = item["sk"]["S"]
+                    if sk.startswith(NODE_PREFIX):
+                        enrollments.append(enrollment_from_item(cluster, item))
+                    elif sk.startswith(APPROVAL_PREFIX):
+                        approvals.append({"instanceId": sk[len(APPROVAL_PREFIX):],
+                                          "fingerprint": item["fingerprint"]["S"],
+                                          "approvedAt": item.get("approvedAt", {}).get("S", "")})
+                    elif sk == DOCUMENTS_SK:
+                        documents = True
     return enrollments, approvals, documents
