@@ -92,9 +92,11 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
                              "usage#ml-research", "usage#ml-research#*"],
         "dynamodb:Query": ["approval#ml-research", "budget#ml-research", "enroll#ml-research", "node-report#ml-research",
                            "usage#ml-research", "usage#ml-research#*"]}
-    # The administrator writes approvals (their own partition) and releases, never an enrollment.
+    # The administrator writes approvals (their own partition) and releases, never an enrollment; adopt
+    # reads the enrollments to say which nodes it admitted.
     assert kinds(changes) == {"dynamodb:PutItem": ["approval#ml-research", "budget#ml-research"],
-                              "dynamodb:UpdateItem": "cluster#ml-research", "dynamodb:Query": "node-report#ml-research"}
+                              "dynamodb:UpdateItem": "cluster#ml-research",
+                              "dynamodb:Query": ["enroll#ml-research", "node-report#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])
