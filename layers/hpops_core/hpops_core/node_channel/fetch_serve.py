@@ -79,7 +79,7 @@ def serve(config: Any, event: dict, now: dt.datetime, fetch_config: FetchConfig 
     request = fetch.parse_fetch_request(event)
     record = enrollment_store.get_enrollment(config.state_table, config.cluster_name, request.instance_id)
     enrolled = None if record is None else fetch.Enrolled(record.instance_id, record.role, record.public_key,
-                                                          contested=not record.usable)
+                                                          contested=not record.usable, proven=record.proven(now))
     fetch.decide_fetch(request, config.cluster_name, enrolled, now)
     node_proof.verify_body(fetch.signed_body(request), enrolled.public_key, "fetch", config.cluster_name)
     remember_nonce(config.state_table, config.cluster_name, request, now)
