@@ -200,22 +200,25 @@ def started_jobs(squeue_text: str, since: float) -> List[str]:
 
 
 def first_change(transactions_text: str, association_ids: List[str], hold_qos_id: Optional[str]) -> Optional[str]:
-    """``sacctmgr -nP list transactions format=Time,Actor,Action,Where,Info`` (since the hold): the first
-    change to the hold QOS's limits or to one of these associations that is not hpops's own (its record
-    updates are Description only, its hold sets the association to the hold QOS's id alone, its repairs
-    come after the change they repair)."""
+    """``sacctmgr -nP list transactions format=Time,Actor,Action,Where,Info`` (oldest first): the first change
+    to the hold QOS's limits or to one of these associations after hpops's latest hold of them (its record
+    updates are Description only, its hold sets an association to the hold QOS's id alone)."""
     ours = "def_qos_id={0}, qos=',{0},', delta_qos=''".format(hold_qos_id) if hold_qos_id else None
     where_assoc = {"(id_assoc={})".format(assoc_id) for assoc_id in association_ids}
+    found = None
     for line in transactions_text.splitlines():
         fields = line.split("|", 4)
         if len(fields) != 5:
             continue
         at, actor, action, where, info = fields
-        if action == "Modify QOS" and "'{}'".format(HOLD_QOS) in where and not info.startswith("description="):
-            return short("{} by {} at {}: {}".format("QOS " + HOLD_QOS + " modified", actor, at, info))[:160]
-        if action == "Modify Associations" and where in where_assoc and info != ours:
-            return short("association {} modified by {} at {}: {}".format(where.strip("()"), actor, at, info))[:160]
-    return None
+        if action == "Modify Associations" and where in where_assoc and info == ours:
+            found = None  # hpops's hold (again): what counts comes after it
+        elif found is None and action == "Modify QOS" and "'{}'".format(HOLD_QOS) in where \
+                and not info.startswith("description="):
+            found = short("{} by {} at {}: {}".format("QOS " + HOLD_QOS + " modified", actor, at, info))[:160]
+        elif found is None and action == "Modify Associations" and where in where_assoc:
+            found = short("association {} modified by {} at {}: {}".format(where.strip("()"), actor, at, info))[:160]
+    return found
 
 
 class SlurmHolds:
@@ -474,38 +477,41 @@ class SlurmHolds:
             if failed:
                 return user_holds.FAILED, failed
         state, reason = self._verify(user, cluster, enforced, enforce_reason, unknown)
-        if state == user_holds.HELD and "heldAt" not in record:
-            record["heldAt"] = now  # from here on, a job of theirs that starts escaped the hold
-            self.save()
-        escaped = self._escaped(user, record, [a["id"] for a in associations], now)
+        escaped = self._escaped(user, record, [a["id"] for a in associations], state == user_holds.HELD, now)
         return (user_holds.FAILED, short(escaped + "; " + reason)) if escaped else (state, reason)
 
-    def _escaped(self, user: str, record: Dict[str, Any], association_ids: List[str], now: float) -> str:
-        """Why the report must say the hold did not hold: jobs of ``user`` that started after it was in
-        place, and the first change Slurm logged after it; "" when none (or none within the last hour)."""
-        held_at = record.get("heldAt")
-        if held_at is None:
-            return ""
+    def _escaped(self, user: str, record: Dict[str, Any], association_ids: List[str], held: bool, now: float) -> str:
+        """Why the report must say the hold did not hold: jobs of ``user`` that started while it was in
+        place, and the change Slurm logged that let them; "" when none (or none within the last hour).
+
+        The jobs that had started when the hold was first read back in place are remembered (Slurm's
+        own job ids, no clock); any other job of the user seen started later escaped it."""
         code, out, err = self._command(self.squeue, "-h", "-r", "-t", "all", "-u", user, "-o", "%i|%T|%S|%M")
         if code != 0:
             return ""  # the read-back already failed on squeue, or will next pass
-        running = set(started_jobs(out, float(held_at)))
+        started = started_jobs(out, 0)
+        starts = {line.split("|")[0]: line.split("|")[2] for line in out.splitlines() if line.count("|") == 3}
+        if "startedAtHold" not in record:
+            if held:
+                record["startedAtHold"] = started
+                self.save()
+            return ""
+        before = set(record["startedAtHold"])
         escapes = record.setdefault("escaped", {})
-        new = sorted(running - set(escapes))
+        new = sorted(set(started) - before - set(escapes))
         if new:
-            code, out, err = self._command(self.sacctmgr, "-nP", "list", "transactions",
-                                           "Start=" + slurm_time(float(held_at)), "format=Time,Actor,Action,Where,Info")
-            change = first_change(out, association_ids, self._hold_qos_id()) if code == 0 else None
+            change = self._change_before(starts.get(new[0], ""), association_ids)
             for job_id in new:
                 escapes[job_id] = {"seen": now, "change": change}
             self.log("hold-escaped", user=user, jobs=new[:20], change=change)
         for job_id, seen in list(escapes.items()):
-            if job_id in running:
+            if job_id in started:
                 seen["last"] = now
             elif now - float(seen.get("last", seen["seen"])) >= ESCAPE_REPORT_SECONDS:
                 del escapes[job_id]
-        if new or escapes != record.get("escaped"):
-            self.save()
+        # Only ids squeue still shows can start again under this hold's eyes: the rest are forgotten.
+        record["startedAtHold"] = sorted(before & set(starts), key=lambda j: (len(j), j))
+        self.save()
         if not escapes:
             record.pop("escaped", None)
             return ""
@@ -514,6 +520,16 @@ class SlurmHolds:
         return "job(s) {} of {} started while held ({}); the hold is put back every poll".format(
             ",".join(ids[:10]), user, "Slurm's log: " + change if change else
             "no change to QOS {} or the user's associations in Slurm's transaction log".format(HOLD_QOS))
+
+    def _change_before(self, job_start: str, association_ids: List[str]) -> Optional[str]:
+        """The change that let a held job start: the first one after hpops's latest hold, in the day before
+        the job started (Slurm's own clock, as squeue printed the start)."""
+        end = epoch_of(job_start)
+        if end is None:
+            return None
+        code, out, _ = self._command(self.sacctmgr, "-nP", "list", "transactions", "Start=" + slurm_time(end - 86400),
+                                     "End=" + slurm_time(end + 1), "format=Time,Actor,Action,Where,Info")
+        return first_change(out, association_ids, self._hold_qos_id()) if code == 0 else None
 
     def _verify(self, user: str, cluster: Optional[str], enforced: Optional[bool], enforce_reason: str,
                 unknown: List[str]) -> Tuple[str, str]:

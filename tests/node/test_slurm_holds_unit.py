@@ -213,14 +213,15 @@ def test_only_jobs_that_ran_after_the_hold_count_as_escaped():
     assert started_jobs(squeue, held_at) == ["12", "13", "15"]
 
 
-def test_the_change_named_is_the_first_that_is_not_hpops_own():
+def test_the_change_named_is_the_first_after_hpops_latest_hold():
     from hpops_node_agent.slurm_holds import first_change
-    log = "\n".join([
+    log = [
+        "2026-11-28T15:29:50|admin|Modify Associations|(id_assoc=4)|qos=',2,'",  # before the hold: not it
         "2026-11-28T15:29:52|root|Modify QOS|(name='hpopshold')|description='hpops budget hold...'",
         "2026-11-28T15:29:53|root|Modify Associations|(id_assoc=4)|def_qos_id=5, qos=',5,', delta_qos=''",
         "2026-11-28T15:29:54|admin|Modify Associations|(id_assoc=9)|qos=',1,'",  # someone else's association
         "2026-11-28T15:29:55|admin|Modify Associations|(id_assoc=4)|def_qos_id=1, qos=',1,', delta_qos=''",
-        "2026-11-28T15:29:56|root|Modify Associations|(id_assoc=4)|def_qos_id=5, qos=',5,', delta_qos=''"])
-    assert first_change(log, ["4"], "5") == ("association id_assoc=4 modified by admin at 2026-11-28T15:29:55: "
-                                             "def_qos_id=1, qos=',1,', delta_qos=''")
-    assert first_change(log.splitlines()[0] + "\n" + log.splitlines()[1], ["4"], "5") is None
+        "2026-11-28T15:29:56|admin|Modify QOS|(name='hpopshold')|max_jobs_per_user=NULL"]
+    assert first_change("\n".join(log), ["4"], "5") == (
+        "association id_assoc=4 modified by admin at 2026-11-28T15:29:55: def_qos_id=1, qos=',1,', delta_qos=''")
+    assert first_change("\n".join(log[1:3]), ["4"], "5") is None

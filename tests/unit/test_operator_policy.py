@@ -29,10 +29,14 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "Target": "sagemaker-cluster:abc123_login-i-0123456789abcdef0"}
     if call.service == "s3":
         request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)
-    actions = {check.action: check.resource for check in checks(call.service, call.operation, request, LOOKUP)}
+    request |= {"DocumentName": "AWS-StartNonInteractiveCommand"}  # the one document adopt starts sessions with
+    actions: dict[str, set[str]] = {}
+    for check in checks(call.service, call.operation, request, LOOKUP):
+        actions.setdefault(check.action, set()).add(check.resource)
     assert call.action in actions, f"the twin maps {call.service} {call.operation} to {sorted(actions)}"
-    assert (actions[call.action] == "*") == (call.resource == "*"), \
-        f"{call.action}: the twin checks resource {actions[call.action]}, the operator policy grants {call.resource}"
+    # One operation may be checked on several resources (StartSession: its target and its document).
+    assert any((resource == "*") == (call.resource == "*") for resource in actions[call.action]), \
+        f"{call.action}: the twin checks resources {actions[call.action]}, the operator policy grants {call.resource}"
 
 
 def test_the_twin_maps_every_operator_call():
@@ -88,9 +92,11 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
                              "usage#ml-research", "usage#ml-research#*"],
         "dynamodb:Query": ["approval#ml-research", "budget#ml-research", "enroll#ml-research", "node-report#ml-research",
                            "usage#ml-research", "usage#ml-research#*"]}
-    # The administrator writes approvals (their own partition) and releases, never an enrollment.
+    # The administrator writes approvals (their own partition) and releases, never an enrollment; adopt
+    # reads the enrollments to say which nodes it admitted.
     assert kinds(changes) == {"dynamodb:PutItem": ["approval#ml-research", "budget#ml-research"],
-                              "dynamodb:UpdateItem": "cluster#ml-research", "dynamodb:Query": "node-report#ml-research"}
+                              "dynamodb:UpdateItem": "cluster#ml-research",
+                              "dynamodb:Query": ["enroll#ml-research", "node-report#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])

@@ -85,12 +85,13 @@ class AgentSettings:
 class NodeHosts:
     def __init__(self, node_by_instance: Callable[[str], Any], node_by_ip: Callable[[str], Any],
                  running_login_nodes: Callable[[], list[Any]], agent_settings: Callable[[], AgentSettings],
-                 exclusive: Any):
+                 exclusive: Any, identity_document: Callable[[Any], dict | None] = lambda node: None):
         self._node_by_instance = node_by_instance
         self._running_login_nodes = running_login_nodes
         self._node_by_ip = node_by_ip
         self._agent_settings = agent_settings
         self._exclusive = exclusive  # the Lambda dispatcher's lock (environment changes happen under it)
+        self._identity_document = identity_document  # node -> what its IMDS serves (identity_documents.py)
         self._dir = Path(tempfile.mkdtemp(prefix="hpops-twin-nodes-"))
         self._counter = itertools.count()
         self.roots: dict[str, Path] = {}
@@ -173,7 +174,8 @@ class NodeHosts:
         core.register_component("data_loader", service_models.LOADER)
         session = boto3.session.Session(botocore_session=core, region_name=settings.region)
         session.events.register("before-call", self._count_agent_call)
-        return NodeAgent(config, session)
+        # The node's own IMDS: its agent (and anyone on that node) reads its instance identity document.
+        return NodeAgent(config, session, identity_document=lambda: self._identity_document(node))
 
     def _journal(self, event: str, **fields: Any) -> None:
         self.journal.append({"event": event} | fields)

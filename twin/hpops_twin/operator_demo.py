@@ -74,8 +74,8 @@ def operator_steps(demo: Demo) -> None:
     outcomes: list = []
 
     def adopt() -> list[str]:
-        demo.say("        $ hpops adopt   (installs the agent through Session Manager, then starts a repair)")
-        with world.iam.operator(DoctorAccount(world).operator_policy()):
+        demo.say("        $ hpops adopt   (as the administrator role: installs the agent through Session Manager, then starts a repair)")
+        with world.iam.operator(DoctorAccount(world).operator_policy("administrator")):
             session = boto3.session.Session(region_name=world.region)
             outcomes.extend(adopt_stack(session, STACK_NAME, _Outputs(world), dict(world.resolver.parameters),
                                         TwinSessionRunner(world), dt.datetime.now(dt.timezone.utc)))

@@ -50,6 +50,7 @@ from hpops_core.common import clients as hpops_clients
 from hpops_core.host_identity import certificates, verifier
 from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, generate_ca
 from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority
+from hpops_twin import identity_documents
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.deployer_iam import Names, service_role_arn
@@ -63,6 +64,9 @@ from hpops_twin.template_model import Resolver, TemplateModel
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
+# The account a HyperPod node's identity document names: not the customer's (its instances run in a
+# service account; which one is UNCONFIRMED), so the product must not require the stack's.
+HYPERPOD_SERVICE_ACCOUNT_ID = "210987654321"
 STACK_NAME = "hpops-twin"
 CLUSTER_EXECUTION_ROLE = "hyperpod-exec"
 
@@ -354,6 +358,10 @@ class TwinWorld:
         iam_policy_edit: Any = None,
         # False: the cluster's nodes were created before on_create.sh had the install line (no agents).
         agents_installed: bool = True,
+        # The nodes' IMDS serves signed instance identity documents (UNCONFIRMED on HyperPod: False plays
+        # a cluster where it does not), naming this account (HyperPod's service account: UNCONFIRMED).
+        identity_documents: bool = True,
+        document_account_id: str = HYPERPOD_SERVICE_ACCOUNT_ID,
     ):
         if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
@@ -374,6 +382,8 @@ class TwinWorld:
         self.dispatcher = LambdaDispatcher()
         self.iam_policy_edit = iam_policy_edit
         self.agents_installed = agents_installed
+        self.identity_documents = identity_documents
+        self.document_account_id = document_account_id
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
@@ -433,6 +443,10 @@ class TwinWorld:
                     mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
             fix.start()
             self._stack.append(fix)
+        # The product trusts the twin's instance identity signer for this Region, as it trusts AWS's.
+        documents = identity_documents.trusted(self.region)
+        documents.__enter__()
+        self._stack.append(documents)
         aws = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
         aws.start()
         self._stack.append(aws)
@@ -454,6 +468,8 @@ class TwinWorld:
                                                  report_bus=self.output("NodeReportBusName"), login_group=self.login_group,
                                                  node_channel=self.output("NodeChannelFunctionName")),
             exclusive=self.dispatcher.environment_lock,
+            identity_document=lambda node: (identity_documents.served(node, self.document_account_id)
+                                            if self.identity_documents else None),
         )
         # The node agent polls at least once between two reads of its report by a state machine.
         self.dispatcher.before_invoke.append(self._agent_polls_before_its_report_is_read)
