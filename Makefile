@@ -43,14 +43,33 @@ demo: $(STAMP)
 	@echo "hpops demo: loading the twin (moto); each step prints as it starts, with the seconds since the start"
 	$(BIN)/hpops demo $(if $(JSON),--json $(JSON))
 
-test: $(STAMP) checks
-	$(BIN)/pytest -q
+# The suite runs over the machine's CPUs (pytest-xdist): a test that uses a resource of the whole
+# machine (real sshd users, Slurm's daemons, network namespaces) carries its marker and runs in that
+# resource's xdist group, one at a time (tests/conftest.py, tests/README.md). WORKERS=0: one process.
+# PYTEST_ARGS: more pytest options, e.g. a shuffled order (tests/README.md).
+WORKERS ?= $(shell nproc 2>/dev/null || echo 2)
+PYTEST_ARGS ?=
+PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# sam build first (tests/unit/test_footprint.py measures the layers it builds); the other template
+# checks (sam validate --lint, cfn-lint, checkov with its venv) run beside the tests, which read
+# nothing they write and wait on moto's threads and real daemons as much as they compute; their
+# output follows the tests'. The summary names the 20 slowest tests, then each directory's share
+# and each worker's CPU and peak memory (bench-results/suite-times.json keeps them).
+test: $(STAMP) build
+	@began=$$(date +%s); mkdir -p bench-results; \
+	$(MAKE) --no-print-directory lint checkov > bench-results/checks.log 2>&1 & checks=$$!; \
+	HPOPS_SUITE_TIMES=bench-results/suite-times.json $(PYTEST) --durations=20; tested=$$?; \
+	wait $$checks; checked=$$?; \
+	echo "make lint checkov (beside the tests), exit $$checked:"; cat bench-results/checks.log; \
+	echo "make test: tests exit $$tested, checks exit $$checked, $$(( $$(date +%s) - began )) s after sam build"; \
+	[ $$tested -eq 0 ] && [ $$checked -eq 0 ]
 
 unit: $(STAMP)
-	$(BIN)/pytest -q tests/unit
+	$(PYTEST) tests/unit
 
 twin: $(STAMP)
-	$(BIN)/pytest -q tests/twin
+	$(PYTEST) tests/twin
 
 ssh: $(STAMP)
 	$(BIN)/pytest -q -m realssh

@@ -7,6 +7,18 @@ import socket
 
 import pytest
 
+# `make test` spreads the suite over the machine's CPUs (pytest-xdist, `--dist loadgroup`). A test that
+# uses a resource of the whole machine carries the resource's marker; every test with that marker runs
+# in one xdist group, on one worker, one at a time. Every other test must not depend on order or worker.
+SHARED_RESOURCE_GROUPS = {
+    # Real sshd with PAM and useradd users; the session listing reads every sshd on the machine (/proc).
+    "realssh": "realssh",
+    # Slurm's daemons with slurmdbd, MariaDB and munge, and the users they account.
+    "realslurm": "realslurm",
+    # Network namespaces and iptables rules, made and removed as root.
+    "netns": "netns",
+}
+
 
 def require(tools: tuple[str, ...], what: str, install: str) -> None:
     """Skip without the tools, except under CI=true, where a missing tool is a failure (.ci/run installs them)."""

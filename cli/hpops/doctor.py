@@ -61,7 +61,7 @@ DOCTOR_IAM_ACTIONS = (
 )
 # Lines for checks that need what only a deployed stack has.
 NEEDS_STACK = ("node-agent-policy", "verifier-path", "nlb-path", "network-acl", "host-identity", "kms-key-policy", "agent-reports",
-               "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
+               "enrollment", "alert-subscription", "slurm-usage", "accounting-enforce", "imds-exposure")
 # Heartbeats every DEFAULT_HEARTBEAT_SECONDS: two missed and a margin mean the agent is not reporting.
 REPORT_MAX_AGE = dt.timedelta(minutes=25)
 # The controller collects usage every DEFAULT_USAGE_SECONDS (15 min); three missed windows is silence.
@@ -203,6 +203,8 @@ def _run_check(check: str, session: Any, target: Target, cluster: dict, groups: 
         return [guarded("", lambda: _decide_network_acls(session, target, cluster, groups))]
     if check == "agent-reports":
         return [guarded(target.login_group, lambda: _decide_reports(session, target, now))]
+    if check == "enrollment":
+        return [guarded("", lambda: _decide_enrollment(session, target))]
     if check == "cloudtrail":
         return [guarded("", lambda: checks.decide_trail(target.region, _trails(session, target.region)))]
     if check == "run-as":
@@ -493,6 +495,15 @@ def _utc(value: Any) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
         return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
     return None
+
+
+def _decide_enrollment(session: Any, target: Target) -> Finding:
+    from hpops_core.node_channel import enrollment_store
+
+    records, _, documents = enrollment_store.read_enrollments(
+        target.stack.outputs["SyncStateTableName"], target.cluster, dynamodb=session.client("dynamodb"))
+    return checks.decide_enrollment_proof({r.instance_id: r.via for r in records},
+                                          [r.instance_id for r in records if not r.usable], documents, target.stack.name)
 
 
 def _trails(session: Any, region: str) -> list[checks.TrailFacts]:

@@ -19,7 +19,8 @@ NOTE = "NOTE"
 
 # The order lines are printed in (and the order of value to an operator installing the product).
 CHECKS = ("lifecycle-script", "node-agent-policy", "execution-role", "node-network", "node-endpoints", "verifier-path", "nlb-path",
-          "network-acl", "host-identity", "kms-key-policy", "agent-reports", "alert-subscription", "cloudtrail", "run-as",
+          "network-acl", "host-identity", "kms-key-policy", "agent-reports", "enrollment", "alert-subscription",
+          "cloudtrail", "run-as",
           "cost-allocation-tag", "slurm-usage", "accounting-enforce", "imds-exposure")
 # What each check looks at, for `hpops doctor --help` (one line each, in CHECKS order).
 CHECK_HELP = {
@@ -36,6 +37,8 @@ CHECK_HELP = {
     "kms-key-policy": "the host identity key's policy lets IAM grant its use",
     "agent-reports": "every Running login node's agent reports; else why (enrollment: outside the window, "
                      "contested, approval pending)",
+    "enrollment": "no node is contested; whether the agents enrolled with AWS's signed identity documents "
+                  "(a NOTE where IMDS serves none)",
     "alert-subscription": "the alert topic has a confirmed subscription",
     "cloudtrail": "a trail logs StartSession (session limits act at once)",
     "run-as": "Session Manager Run As is on, with no default user shared by everyone",
@@ -521,6 +524,27 @@ def _enrollment_said(instance_id: str, facts: EnrollmentFacts | None, now: dt.da
                 "window, and no approval names its agent's key: it cannot enroll, so it is kept out",
                 f"hpops adopt --stack-name {stack_name or 'S'}, or {approve_command(stack_name, instance_id)}")
     return None
+
+
+def decide_enrollment_proof(how: Mapping[str, str], contested: Sequence[str], documents_seen: bool,
+                            stack_name: str | None) -> Finding:
+    """``how``: instance id -> how its agent's key was enrolled (window, document, approval); ``contested``:
+    instance ids whose enrollment two keys claimed; ``documents_seen``: an agent of the cluster enrolled
+    with a verified instance identity document (so the nodes' IMDS serves them)."""
+    stack = stack_name or "S"
+    if contested:
+        return Finding("enrollment", PROBLEM, f"{', '.join(sorted(contested))} contested: two keys claimed "
+                       "it; its reports and secrets stop until settled",
+                       f"hpops adopt --stack-name {stack} (reads each key as root on its node and approves it)")
+    verified = sum(1 for value in how.values() if value == "document")
+    counts = f"{len(how)} agent key(s) enrolled, {verified} with a verified instance identity document"
+    if not documents_seen:
+        return Finding("enrollment", NOTE, f"{counts}: no agent has sent one, so this cluster's IMDS does not serve "
+                       "them (UNCONFIRMED on HyperPod) or its agents predate them; a new node's key is trusted as the "
+                       "first presented inside its enrollment window, as before documents",
+                       "accept it, or narrow the race: HostIdentityMode=certificate (no shared private key to win) "
+                       "and ImdsLockdown=on (docs/security.md)")
+    return Finding("enrollment", OK, f"{counts}; the nodes' IMDS serves them")
 
 
 def decide_reports(group: str, running: Sequence[str], reports: Mapping[str, Mapping[str, Any]],

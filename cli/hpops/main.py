@@ -170,6 +170,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     document["loginSessions"] = _login_sessions(parameters, running_reports)
     document["spread"] = session_spread(running_reports, [n["instanceId"] for n in login_nodes])
     document["admission"] = _admission(dynamodb, table, cluster, parameters.get("LoadAwareAdmission", "off"), now)
+    document["enrollment"] = _enrollment(dynamodb, table, cluster)
     print_status(document, as_json=args.json)
     return document["exitStatus"]
 
@@ -191,6 +192,18 @@ def _admission(dynamodb: Any, table: str, cluster: str, mode: str, now: dt.datet
             "stale": age is None or age > ADMISSION_RECORD_MAX_AGE_SECONDS,
             "out": [{"instanceId": i, "ip": o.ip, "since": _iso(o.since), "reason": o.reason}
                     for i, o in sorted(state.out.items())]}
+
+
+def _enrollment(dynamodb: Any, table: str, cluster: str) -> dict:
+    """How the agents' keys were won: with AWS's signed instance identity document, or without (IMDS not
+    serving it: the first key inside the window is trusted, as before documents), and which are contested."""
+    from hpops_core.node_channel import enrollment_store
+
+    records, _, documents = enrollment_store.read_enrollments(table, cluster, dynamodb=dynamodb)
+    return {"nodes": len(records), "documentsSeen": documents,
+            "byHow": {how: sum(1 for r in records if r.via == how) for how in ("document", "approval", "window")},
+            "contested": [{"instanceId": r.instance_id, "keys": 1 + len(r.contested_by)}
+                          for r in sorted(records, key=lambda r: r.instance_id) if not r.usable]}
 
 
 def _iso(epoch: int) -> str:
@@ -308,26 +321,52 @@ def _run_repair(session: Any, outputs: Mapping[str, str], parameters: Mapping[st
 
 def adopt_stack(session: Any, stack_name: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
                 run: Callable[[str, str], tuple[int, str]], now: dt.datetime, *, dry_run: bool = False) -> list:
-    """`hpops adopt` after its arguments: plan from the cluster and the agents' reports, then install on each
-    node to adopt with ``run`` (Session Manager; the twin's in tests). ``dry_run``: the plan only."""
+    """`hpops adopt` after its arguments: plan from the cluster and the agents' reports, then on each node to
+    adopt install, approve the key read there as root, and enroll, with ``run`` (Session Manager; the twin's
+    in tests). ``dry_run``: the plan only."""
     from hpops import adopt as adoption
+    from hpops_core.node_channel import enrollment_store
     from hpops_node_agent import __version__ as agent_version
 
     cluster_name = parameters["ClusterName"]
     groups = [parameters.get("LoginGroupName") or "login", parameters.get("ControllerGroupName") or "controller-machine"]
     sagemaker = session.client("sagemaker")
+    dynamodb = session.client("dynamodb")
     cluster = sagemaker.describe_cluster(ClusterName=cluster_name)
     nodes = [s for page in sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster_name)
              for s in page["ClusterNodeSummaries"]]
-    reports = read_node_reports(session.client("dynamodb"), outputs["SyncStateTableName"], cluster_name)
+    reports = read_node_reports(dynamodb, outputs["SyncStateTableName"], cluster_name)
     plan = adoption.plan(cluster, nodes, groups, reports, agent_version, now)
     if dry_run:
         return [adoption.Outcome(a, "skipped" if a.skip else "planned", a.skip or a.target) for a in plan]
-    return adoption.adopt(plan, run)
+
+    def approve(adopted: Any, fingerprint: str) -> None:
+        # Read as root on that very instance, through a session AWS authenticated: the operator's approval.
+        moment = time.time()
+        enrollment_store.put_approval(outputs["SyncStateTableName"], cluster_name, adopted.instance_id, fingerprint,
+                                      dt.datetime.fromtimestamp(moment, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                                      int(moment), dynamodb=dynamodb)
+
+    return adoption.adopt(plan, run, approve)
+
+
+def adopt_admissions(session: Any, stack_name: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
+                     outcomes: list, repaired: bool) -> list:
+    """After adopt's repair: which touched nodes are admitted (enrolled; login nodes in the target group)."""
+    from hpops import adopt as adoption
+    from hpops_core.node_channel import enrollment_store
+
+    records, _ = enrollment_store.list_enrollments(outputs["SyncStateTableName"], parameters["ClusterName"],
+                                                   dynamodb=session.client("dynamodb"))
+    registered = {t["ip"] for t in _target_health(session.client("elbv2"), outputs["TargetGroupArn"])
+                  if t["state"] not in ("draining", "unused")}
+    return adoption.admissions([o for o in outcomes if o.status != "planned"], {r.instance_id: r for r in records},
+                               registered, parameters.get("LoginGroupName") or "login", stack_name, repaired)
 
 
 def cmd_adopt(args: argparse.Namespace) -> int:
-    """Exit 0: every node adopted (or already had the agent) and the repair succeeded; 1: a node failed."""
+    """Exit 0: every node adopt touched is admitted (enrolled; login nodes in the target group); 1 otherwise,
+    with what is left and the command for it."""
     from hpops import adopt as adoption
 
     outputs, parameters, session = _stack(args.stack_name, args.region)
@@ -338,22 +377,22 @@ def cmd_adopt(args: argparse.Namespace) -> int:
             a = outcome.adoption
             print(f"# {a.group}/{a.instance_id}" + (f": skipped, {a.skip}" if a.skip else ""))
             if not a.skip:
-                print(f"aws ssm start-session --region {session.region_name} --target {a.target} --document-name "
-                      f"{adoption.DOCUMENT} --parameters {shlex.quote(json.dumps({'command': [a.command]}))}")
+                for command in (a.command, adoption.ENROLL_COMMAND):
+                    print(f"aws ssm start-session --region {session.region_name} --target {a.target} --document-name "
+                          f"{adoption.DOCUMENT} --parameters {shlex.quote(json.dumps({'command': [command]}))}")
+                print(f"# between the two: hpops node approve-enrollment --stack-name {args.stack_name} --node "
+                      f"{a.instance_id} --fingerprint <the SHA256 the first one printed>")
         return 0
     for line in adoption.outcome_lines(outcomes):
         print(line)
-    keys = [o for o in outcomes if o.fingerprint]
-    if keys:  # node enrollment: an agent launched long ago is approved by its key's fingerprint
-        print(f"agent keys to approve for enrollment (what `{READ_AGENT_FINGERPRINT}` prints on each node): "
-              + ", ".join(f"{o.adoption.instance_id} {o.fingerprint}" for o in keys))
-    failed = [o for o in outcomes if o.status == "failed"]
+    repaired = True
     if any(o.status == "adopted" for o in outcomes):
         print("a repair verifies the adopted login nodes and admits them:")
-        repaired = _run_repair(session, outputs, parameters, dry_run=False, timeout=args.timeout)
-        if repaired != 0:
-            return repaired
-    return 1 if failed else 0
+        repaired = _run_repair(session, outputs, parameters, dry_run=False, timeout=args.timeout) == 0
+    admitted = adopt_admissions(session, args.stack_name, outputs, parameters, outcomes, repaired)
+    for line in adoption.admission_lines(admitted):
+        print(line)
+    return 0 if all(a.admitted for a in admitted) else 1
 
 
 def cmd_host_keys(args: argparse.Namespace) -> int:
@@ -480,10 +519,13 @@ def cmd_lifecycle(args: argparse.Namespace) -> int:
     print(f"copy it next to on_create.sh:  aws s3 sync {folder} s3://<lifecycle-bucket>/<prefix>/hpops/")
     if args.patch:
         return _patch_on_create(args.patch)
-    print("and add this line to on_create.sh, after the Slurm setup (AWS's reference script runs it in "
-          "lifecycle_script.py) and before the script's final exit (a line after it never runs):")
+    print("and add two lines to on_create.sh. First, right after its #! line, before anything sets up users "
+          "(the agent enrolls its key before any user can reach a new node):")
+    print(f"  {lifecycle_script.ENROLL_LINE}")
+    print("then, after the Slurm setup (AWS's reference script runs it in lifecycle_script.py) and before the "
+          "script's final exit (a line after it never runs):")
     print(f"  {lifecycle_script.INSTALL_LINE}")
-    print("or let hpops put it there:  hpops lifecycle --patch on_create.sh")
+    print("or let hpops put them there:  hpops lifecycle --patch on_create.sh")
     return 0
 
 

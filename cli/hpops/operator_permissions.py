@@ -87,6 +87,7 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, LEASE),
         Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
         Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, ADMISSION),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, ENROLLMENTS),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
@@ -134,16 +135,21 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
         Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, APPROVALS),
     ),
-    # Session Manager into each running node of the cluster, then a repair.
+    # Session Manager into each running node of the cluster (its one document only: the target's type is
+    # UNCONFIRMED, the document's is not), the approval of the key it read there as root, then a repair.
     "adopt": READ_STACK + (
         Call("sagemaker", "DescribeCluster", "sagemaker:DescribeCluster", CLUSTER),
         Call("sagemaker", "ListClusterNodes", "sagemaker:ListClusterNodes", CLUSTER),
-        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS),
+        Call("dynamodb", "Query", "dynamodb:Query", TABLE, NODE_REPORTS + ENROLLMENTS),
         Call("ssm", "StartSession", "ssm:StartSession", ADOPT_DOCUMENT, conditions=DOCUMENT_CHECKED),
         Call("ssm", "StartSession", "ssm:StartSession", SESSION_TARGET, conditions=DOCUMENT_CHECKED),
         # The Session Manager plugin ends (and, after a network drop, resumes) the sessions it started.
         *(Call("ssm", operation, f"ssm:{operation}", arn) for operation in ("TerminateSession", "ResumeSession")
           for arn in OWN_SESSIONS),
+        # The approval of the key it read as root on each node (never an enrollment: NodeChannel writes those).
+        Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, APPROVALS),
+        # After the repair: which nodes it touched are in the target group.
+        Call("elastic-load-balancing-v2", "DescribeTargetHealth", "elasticloadbalancing:DescribeTargetHealth", "*"),
         Call("sfn", "StartExecution", "states:StartExecution", SYNC),
         Call("sfn", "DescribeExecution", "states:DescribeExecution", "{execution:LoginNodeSyncStateMachineArn}"),
     ),

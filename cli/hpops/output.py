@@ -337,6 +337,7 @@ def status_text(document: Mapping) -> list[str]:
             lines.append(f"  Session Manager: {sessions['runAs']}")
     lines += spread_text(d.get("spread"))
     lines += admission_text(d.get("admission"))
+    lines += enrollment_text(d.get("enrollment"), d["stack"])
     lines += login_sessions_text(d.get("loginSessions"))
     spend = d["spend"]
     if not spend.get("available"):
@@ -363,6 +364,25 @@ def spread_text(spread: Mapping | None) -> list[str]:
     for node in spread["nodes"]:
         lines.append(f"  {node['instanceId']:<21} " + ("no report" if node["sessions"] is None else
                                                        f"{node['sessions']} sessions, {node['users']} users"))
+    return lines
+
+
+def enrollment_text(enrollment: Mapping | None, stack: str) -> list[str]:
+    """`hpops status` lines: how the agents' keys were enrolled, whether AWS's identity documents back
+    them here, and the contested nodes with the command that settles them."""
+    if not enrollment:
+        return []
+    how = enrollment["byHow"]
+    counts = f"{enrollment['nodes']} agent key(s) enrolled: {how['document']} with a verified instance identity " \
+             f"document, {how['approval']} approved, {how['window']} inside their window without one"
+    if enrollment["documentsSeen"]:
+        lines = [f"enrollment: {counts}; this cluster's IMDS serves identity documents"]
+    else:
+        lines = [f"enrollment: {counts}; no agent has sent a verified identity document (IMDS does not serve one "
+                 "here, or the agents predate them): a new node's key is trusted as the first presented inside its "
+                 "window, as before documents (docs/node-agent.md)"]
+    lines += [f"  {c['instanceId']:<21} contested by {c['keys']} keys: hpops adopt --stack-name {stack} "
+              "(reads its key as root, approves it)" for c in enrollment["contested"]]
     return lines
 
 

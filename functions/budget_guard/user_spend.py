@@ -1,4 +1,4 @@
-"""CheckUserSpend and PublishUserSpendAlert: per-user spend from Slurm accounting, and its alerts.
+"""CheckUserSpend and SendUserAlerts: per-user spend from Slurm accounting, and its alerts.
 
 Steps of the BudgetGuard state machine (statemachines/budget_guard.asl.json), after the cluster's
 own budget and projection. The gather/decide/mark order is in hpops_core.budget_guard.spend_check.
@@ -36,11 +36,12 @@ def log_cost_explorer(outcome: dict) -> None:
 @tracer.capture_lambda_handler
 @metrics.log_metrics(raise_on_empty_metrics=False)
 def check_user_spend(event: dict, context: LambdaContext) -> dict:
-    """{"request", "cluster", "owner"} -> {users, usersUsd, idleUsd, clusterCostUsd, alerts, warnings, reason, holds}."""
+    """{"request", "cluster", "owner"} -> {users, usersUsd, idleUsd, clusterCostUsd, alertCount, warnings, reason, holds}:
+    counts and the first rows only, whatever the number of users (the alerts wait in the outbox)."""
     config = UserSpendConfig.from_env()
     request, observed, owner = _field(event, "request"), _field(event, "cluster"), _field(event, "owner", str)
     result = spend_check.check_user_spend(config, request, observed, ce=ce_client(), pricing=pricing_client(), owner=owner)
-    metrics.add_metric(name="UserSpendAlerts", unit=MetricUnit.Count, value=len(result["alerts"]))
+    metrics.add_metric(name="UserSpendAlerts", unit=MetricUnit.Count, value=result["alertCount"])
     # Month-to-date dollars (CloudWatch has no currency unit): the dashboard's spend widget.
     for name, key in (("ClusterCostUsd", "clusterCostUsd"), ("UsersUsd", "usersUsd"), ("IdleUsd", "idleUsd")):
         metrics.add_metric(name=name, unit=MetricUnit.NoUnit, value=float(result[key]))
@@ -49,6 +50,8 @@ def check_user_spend(event: dict, context: LambdaContext) -> dict:
     for decision in holds["decisions"]:
         logger.info("user hold decision", extra=decision)
     logger.info(holds["reason"], extra={"held": holds["held"], "failed": holds["failed"], "agent": holds["agent"]})
+    for summary in result.pop("alertSummaries"):
+        logger.warning(summary)
     for row in result.pop("userRows"):
         logger.info("user spend", extra=row)
     for warning in result["warnings"]:
@@ -60,11 +63,11 @@ def check_user_spend(event: dict, context: LambdaContext) -> dict:
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
-@metrics.log_metrics
-def publish_user_spend_alert(event: dict, context: LambdaContext) -> dict:
-    """{"alert"} -> the platform team's topic, the users' topic (attribute user), one event."""
-    alert = _field(event, "alert")
-    result = spend_check.publish_user_alert(UserAlertConfig.from_env(), alert, sns=client("sns"), events=client("events"))
-    metrics.add_metric(name="UserSpendAlertsSent", unit=MetricUnit.Count, value=1)
-    logger.warning(alert.get("summary", "user spend alert"), extra={"user": alert.get("user")})
+@metrics.log_metrics(raise_on_empty_metrics=False)
+def send_user_alerts(event: dict, context: LambdaContext) -> dict:
+    """{} -> {sent, more, reason}: one page of the queued alerts to both topics and as events (the
+    state machine loops while more wait); a send that failed leaves its alert queued and is a named error."""
+    result = spend_check.send_queued_alerts(UserAlertConfig.from_env(), sns=client("sns"), events=client("events"))
+    metrics.add_metric(name="UserSpendAlertsSent", unit=MetricUnit.Count, value=result["sent"])
+    logger.info(result["reason"], extra={"sent": result["sent"], "more": result["more"]})
     return result

@@ -136,9 +136,9 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     """{plan, verdicts, mode} -> the changes allowed to go ahead; rejected nodes are reported."""
     config = HostIdentityConfig.from_env()
     plan, verdicts = event.get("plan") or {}, event.get("verdicts") or []
-    enrollments, contested, approvals = _enrollments(config)
+    enrollments, approvals = _enrollments(config)
     gated = gate_registrations(plan, verdicts, repair=event.get("mode") == "repair", enrollments=enrollments,
-                               contested_ips=contested, approvals=approvals)
+                               approvals=approvals)
     metrics.add_metric(name="HostIdentityRejected", unit=MetricUnit.Count, value=len(gated.rejected))
     metrics.add_metric(name="HostCertificateRenewalFailed", unit=MetricUnit.Count, value=len(gated.renewal_failed))
     notice = _notice(gated, config.cluster_name)
@@ -154,16 +154,12 @@ def gate_target_changes(event: dict, context: LambdaContext) -> dict:
     return gated.to_state()
 
 
-def _enrollments(config) -> tuple[dict[str, str], set[str], dict[str, str]]:
-    """(instance id -> enrollment status, IPs whose latest enrollment is contested, instance id -> the
-    fingerprint of a pending approval): only enrolled, uncontested agents' nodes are admitted."""
+def _enrollments(config) -> tuple[dict[str, str], dict[str, str]]:
+    """(instance id -> enrollment status, instance id -> the fingerprint of a pending approval): only
+    enrolled, uncontested agents' nodes are admitted (a registered node that became contested stays:
+    host_identity/gate.py)."""
     records, approvals = enrollment_store.list_enrollments(config.state_table, config.cluster_name)
-    latest_by_ip = {}
-    for record in sorted(records, key=lambda r: r.enrolled_at):
-        latest_by_ip[record.ip] = record
-    return ({r.instance_id: r.status for r in records},
-            {ip for ip, r in latest_by_ip.items() if r.status == "contested"},
-            {a["instanceId"]: a["fingerprint"] for a in approvals})
+    return {r.instance_id: r.status for r in records}, {a["instanceId"]: a["fingerprint"] for a in approvals}
 
 
 def _notice(gated, cluster: str) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ changes nothing; enrollment conflicts are counted and sent to the AlertTopic (en
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from aws_lambda_powertools.metrics import MetricUnit
@@ -16,14 +17,24 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster.login_group import describe_node
 from hpops_core.common.errors import HpopsError, TransientAwsError
-from hpops_core.node_channel import enrollment_alert, enrollment_store, fetch_serve, node_proof
+from hpops_core.node_channel import (
+    enrollment_alert,
+    enrollment_store,
+    fetch_serve,
+    instance_identity,
+    node_proof,
+    report_store,
+)
 from hpops_core.node_channel.config import NodeChannelConfig
 from hpops_core.node_channel.enrollment import (
+    DOCUMENT,
     EnrollmentConflictError,
     EnrollmentRefusedError,
     MalformedNodeChannelRequest,
     decide_enrollment,
     parse_statement,
+    precheck,
+    signed_document,
 )
 
 logger, tracer, metrics = handler_tools(calls_aws=True)
@@ -31,42 +42,59 @@ MAX_REQUEST_CHARS = 16 * 1024
 
 
 def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
-    """{"action": "enroll", "statement": {...}, "proof": SSHSIG} -> {"ok", "status", "fingerprint", "role"}."""
+    """{"action": "enroll", "statement": {...}, "proof": SSHSIG} -> {"ok", "status", "fingerprint", "role", "via"}."""
     statement = parse_statement(request.get("statement"))
     body = {"statement": request.get("statement")}
     node_proof.verify(request.get("proof"), statement.public_key, node_proof.namespace("enroll", config.cluster_name),
                       node_proof.canonical(body))
     fingerprint = node_proof.fingerprint(statement.public_key)
     existing = enrollment_store.get_enrollment(config.state_table, config.cluster_name, statement.instance_id)
-    decision = decide_enrollment(
-        statement, fingerprint, describe_node(config.cluster_name, statement.instance_id), existing,
-        enrollment_store.get_approval(config.state_table, config.cluster_name, statement.instance_id, int(now.timestamp())),
-        now, config.cluster_name, config.login_group, config.controller_group,
-        timedelta(minutes=config.enrollment_window_minutes))
+    approval = enrollment_store.get_approval(config.state_table, config.cluster_name, statement.instance_id,
+                                             int(now.timestamp()))
+    decision = precheck(statement, fingerprint, existing, approval, now)
+    if decision is None:
+        signed = signed_document(statement)
+        # A document that does not verify is refused by name (instance_identity.py), never read.
+        document = instance_identity.verify(*signed) if signed else None
+        seen = document is not None or enrollment_store.documents_seen(config.state_table, config.cluster_name)
+        decision = decide_enrollment(
+            statement, fingerprint, describe_node(config.cluster_name, statement.instance_id), existing, approval,
+            now, config.cluster_name, config.login_group, config.controller_group,
+            timedelta(minutes=config.enrollment_window_minutes), document, config.region, seen)
     log = {"instanceId": statement.instance_id, "fingerprint": fingerprint, "outcome": decision.outcome,
            "reason": decision.reason}
     if decision.outcome == "enroll" and not enrollment_store.put_first(config.state_table, decision.record):
         # Another presenter won between our read and write: decide again against what it stored.
         return enroll(config, request, now)
+    if decision.outcome == "displace" and not enrollment_store.put_displacing(config.state_table, decision.record,
+                                                                              existing):
+        return enroll(config, request, now)
     if decision.outcome == "re-enroll" and not enrollment_store.put_approved(config.state_table, decision.record):
         raise EnrollmentRefusedError(f"the operator's approval for {statement.instance_id} was used or replaced")
-    if decision.outcome == "contest":
-        enrollment_store.mark_contested(config.state_table, config.cluster_name, statement.instance_id, fingerprint)
-    if decision.outcome in ("contest", "conflict"):
+    if decision.outcome == "contest" and not enrollment_store.mark_contested(
+            config.state_table, config.cluster_name, statement.instance_id, fingerprint):
+        decision = replace(decision, outcome="conflict")  # the contest records were full meanwhile
+    if decision.outcome in ("contest", "conflict", "displace"):
         # Counted in the log line, and the team told (once an hour per node): the attempt is the signal.
         metrics.add_metric(name="EnrollmentConflict", unit=MetricUnit.Count, value=1)
         log["alerted"] = enrollment_alert.alert_conflict(
             config.alert_topic_arn, config.state_table, config.cluster_name, statement.instance_id, decision.outcome,
             fingerprint, existing.fingerprint if existing else None, int(now.timestamp()))
         logger.warning("enrollment conflict", extra=log)
-        raise EnrollmentConflictError(decision.reason)
+        if decision.outcome != "displace":
+            raise EnrollmentConflictError(decision.reason)
     if decision.outcome == "await-approval":
         logger.info("enrollment awaits an operator approval", extra=log)
         raise EnrollmentRefusedError(decision.reason)
     if not decision.accepted:
         raise EnrollmentRefusedError(decision.reason)
-    logger.info("enrolled", extra=log)
     record = decision.record
+    if decision.resets and existing is not None and existing.fingerprint != record.fingerprint:
+        # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes.
+        report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
+    if record.via == DOCUMENT and decision.outcome != "already":
+        enrollment_store.record_documents_seen(config.state_table, config.cluster_name, record.enrolled_at)
+    logger.info("enrolled", extra=log)
     return {"ok": True, "status": record.status, "instanceId": record.instance_id, "fingerprint": record.fingerprint,
             "role": record.role, "group": record.group, "via": record.via}
 

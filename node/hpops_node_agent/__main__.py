@@ -1,6 +1,7 @@
 """python3 -m hpops_node_agent [--config PATH] [--once] [--print-role]
 python3 -m hpops_node_agent usage --once [--print [--since ISO-TIME]] [--config PATH]
 python3 -m hpops_node_agent identity [--config PATH]
+python3 -m hpops_node_agent enroll [--config PATH]
 
 Kept to syntax old Pythons can parse, so that on an unsupported interpreter the user gets one
 clear line (and exit 78, EX_CONFIG) instead of a traceback.
@@ -14,6 +15,11 @@ state; `usage --once` collects the due windows and sends them, as one turn of th
 
 `identity` (as root) makes the agent's key if it is missing and prints its fingerprint: what the
 operator approves with `hpops node approve-enrollment --fingerprint` (needs no boto3).
+
+`enroll` (as root, login and controller nodes) makes the key if missing and enrolls it now, with the
+instance identity document where IMDS serves it: what the lifecycle line runs first on a new node,
+before users can log in, and what `hpops adopt` runs after approving the key. It prints one line
+"hpops enroll: ..." and exits 0 when enrolled, 1 when refused.
 
 Exit codes: 0 ok (also compute nodes, and --once with host identity unchanged, changed or
 waiting; usage with every report's status "ok"); 1 --once and the host identity failed, or a
@@ -43,8 +49,9 @@ def parse_args(argv):
         description="Keep this HyperPod node's SSH host identity and login limits as the hpops stack wants them "
                     "(login nodes); report per-user Slurm usage from accounting (the controller node).",
     )
-    parser.add_argument("command", nargs="?", choices=("usage", "identity"),
-                        help="usage: Slurm usage from accounting (with --once); identity: the agent key's fingerprint")
+    parser.add_argument("command", nargs="?", choices=("usage", "identity", "enroll"),
+                        help="usage: Slurm usage from accounting (with --once); identity: the agent key's fingerprint; "
+                             "enroll: enroll the agent key now")
     parser.add_argument("--config", default="/etc/hpops/node-agent.json", help="agent config file (JSON)")
     parser.add_argument("--once", action="store_true", help="run one poll/apply/report cycle and exit")
     parser.add_argument("--print-role", action="store_true",
@@ -182,6 +189,19 @@ def main(argv=None):
 
     from .agent import NodeAgent, log
 
+    if args.command == "enroll":
+        if role not in ("login", "controller"):
+            print("hpops enroll: {} node: its agent does not enroll".format(role))
+            return 0
+        if problem:
+            return fail(problem)
+        import boto3
+
+        from .agent import NodeAgent
+
+        enrolled, what = NodeAgent(config, boto3.session.Session(), identity=identity).enroll_now()
+        print("hpops enroll: " + what)
+        return 0 if enrolled else 1
     if role != "login" and not collects_usage:
         log("idle", role=role, reason="compute node: nothing to do" if role == "compute"
             else "controller: Slurm usage collection is off (usageSeconds 0)")

@@ -46,7 +46,7 @@ import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import botocore.config
 from botocore.exceptions import BotoCoreError, ClientError
@@ -56,7 +56,7 @@ from hpops_core.node_channel import contract, login_slots, ssh_keepalive, user_h
 from . import (__version__, agent_key, fetch_client, host_keys, imds_guard, leave_notice, login_limits, node_load,
                slurm_holds, ssh_sessions, sshd_keepalive, usage, user_caps)
 from .config import AgentConfig
-from .identity import IdentityError, NodeIdentity, describe_groups_with, read_layout, resolve
+from .identity import IdentityError, NodeIdentity, describe_groups_with, imds_identity_document, read_layout, resolve
 from .node_identity import AgentIdentity, NodeIdentityError
 
 LOGIN_SLOT_SCRIPT = "etc/profile.d/hpops-login-slot.sh"
@@ -177,7 +177,8 @@ def backoff_active(state: Dict[str, Any], key: str, now: float) -> Optional[str]
 class NodeAgent:
     def __init__(self, config: AgentConfig, session: Any, clock: Callable[[], float] = time.time,
                  identity: Optional[NodeIdentity] = None,
-                 imds_probe: Callable[[str], tuple] = imds_guard.probe) -> None:
+                 imds_probe: Callable[[str], tuple] = imds_guard.probe,
+                 identity_document: Optional[Callable[[], Optional[Dict[str, str]]]] = None) -> None:
         self.config = config
         self._imds_probe = imds_probe
         self._imds: Optional[Dict[str, Any]] = None
@@ -200,9 +201,14 @@ class NodeAgent:
         # Instructions for this node only, fetched with the enrolled key when their public marker moves.
         self._end_sessions = fetch_client.Instructions(fetch_client.END_SESSIONS, lambda item: self._fetch(item))
         self._user_holds = fetch_client.Instructions(fetch_client.USER_HOLDS, lambda item: self._fetch(item))
+        if identity_document is None:
+            # IMDS at the address the bundle names (imdsProbe); none configured (tests): no document.
+            def identity_document() -> Optional[Dict[str, str]]:
+                return imds_identity_document(config.imds_probe) if config.imds_probe else None
         if config.node_channel:
             self.proof = AgentIdentity(config.under_root(config.state_dir), config.cluster, self._invoke_channel,
-                                       lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd)
+                                       lambda *args, **fields: log(*args, **fields), config.ssh_keygen_cmd,
+                                       identity_document=identity_document)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -248,6 +254,27 @@ class NodeAgent:
         except (agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
             log("enrollment-failed", reason=short(str(error)))
         return None
+
+    def enroll_now(self) -> Tuple[bool, str]:
+        """One enrollment attempt at once (`hpops-node-agent enroll`): first thing on a new node, and after
+        an operator's approval (`hpops adopt` records one); (enrolled?, what happened, in one line)."""
+        if self.proof is None:
+            return False, "no NodeChannel configured (agent.json nodeChannel): nothing to enroll with"
+        try:
+            node = self.identity()
+            if node.role not in ("login", "controller"):
+                return True, "{} node: its agent does not enroll".format(node.role)
+            instance_id = node.instance_id if node.role == "login" else self.usage_collector().instance_id
+            if instance_id is None:
+                return False, "this node's instance id is unknown (resource_config.json, IMDS)"
+            enrolled = self.proof.ensure_enrolled(instance_id, node.ip, force=True)
+        except (IdentityError, agent_key.AgentKeyError, NodeIdentityError, OSError, ValueError) as error:
+            return False, short(str(error))
+        except AWS_ERRORS as error:
+            return False, aws_reason("lambda:Invoke", error)
+        if enrolled:
+            return True, "enrolled {} ({})".format(instance_id, self.proof.state.get("via") or "already")
+        return False, "refused for {}: {}".format(instance_id, self.proof.state.get("refusal") or "see the log")
 
     def _fetch(self, item: str) -> Optional[dict]:
         """One NodeChannel fetch of ``item`` for this node, signed by the enrolled key (fetch_client)."""

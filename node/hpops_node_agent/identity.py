@@ -143,6 +143,28 @@ def imds_instance_id(timeout: float = IMDS_TIMEOUT_SECONDS) -> str:
         ) from None
 
 
+def imds_identity_document(address: str = "169.254.169.254", timeout: float = IMDS_TIMEOUT_SECONDS) -> Optional[dict]:
+    """{"document": text, "signature": base64} exactly as IMDS at ``address`` serves them (the signature
+    covers the document's bytes), or None where IMDS does not serve them (UNCONFIRMED on HyperPod: the
+    stack then enrolls the key without AWS's word, as it did before documents)."""
+    base = "http://[{}]".format(address) if ":" in address else "http://" + address
+    try:
+        token_request = urllib.request.Request(
+            base + "/latest/api/token", method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": str(IMDS_TOKEN_TTL_SECONDS)})
+        with urllib.request.urlopen(token_request, timeout=timeout) as response:
+            token = response.read().decode("ascii").strip()
+        served = {}
+        for name in ("document", "signature"):
+            request = urllib.request.Request(base + "/latest/dynamic/instance-identity/" + name,
+                                             headers={"X-aws-ec2-metadata-token": token})
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                served[name] = response.read(8192).decode("utf-8")
+    except (OSError, ValueError, UnicodeDecodeError):  # 404 (HTTPError is an OSError), no IMDS, timeouts
+        return None
+    return served if served["document"].strip() and served["signature"].strip() else None
+
+
 def describe_groups_with(session_factory: Callable[[], Any], config: AgentConfig) -> DescribeGroups:
     """DescribeCluster's InstanceGroups, for the API-driven layout (needs sagemaker:DescribeCluster)."""
 

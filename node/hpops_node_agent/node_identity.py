@@ -2,7 +2,8 @@
 
 Every process on the node holds the node's IAM role, so the stack trusts only what the agent's own
 key (agent_key.py, root-only) signs. Once per instance the agent enrolls the key through the
-stack's NodeChannel function (lambda:InvokeFunction); from then on every report carries "sequence"
+stack's NodeChannel function (lambda:InvokeFunction), with the instance identity document and its AWS
+signature where IMDS serves them (AWS's word that the request comes from this instance); from then on every report carries "sequence"
 and "proof" (an SSHSIG over proof_format.canonical(report)). State (whether enrolled, the last
 sequence) is kept in enrollment.json next to the key; a lost file only means one idempotent
 enroll call and a sequence that still moves forward (it starts from the time in microseconds).
@@ -34,9 +35,14 @@ class NodeIdentityError(Exception):
     """The agent cannot prove who it is yet (no key, not enrolled); the message says why."""
 
 
+# The stack's refusal of a Region it has no certificate for: the agent enrolls without the document then.
+NO_CERTIFICATE_FOR_REGION = "NoCertificateForRegionError"
+
+
 class AgentIdentity:
     def __init__(self, state_dir: str, cluster: str, invoke: Callable[[dict], dict], log: Callable[..., None],
-                 ssh_keygen: str = "ssh-keygen", clock: Callable[[], float] = time.time) -> None:
+                 ssh_keygen: str = "ssh-keygen", clock: Callable[[], float] = time.time,
+                 identity_document: Callable[[], Optional[dict]] = lambda: None) -> None:
         self.key_path = os.path.join(state_dir, KEY_FILE)
         self.state_path = os.path.join(state_dir, STATE_FILE)
         self.cluster = cluster
@@ -44,6 +50,8 @@ class AgentIdentity:
         self.clock = clock  # the wall clock: the stack compares issuedAt and sequence with its own
         self.log = log
         self.ssh_keygen = ssh_keygen
+        # IMDS's instance identity document and signature (identity.imds_identity_document), or None
+        self.identity_document = identity_document
         self.state = self._load()
         self._public: Optional[str] = None
 
@@ -88,6 +96,11 @@ class AgentIdentity:
             return False
         statement = {"cluster": self.cluster, "instanceId": instance_id, "ip": ip, "agentPublicKey": self.public_key(),
                      "issuedAt": _iso(now), "nonce": secrets.token_urlsafe(24)}
+        # AWS's signed word that this request comes from a process on the instance, where IMDS serves it
+        # (and unless the stack said it cannot check this Region's signature).
+        document = None if self.state.get("documentRefused") else self.identity_document()
+        if document is not None:
+            statement["identityDocument"] = document
         body = {"statement": statement}
         request = {"action": "enroll", "statement": statement,
                    "proof": agent_key.sign(self.key_path, proof_format.namespace(proof_format.ENROLL, self.cluster),
@@ -105,9 +118,15 @@ class AgentIdentity:
         if answer.get("ok"):
             self.state["enrolledFingerprint"] = answer.get("fingerprint")
             self.state["role"] = answer.get("role")
+            self.state["via"] = answer.get("via")
+            self.state.pop("refusal", None)
             self.log("enrolled", instanceId=instance_id, fingerprint=answer.get("fingerprint"), via=answer.get("via"))
         else:
             self.state.pop("enrolledFingerprint", None)
+            self.state["refusal"] = "{}: {}".format(str(answer.get("error"))[:64], str(answer.get("message"))[:300])
+            if answer.get("error") == NO_CERTIFICATE_FOR_REGION:
+                self.state["documentRefused"] = NO_CERTIFICATE_FOR_REGION
+                self.state.pop("lastAttemptAt", None)  # ask again at once, without the document
             self.log("enrollment-refused", instanceId=instance_id, fingerprint=self.fingerprint(),
                      error=str(answer.get("error"))[:64], reason=str(answer.get("message"))[:300])
         self._save()

@@ -900,19 +900,25 @@ exit $exit_code
 """
 
 
-def test_lifecycle_patch_puts_the_line_before_the_final_exit_once(capsys, tmp_path):
+def test_lifecycle_patch_enrolls_first_and_installs_before_the_final_exit_once(capsys, tmp_path):
+    from hpops import lifecycle_script
+
     script = tmp_path / "on_create.sh"
     script.write_text(REFERENCE_SHAPED_ON_CREATE)
     script.chmod(0o755)
     status, out, _ = run(capsys, "lifecycle", "--patch", str(script))
-    assert status == 0 and "inserted before the final exit on line 5" in out
+    assert status == 0 and "inserted before the final exit" in out and "enroll line put first" in out
     lines = script.read_text().splitlines()
     install = lines.index('bash "$(dirname "$0")/hpops/install.sh"')
     assert install < lines.index("exit $exit_code") and install > lines.index("exit_code=$?")
+    # The key is enrolled before anything of the user's setup runs: the first command after the shebang.
+    commands = [line for line in lines[1:] if line.strip() and not line.startswith("#")]
+    assert commands[0] == 'bash "$(dirname "$0")/hpops/install.sh" --enroll-first'
+    assert lifecycle_script.check(script.read_text()).enrolls_first
     assert script.stat().st_mode & 0o777 == 0o755
     status, out, _ = run(capsys, "lifecycle", "--patch", str(script))
     assert status == 0 and "unchanged" in out
-    assert script.read_text().count("hpops/install.sh") == 1
+    assert script.read_text().count("hpops/install.sh") == 2
 
 
 def test_lifecycle_patch_keeps_the_exit_status_the_script_passes_on(tmp_path):

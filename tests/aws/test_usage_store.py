@@ -17,9 +17,11 @@ from hpops_core.budget_guard.usage_reports import UsageRecord, parse_usage_event
 from hpops_core.budget_guard.usage_store import (
     USAGE_TTL_SECONDS,
     collector_status,
+    month_totals,
     month_usage,
     store_usage,
 )
+from hpops_core.budget_guard.user_spend import fold_windows
 from hpops_core.common import clients
 from hpops_core.node_channel import contract
 from hpops_node_agent import usage
@@ -304,3 +306,55 @@ def test_two_parts_of_a_window_arriving_at_once_cannot_both_add_to_the_same_sum(
         store_usage(table, parts[1], now_epoch=W0, instance_groups=TWO_GPU_NODES)
     assert raced == [{"window": True, "status": True}]
     assert sum(window_records(table).values()) == sum(r.node_seconds for p in (parts[0], parts[2]) for r in p.records)
+
+
+# --------------------------------------------------------------------------- the month's running total
+
+
+def _per_user(usage) -> dict:
+    return {user: {p: tuple(v) for p, v in partitions.items()} for user, partitions in usage.users.items()}
+
+
+def _store_hours(table: str, first: int, hours: int, found_of) -> None:
+    for hour in range(hours):
+        start = first + hour * HOUR
+        store_all(table, reports(start, start + HOUR, found_of(hour)))
+
+
+def test_the_running_total_sums_each_window_once_and_a_later_sweep_reads_only_the_last_day(table):
+    first = at("2026-11-01T00:00:00")
+    _store_hours(table, first, 72, lambda hour: totals(alice_gpu=600 + hour, bob_cpu=60 * (hour % 3)))
+    now = datetime.datetime.fromtimestamp(first + 72 * HOUR, datetime.timezone.utc)
+    whole = fold_windows(month_usage(table, CLUSTER, "2026-11"), now)
+
+    usage, outcome = month_totals(table, CLUSTER, "2026-11", now, "sweep-1")
+    assert _per_user(usage) == _per_user(whole)
+    assert (outcome["folded"], outcome["recent"], outcome["saved"]) == (48, 24, True)
+
+    # An hour later: the kept total, one window settled since, the last day's 24 read as they are.
+    store_all(table, reports(first + 72 * HOUR, first + 73 * HOUR, totals(alice_gpu=5000)))
+    later = now + datetime.timedelta(hours=1)
+    usage, outcome = month_totals(table, CLUSTER, "2026-11", later, "sweep-2")
+    assert (outcome["kept"], outcome["folded"], outcome["recent"], outcome["reread"]) == (48, 1, 24, False)
+    assert _per_user(usage) == _per_user(fold_windows(month_usage(table, CLUSTER, "2026-11"), later))
+
+
+def test_a_repeated_part_a_new_collection_or_a_late_window_of_a_settled_hour_still_counts_once(table):
+    first = at("2026-11-01T00:00:00")
+    _store_hours(table, first, 48, lambda hour: totals(alice_gpu=1000) if hour != 5 else {})
+    now = datetime.datetime.fromtimestamp(first + 48 * HOUR, datetime.timezone.utc)
+    month_totals(table, CLUSTER, "2026-11", now, "sweep-1")
+
+    # The same report of hour 2 delivered again (EventBridge at least once): counted once.
+    store_all(table, reports(first + 2 * HOUR, first + 3 * HOUR, totals(alice_gpu=1000)))
+    # Hour 3 collected again later with more usage: the newer collection replaces the older.
+    store_all(table, reports(first + 3 * HOUR, first + 4 * HOUR + 60, totals(alice_gpu=1500)))
+    # Hour 5's report was lost and arrives a day late (the agent catching up).
+    store_all(table, reports(first + 5 * HOUR, first + 6 * HOUR, totals(alice_gpu=700, carol_cpu=300)))
+    usage, outcome = month_totals(table, CLUSTER, "2026-11", now, "sweep-2")
+    assert outcome["reread"] is True
+    assert usage.users["alice"]["gpu"][0] == 47 * 1000 + 500 + 700
+    assert usage.users["carol"]["cpu"][0] == 300
+    assert _per_user(usage) == _per_user(fold_windows(month_usage(table, CLUSTER, "2026-11"), now))
+    # Kept again: the next sweep needs no re-read.
+    assert month_totals(table, CLUSTER, "2026-11", now, "sweep-3")[1]["reread"] is False

@@ -177,6 +177,7 @@ def lockdown(name, tmp_path, state, groups=""):
     return done.stdout
 
 
+@pytest.mark.netns
 def test_only_root_and_the_allowed_group_reach_imds_and_off_opens_it_again(namespace, tmp_path):
     adm = 4  # Debian's and Ubuntu's adm group
     nobody, nobody_in_adm = (65534, 65534), (65534, adm)

@@ -12,16 +12,14 @@ lifts her at the next sweep with one "released" alert, and `hpops cost` shows wh
 from __future__ import annotations
 
 import datetime as dt
-import json
 from types import SimpleNamespace
 
 import pytest
 
 from hpops.main import release_user
 from hpops_core.budget_guard import hold_state
-from hpops_core.node_channel import user_holds
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, run_holds
+from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, published_holds, run_holds
 from hpops_twin.user_spend_twin import execution_clock
 
 
@@ -37,8 +35,7 @@ def twin():
         month = chapter.prepare(world)
         slurm = attach(month.controller, chapter.USERS)
         yield SimpleNamespace(world=world, month=month, spend=month.spend, slurm=slurm,
-                              table=world.resolver.physical_ids["SyncStateTable"],
-                              parameter=user_holds.user_holds_parameter(world.cluster_name))
+                              table=world.resolver.physical_ids["SyncStateTable"])
 
 
 def platform(twin) -> list[dict]:
@@ -47,8 +44,7 @@ def platform(twin) -> list[dict]:
 
 
 def published(twin) -> dict:
-    ssm = twin.world.aws.client("ssm")
-    return json.loads(ssm.get_parameter(Name=twin.parameter)["Parameter"]["Value"])
+    return published_holds(twin.world)
 
 
 def sweep(twin, when: dt.datetime):

@@ -80,8 +80,8 @@ def test_the_kept_cost_explorer_answer_is_the_only_new_item_the_budget_roles_tou
         "Ref": "CostExplorerMaxAgeHours"}
     resolver = Resolver(TEMPLATE.raw, {"ClusterName": "lab"}, "us-east-1", "123456789012", "s")
     for function in ("CheckUserSpendFunction", "ProjectSpendFunction"):
-        (table,) = [s for s in statements(function) if "dynamodb:PutItem" in s.get("Action", [])]
-        keys = resolver.resolve(table["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+        keys = [key for table in statements(function) if "dynamodb:PutItem" in table.get("Action", [])
+                for key in resolver.resolve(table["Condition"]["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])]
         assert "ce-cache#lab" in keys and not any(k.startswith("sync") for k in keys), function
 
 

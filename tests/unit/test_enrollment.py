@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,13 +13,22 @@ from hpops_core.host_identity.gate import gate_registrations
 from hpops_core.node_channel.enrollment import (
     Approval,
     Enrollment,
+    IdentityDocument,
     MalformedNodeChannelRequest,
     NotEnrolledError,
     Statement,
     decide_enrollment,
     parse_statement,
+    precheck,
 )
-from hpops_core.node_channel.report_proof import ReportRoleError, check_signed_report, unsigned_event
+from hpops_core.node_channel import report_proof
+from hpops_core.node_channel.report_proof import (
+    ReportFromFutureError,
+    ReportRoleError,
+    UnprovenEnrollmentError,
+    check_signed_report,
+    unsigned_event,
+)
 
 NOW = datetime(2026, 11, 26, 12, 0, tzinfo=timezone.utc)
 KEY = "ssh-ed25519 " + "A" * 68
@@ -37,53 +47,96 @@ def statement(**changes):
     return Statement(**(values | changes))
 
 
-def enrolled(fingerprint="SHA256:old", via="window", status="enrolled"):
-    return Enrollment("ml", ID, KEY, fingerprint, "login", "login", "10.1.0.11", status, "2026-11-26T11:56:00Z", via)
+def enrolled(fingerprint="SHA256:old", via="window", status="enrolled", window_ends_at="2026-11-26T12:55:00Z",
+             contested_by=(), expect_document=False):
+    return Enrollment("ml", ID, KEY, fingerprint, "login", "login", "10.1.0.11", status, "2026-11-26T11:56:00Z", via,
+                      contested_by, window_ends_at, expect_document)
+
+
+def document(instance_id=ID, region="us-east-1", ip="10.1.0.11", pending=NOW - timedelta(minutes=5)):
+    """What instance_identity.verify returns for a document whose AWS signature verified."""
+    return IdentityDocument(instance_id, region, "210987654321", ip, pending)
 
 
 NOT_IN_CLUSTER = "not in cluster"
 
 
-def decide(st=None, fingerprint="SHA256:new", aws=None, existing=None, approval=None):
+def decide(st=None, fingerprint="SHA256:new", aws=None, existing=None, approval=None, doc=None, seen=False):
     aws = None if aws == NOT_IN_CLUSTER else aws or node()
     return decide_enrollment(st or statement(), fingerprint, aws, existing, approval, NOW,
-                             "ml", "login", "controller-machine", WINDOW)
+                             "ml", "login", "controller-machine", WINDOW, doc, "us-east-1", seen)
 
 
-@pytest.mark.parametrize("aws,st,why", [
-    (None, statement(cluster="other"), "this stack manages ml"),
-    (None, statement(issued_at=NOW - timedelta(minutes=10)), "more than 300 s"),
-    (NOT_IN_CLUSTER, None, "not a node of cluster"),
-    (node(group="gpu"), None, "only the login and controller groups"),
-    (node(status="ShuttingDown"), None, "not Running or Pending"),
-    (node(ip="10.1.0.99"), None, "AWS says 10.1.0.99"),
-    (None, statement(identity_document={"document": {"instanceId": "i-0ffffffffffffffff", "privateIp": "10.1.0.11"}}),
-     "identity document"),
+@pytest.mark.parametrize("aws,st,doc,why", [
+    (None, statement(cluster="other"), None, "this stack manages ml"),
+    (None, statement(issued_at=NOW - timedelta(minutes=10)), None, "more than 300 s"),
+    (NOT_IN_CLUSTER, None, None, "not a node of cluster"),
+    (node(group="gpu"), None, None, "not in the login or controller group"),
+    (node(status="ShuttingDown"), None, None, "not Running or Pending"),
+    (node(ip="10.1.0.99"), None, None, "not at the IP the statement claims"),
+    (None, None, document(instance_id="i-0ffffffffffffffff"), "another instance's"),
+    (None, None, document(region="eu-west-1"), "another Region"),
+    (None, None, document(ip="10.1.0.12"), "another IP"),
+    (None, None, document(pending=NOW - timedelta(days=2)), "pending time"),
 ])
-def test_what_aws_does_not_back_is_refused(aws, st, why):
-    decision = decide(st=st, aws=aws)
+def test_what_aws_does_not_back_is_refused_and_the_refusal_teaches_nothing_of_aws_s_record(aws, st, doc, why):
+    decision = decide(st=st, aws=aws, doc=doc)
     assert decision.outcome == "refuse" and why in decision.reason
+    assert "10.1.0.99" not in decision.reason and "gpu" not in decision.reason and "ShuttingDown" not in decision.reason
 
 
 def test_inside_the_window_first_presenter_wins_and_the_role_is_the_groups():
     decision = decide(aws=node(group="controller-machine"))
     assert decision.outcome == "enroll" and decision.record.role == "controller" and decision.record.via == "window"
+    assert decision.record.window_ends_at == "2026-11-26T12:55:00Z" and not decision.record.expect_document
+    assert not decision.record.proven(NOW) and decision.record.proven(NOW + timedelta(minutes=55))
     assert decide(fingerprint="SHA256:old", existing=enrolled()).outcome == "already"
+    verified = decide(doc=document())
+    assert verified.outcome == "enroll" and verified.record.via == "document" and verified.record.proven(NOW)
 
 
-def test_a_second_key_contests_a_new_node_but_not_a_serving_one():
+def test_a_verified_document_beats_an_unverified_key_and_is_never_raced_itself():
+    displaced = decide(existing=enrolled(), doc=document())
+    assert displaced.outcome == "displace" and displaced.resets and displaced.record.fingerprint == "SHA256:new"
+    settled = decide(fingerprint="SHA256:old", existing=enrolled(status="contested"), doc=document())
+    assert settled.outcome == "displace" and settled.record.usable, "the raced node's own agent settles the contest"
+    for proven in (enrolled(via="document"), enrolled(via="approval")):
+        assert decide(existing=proven).outcome == "conflict"
+        assert decide(existing=proven, doc=document()).outcome == "conflict", "first verified presenter wins"
+    late = node(launched=NOW - timedelta(hours=3))
+    assert decide(aws=late, existing=enrolled(window_ends_at="2026-11-26T10:00:00Z"), doc=document(
+        pending=NOW - timedelta(hours=3))).outcome == "conflict", "after the window the enrolled key stands"
+
+
+def test_an_unverified_second_key_contests_a_new_node_a_bounded_number_of_times():
     assert decide(existing=enrolled()).outcome == "contest"
-    assert decide(aws=node(launched=NOW - timedelta(hours=3)), existing=enrolled()).outcome == "conflict"
-    assert decide(existing=enrolled(via="approval")).outcome == "conflict", "an approved key is not raced"
+    full = enrolled(status="contested", contested_by=tuple(f"SHA256:{n}" for n in range(5)))
+    assert decide(existing=full).outcome == "conflict", "a flood of keys adds no contest record"
+    assert decide(fingerprint="SHA256:1", existing=enrolled(contested_by=("SHA256:1",))).outcome == "conflict"
     assert decide(fingerprint="SHA256:old", existing=enrolled(status="contested")).outcome == "conflict"
+
+
+def test_a_proven_enrollment_refuses_another_key_before_aws_is_asked():
+    early = precheck(statement(), "SHA256:new", enrolled(via="document"), None, NOW)
+    assert early is not None and early.outcome == "conflict"
+    assert precheck(statement(), "SHA256:new", enrolled(), None, NOW) is None, "an unverified one may still be raced"
+    assert precheck(statement(), "SHA256:new", enrolled(via="document"), Approval(ID, "SHA256:new", ""), NOW) is None
 
 
 def test_outside_the_window_only_an_approval_for_exactly_this_key_enrolls():
     old = node(launched=NOW - timedelta(days=30))
     assert decide(aws=old).outcome == "await-approval"
+    assert decide(aws=old, doc=document(pending=NOW - timedelta(days=30))).outcome == "await-approval"
     assert decide(aws=old, approval=Approval(ID, "SHA256:other", "")).outcome == "await-approval"
     decision = decide(aws=old, approval=Approval(ID, "SHA256:new", ""), existing=enrolled(status="contested"))
-    assert decision.outcome == "re-enroll" and decision.record.via == "approval"
+    assert decision.outcome == "re-enroll" and decision.record.via == "approval" and decision.resets
+
+
+def test_reports_count_from_a_proven_key_and_login_reports_also_where_no_document_was_ever_seen():
+    raced = enrolled(expect_document=True)
+    assert not raced.counts_reports(NOW) and raced.counts_reports(NOW + timedelta(hours=1))
+    assert enrolled().counts_reports(NOW) and not enrolled().proven(NOW), "a cluster without documents, as before"
+    assert enrolled(window_ends_at="").proven(NOW), "enrolled before windows were recorded: as it was"
 
 
 @pytest.mark.parametrize("bad", [None, [], {"cluster": "ml"}, {"cluster": "ml", "instanceId": ID, "ip": "10.1.0.11",
@@ -93,16 +146,30 @@ def test_malformed_statements_are_refused_by_name(bad):
         parse_statement(bad)
 
 
-def test_reports_need_an_uncontested_enrollment_of_their_role():
+def test_reports_need_an_uncontested_enrollment_of_their_role_and_weight_needs_a_proven_one():
     detail = {"instanceId": ID, "sequence": 5, "proof": "x"}
     with pytest.raises(NotEnrolledError):
         check_signed_report(detail, None, "ml", ID, "login", NOW, [])
     with pytest.raises(NotEnrolledError):
         check_signed_report(detail, enrolled(status="contested"), "ml", ID, "login", NOW, [])
     with pytest.raises(ReportRoleError):
-        check_signed_report(detail, enrolled(), "ml", ID, "controller", NOW, [])
+        check_signed_report(detail, enrolled(via="document"), "ml", ID, "controller", NOW, [])
+    controller = replace(enrolled(), role="controller")
+    with pytest.raises(UnprovenEnrollmentError):  # a key that raced a new controller charges nobody
+        check_signed_report(detail, controller, "ml", ID, "controller", NOW, [])
+    with pytest.raises(UnprovenEnrollmentError):
+        check_signed_report(detail, enrolled(expect_document=True), "ml", ID, "login", NOW, [])
     stripped, sequence = unsigned_event({"detail": detail, "source": "hpops.node"})
     assert stripped["detail"] == {"instanceId": ID} and sequence == 5 and detail["proof"] == "x"
+
+
+def test_a_sequence_ahead_of_the_clock_is_refused_so_it_cannot_pin_the_agent_s_reports(monkeypatch):
+    monkeypatch.setattr(report_proof.node_proof, "verify_body", lambda *args: None)  # the signature is not the point
+    now_us = int(NOW.timestamp()) * 1_000_000
+    for pinned in (2**63 - 1, now_us + 121 * 1_000_000):
+        with pytest.raises(ReportFromFutureError):
+            check_signed_report({"sequence": pinned, "proof": "x"}, enrolled(), "ml", ID, "login", NOW, [])
+    assert check_signed_report({"sequence": now_us, "proof": "x"}, enrolled(), "ml", ID, "login", NOW, []) == now_us
 
 
 def usage(node_seconds, groups=None):
@@ -124,13 +191,13 @@ def test_usage_beyond_what_the_partitions_group_could_run_is_refused():
         check_capacity(usage(104 * 3600 + 1), plain)
 
 
-def test_the_gate_admits_only_enrolled_uncontested_nodes_and_keeps_upgraded_ones():
+def test_the_gate_admits_only_enrolled_uncontested_nodes_and_never_takes_a_serving_one_out():
     plan = {"register": ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "keep": ["10.0.0.8", "10.0.0.9"], "deregister": []}
     verdicts = [{"ip": f"10.0.0.{n}", "instanceId": f"i-{n}", "ok": True, "reason": "ok"} for n in (1, 2, 3)]
-    gated = gate_registrations(plan, verdicts, repair=False, enrollments={"i-1": "enrolled", "i-2": "contested"},
-                               contested_ips={"10.0.0.9"})
+    gated = gate_registrations(plan, verdicts, repair=False,
+                               enrollments={"i-1": "enrolled", "i-2": "contested", "i-9": "contested"})
     assert gated.register == ("10.0.0.1",)
-    assert gated.deregister == ("10.0.0.9",), "a contested serving node leaves; an unenrolled one (10.0.0.8) stays"
+    assert gated.deregister == (), "a contested serving node (10.0.0.9) and an unenrolled one (10.0.0.8) stay"
     assert {r["instanceId"] for r in gated.rejected} >= {"i-2", "i-3"}
 
 

@@ -10,7 +10,7 @@ from hpops_twin.iam.operations import OPERATIONS, Lookup, checks
 
 ACCOUNT = "123456789012"
 STACK_ID = f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/hpops-ml/0f1e2d3c-aaaa-bbbb-cccc-000011112222"
-CALLS = sorted({call for calls in COMMANDS.values() for call in calls}, key=lambda c: (c.service, c.operation, c.action))
+CALLS = sorted({call for calls in COMMANDS.values() for call in calls}, key=lambda c: (c.service, c.operation, c.action, str(c)))
 LOOKUP = Lookup("us-east-1", ACCOUNT, lambda name: f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:cluster/abc123",
                 lambda secret: f"arn:aws:kms:us-east-1:{ACCOUNT}:key/0f1e2d3c-1111-2222-3333-444455556666")
 
@@ -29,10 +29,14 @@ def test_each_call_the_twin_maps_needs_the_same_action_there(call):
                "Target": "sagemaker-cluster:abc123_login-i-0123456789abcdef0"}
     if call.service == "s3":
         request = request | {"Key": "scripts/on_create.sh"}  # S3's object key (DynamoDB's Key is an item key)
-    actions = {check.action: check.resource for check in checks(call.service, call.operation, request, LOOKUP)}
+    request |= {"DocumentName": "AWS-StartNonInteractiveCommand"}  # the one document adopt starts sessions with
+    actions: dict[str, set[str]] = {}
+    for check in checks(call.service, call.operation, request, LOOKUP):
+        actions.setdefault(check.action, set()).add(check.resource)
     assert call.action in actions, f"the twin maps {call.service} {call.operation} to {sorted(actions)}"
-    assert (actions[call.action] == "*") == (call.resource == "*"), \
-        f"{call.action}: the twin checks resource {actions[call.action]}, the operator policy grants {call.resource}"
+    # One operation may be checked on several resources (StartSession: its target and its document).
+    assert any((resource == "*") == (call.resource == "*") for resource in actions[call.action]), \
+        f"{call.action}: the twin checks resources {actions[call.action]}, the operator policy grants {call.resource}"
 
 
 def test_the_twin_maps_every_operator_call():
@@ -88,9 +92,11 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
                              "usage#ml-research", "usage#ml-research#*"],
         "dynamodb:Query": ["approval#ml-research", "budget#ml-research", "enroll#ml-research", "node-report#ml-research",
                            "usage#ml-research", "usage#ml-research#*"]}
-    # The administrator writes approvals (their own partition) and releases, never an enrollment.
+    # The administrator writes approvals (their own partition) and releases, never an enrollment; adopt
+    # reads the enrollments to say which nodes it admitted.
     assert kinds(changes) == {"dynamodb:PutItem": ["approval#ml-research", "budget#ml-research"],
-                              "dynamodb:UpdateItem": "cluster#ml-research", "dynamodb:Query": "node-report#ml-research"}
+                              "dynamodb:UpdateItem": "cluster#ml-research",
+                              "dynamodb:Query": ["enroll#ml-research", "node-report#ml-research"]}
     for statement in document["Statement"]:
         if statement["Resource"] == "*":
             assert all(WILDCARD_REASONS[a].startswith(statement["Sid"].rstrip("0123456789")) for a in statement["Action"])

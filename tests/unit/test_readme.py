@@ -83,6 +83,8 @@ SKIPPED = {
     "python -m hpops_twin.chaos [--json FILE] [--seeds N] [--parts 1,2,3,4,5]": f"{TOO_LONG}: it is make chaos",
     "hpops node enrollments --stack-name S": AWS,
     "hpops node approve-enrollment --stack-name S --node i-... --fingerprint SHA256:...": AWS,
+    "python3 -m hpops_node_agent enroll": f"{ON_A_NODE}, as root: enrolls the agent key now "
+                                          "(tests/twin/test_adopt_twin.py runs it through adopt)",
     "ssh-keygen -Y sign": f"{ON_A_NODE}: how the agent signs (tests/unit/test_node_proof.py runs it)",
     "hpops host-keys adopt --stack-name S --from-dir ./etc-ssh-of-login-node-1": AWS,
     "hpops host-keys generate --stack-name S": AWS,
@@ -94,6 +96,8 @@ SKIPPED = {
     "aws s3 sync dist/lifecycle/hpops s3://<your-lifecycle-bucket>/<prefix>/hpops/": AWS,
     'bash "$(dirname "$0")/hpops/install.sh"': f"{ON_A_NODE}, as root, from on_create.sh "
                                                "(tests/node/test_provisioning_layouts.py runs it so)",
+    'bash "$(dirname "$0")/hpops/install.sh" --enroll-first': f"{ON_A_NODE}, as root, first in on_create.sh "
+                                                              "(tests/node/test_provisioning_layouts.py runs it so)",
     "hpops lifecycle --patch on_create.sh": "edits your cluster's on_create.sh; tests/aws/test_operator_cli.py "
                                             "patches a script shaped like AWS's reference one",
     "sam build": "builds the layers with pip for arm64 (network, minutes); make test runs it (make build)",

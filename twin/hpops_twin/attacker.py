@@ -37,13 +37,22 @@ class Attacker:
         return agent_key.sign(self.key, proof_format.namespace(purpose, self.world.cluster_name),
                               proof_format.canonical(body))
 
-    def enroll(self, instance_id: str, ip: str) -> dict:
-        """NodeChannel "enroll" for someone else's instance with the attacker's own key."""
+    def enroll(self, instance_id: str, ip: str, document: dict | None = None) -> dict:
+        """NodeChannel "enroll" for someone else's instance with the attacker's own key; ``document``: an
+        instance identity document the attacker read (only on that node's own IMDS can it)."""
         statement = {"cluster": self.world.cluster_name, "instanceId": instance_id, "ip": ip,
                      "agentPublicKey": self.public, "issuedAt": iso(datetime.now(timezone.utc)),
                      "nonce": secrets.token_urlsafe(24)}
+        if document is not None:
+            statement["identityDocument"] = document
         request = {"action": "enroll", "statement": statement, "proof": self.sign({"statement": statement}, "enroll")}
         return self.invoke(request)
+
+    def fetch(self, instance_id: str, what: list[str]) -> dict:
+        """NodeChannel "fetch" (host keys, holds...) signed with the attacker's key, for an instance it enrolled."""
+        request = {"cluster": self.world.cluster_name, "instanceId": instance_id, "what": what,
+                   "issuedAt": iso(datetime.now(timezone.utc)), "nonce": secrets.token_hex(16)}
+        return self.invoke({"action": "fetch", "request": request, "proof": self.sign(request, "fetch")})
 
     def invoke(self, request: dict) -> dict:
         with acting_as("agent"):
@@ -51,11 +60,12 @@ class Attacker:
                 FunctionName=self.world.output("NodeChannelFunctionName"), Payload=json.dumps(request).encode())
         return json.loads(response["Payload"].read())
 
-    def put_report(self, detail_type: str, detail: dict, sign: bool = True) -> None:
-        """A report on the node-report bus, signed with the attacker's key (or not at all)."""
+    def put_report(self, detail_type: str, detail: dict, sign: bool = True, sequence: int | None = None) -> None:
+        """A report on the node-report bus, signed with the attacker's key (or not at all); ``sequence``:
+        one the attacker picks (2**63 - 1 would pin the real agent's reports as replays)."""
         body = dict(detail)
         if sign:
-            body["sequence"] = proof_format.next_sequence(0)
+            body["sequence"] = sequence or proof_format.next_sequence(0)
             body["proof"] = self.sign(body, "report")
         with acting_as("agent"):
             self.world.aws.client("events").put_events(Entries=[{

@@ -299,6 +299,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section("budget holds: usage reports, sweeps and agent polls from the crossing to the hold, and a release"):
         hold_rows, hold_verdicts = holds_section()
     verdicts |= hold_verdicts
+    from hpops_twin.scale_budget_bench import KEY as SCALE_BUDGET_KEY, SIZES as BUDGET_SIZES, scale_budget_section
+
+    with progress.section(f"budget paths at {', '.join(f'{n:,}' for n in BUDGET_SIZES)} users: all cross, held, released"):
+        scale_budget_rows, scale_budget_verdicts = scale_budget_section()
+    verdicts |= scale_budget_verdicts
     from hpops_twin.balance_bench import KEY as BALANCE_KEY, USERS as BALANCE_USERS, balance_section
 
     with progress.section(f"balance: {BALANCE_USERS} users through NAT, Client VPN and routed paths, with and without stickiness"):
@@ -333,6 +338,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        "footprint": asdict(footprint), "usage": asdict(usage_result),
                        "budget_holds": [asdict(r) for r in hold_rows], HOLD_BOUND_KEY: hold_bound_record(hold_rows),
                        BALANCE_KEY: [asdict(r) for r in balance_rows], ADMISSION_KEY: admission_record,
+                       SCALE_BUDGET_KEY: [asdict(r) for r in scale_budget_rows],
                        scale_sessions_bench.KEY: scale_sessions_bench.record(scale_rows),
                        DEMO_KEY: asdict(demo_run),
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),

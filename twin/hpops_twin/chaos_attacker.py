@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hpops_core.node_channel import proof_format
+from hpops_node_agent import agent_key
+from hpops_twin import identity_documents
 from hpops_twin.attacker import Attacker, far_future, iso
 from hpops_twin.faults import ChaosTransport
 from hpops_twin.user_spend_twin import CONTROLLER_GROUP, ControllerNode
@@ -137,6 +140,76 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
             return attacker.enroll(instance.instance_id, ip or instance.ip).get("error")
         return run
 
+    # A new login node and a new controller come up; the attacker, on another node, names each first
+    # (the race: not the attack measured, which is what that key can then do).
+    raced: dict[str, Any] = {}
+
+    def race_new_nodes() -> None:
+        if raced:
+            return
+        world.hosts.lifecycle_installs_agent = False
+        groups = [(world.login_group, "login")] + ([(CONTROLLER_GROUP, "controller")] if controller else [])
+        for group, role in groups:
+            before = {n.instance_id for n in world.sim.nodes(world.cluster_name, group)}
+            world.sim.scale_group(world.cluster_name, group, len(before) + 1)
+            world.sim.finish_provisioning(world.cluster_name)
+            raced[role] = next(n for n in world.sim.nodes(world.cluster_name, group) if n.instance_id not in before)
+            attacker.enroll(raced[role].instance_id, raced[role].ip)
+
+    def raced_fetch() -> str | None:
+        return attacker.fetch(raced["login"].instance_id, ["hostKeys"]).get("error")
+
+    def raced_report() -> str | None:
+        node = raced["login"]
+        return event(REPORT, base | {"instanceId": node.instance_id, "ip": node.ip, "sessions": sessions("bob", 2)})()
+
+    def raced_controller_usage() -> str | None:
+        return event(USAGE, usage | {"instanceId": raced["controller"].instance_id})()
+
+    def pinned_sequence() -> str | None:
+        # Signed by an enrolled key (one that won a race, or a buggy agent): the sequence would pin the node.
+        before = len(world.dispatcher.invocations)
+        agent = world.hosts.agents[victim.instance_id]
+        signed = dict(base | {"sessions": {"list": []}}, sequence=2**63 - 1)
+        signed["proof"] = agent_key.sign(agent.proof.key_path, proof_format.namespace("report", world.cluster_name),
+                                         proof_format.canonical(signed))
+        attacker.put_report(REPORT, signed, sign=False)
+        return _last_error(world, before)
+
+    def own_document_for_another() -> str | None:
+        return attacker.enroll(raced["login"].instance_id, raced["login"].ip,
+                               document=identity_documents.served(other, world.document_account_id)).get("error")
+
+    def forged_document() -> str | None:
+        # The attacker's own node's document, edited to name the raced node: AWS's signature no longer holds.
+        node = raced["login"]
+        forged = identity_documents.served(other, world.document_account_id)
+        forged["document"] = forged["document"].replace(other.instance_id, node.instance_id).replace(other.ip, node.ip)
+        return attacker.enroll(node.instance_id, node.ip, document=forged).get("error")
+
+    def victim_is_new() -> None:
+        victim.launch_time = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=3)
+
+    def contest_flood() -> str | None:
+        # Twenty keys against a working node inside its window: none contests it, none costs a SageMaker call.
+        describes = world.counter.calls["sagemaker.DescribeClusterNode"]
+        errors = {Attacker(world).enroll(victim.instance_id, victim.ip).get("error") for _ in range(20)}
+        if world.counter.calls["sagemaker.DescribeClusterNode"] != describes:
+            return "DescribeClusterNodePerAttempt"
+        return errors.pop() if len(errors) == 1 else f"mixed {sorted(map(str, errors))}"
+
+    def from_the_node_itself() -> str | None:
+        return attacker.enroll(victim.instance_id, victim.ip,
+                               document=identity_documents.served(victim, world.document_account_id)).get("error")
+
+    def refusal_echo() -> str | None:
+        # The raced node (the attacker's own key, so AWS is asked) claimed at the victim's IP: the refusal
+        # must not say where the node really is.
+        node = raced["login"]
+        answer = attacker.enroll(node.instance_id, victim.ip)
+        leaked = [value for value in (node.ip, "Running") if value in answer.get("message", "")]
+        return f"leaks {leaked}" if leaked else answer.get("error")
+
     def borrowed_statement() -> str | None:
         # The victim agent's public key in the statement, signed with the attacker's key.
         statement = {"cluster": world.cluster_name, "instanceId": victim.instance_id, "ip": victim.ip,
@@ -166,12 +239,30 @@ def attacks(world: TwinWorld, attacker: Attacker) -> list[tuple]:
          enroll(victim, launched_hours_ago=5)),
         ("enrollment for a node that never enrolled, launched hours ago", "EnrollmentRefusedError",
          enroll(worker)),
-        ("enrollment claiming another node's IP", "EnrollmentRefusedError", enroll(other, ip=victim.ip)),
+        ("enrollment for a proven node claiming another node's IP (refused before AWS is asked)",
+         "EnrollmentConflictError", enroll(other, ip=victim.ip)),
         ("enrollment naming the victim agent's public key, signed with the attacker's", "NodeProofKeyMismatchError",
          borrowed_statement),
         ("unknown NodeChannel action", "MalformedNodeChannelRequest",
          lambda: attacker.invoke({"action": "become-root"}).get("error")),
+        ("host keys for a new login node the attacker's key raced (from another node)", "FetchRefusedError",
+         raced_fetch, race_new_nodes),
+        ("sessions report for the raced new login node", "UnprovenEnrollmentError", raced_report),
+        ("report signed by an enrolled key with sequence 2^63-1 (pinning the node's reports)", "ReportFromFutureError",
+         pinned_sequence),
+        ("enrollment for the raced node with the attacker's own node's identity document", "EnrollmentRefusedError",
+         own_document_for_another),
+        ("enrollment with an identity document edited to name the raced node", "IdentityDocumentRefusedError",
+         forged_document),
+        ("20 keys contesting a working node inside its window", "EnrollmentConflictError", contest_flood,
+         victim_is_new),
+        ("enrollment from the victim node itself, its own document, after its agent", "EnrollmentConflictError",
+         from_the_node_itself),
+        ("refusal of a claimed IP, read for AWS's record of the node", "EnrollmentRefusedError", refusal_echo),
     ] + ([
+        ("usage report for a new controller the attacker's key raced", "UnprovenEnrollmentError",
+         raced_controller_usage),
+    ] if controller else []) + ([
         ("usage window part 2 of 2 within capacity alone, over it with part 1 (the enrolled controller's own key)",
          "UsageExceedsCapacityError", controller_part(2), lambda: controller_part(1)()),
     ] if controller_node is not None else [])

@@ -19,7 +19,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from hpops_core.node_channel import contract, proof_format, user_holds
+from hpops_core.common.state_table import user_holds_partition
+from hpops_core.node_channel import contract, proof_format, user_holds, user_holds_store
 from hpops_node_agent import agent_key, fetch_client
 from hpops_twin.faults import is_mutating
 from hpops_twin.iam.enforce import acting_as
@@ -90,7 +91,8 @@ def _plant_instructions(world: TwinWorld, victim: str) -> list[str]:
     holds = {"format": user_holds.USER_HOLDS_FORMAT, "version": "0123456789abcdef", "month": "2026-11",
              "expiresAt": "2099-01-01T00:00:00Z", "dryRun": False, "users": [SECRET_USERS[1]]}
     write(contract.end_sessions_parameter(world.cluster_name, victim), end)
-    write(user_holds.user_holds_parameter(world.cluster_name), holds)
+    user_holds_store.publish(world.resolver.physical_ids["SyncStateTable"], world.cluster_name, holds, "chaos",
+                             dt.datetime.now(dt.timezone.utc), world.aws.client("dynamodb"))
     return [handle, *SECRET_USERS]
 
 
@@ -121,7 +123,8 @@ def attacks(world: TwinWorld, user: NodeRoleUser) -> list[tuple[str, str, Callab
                   (world.login_group, "controller-machine")).instance_id
     victim_key = world.hosts.agents[victim].proof.key_path
     end_name = contract.end_sessions_parameter(world.cluster_name, victim)
-    holds_name = user_holds.user_holds_parameter(world.cluster_name)
+    table = world.resolver.physical_ids["SyncStateTable"]
+    holds_key = {":pk": {"S": user_holds_partition(world.cluster_name)}}
 
     # A request the victim's agent really signed and used (now, before any attack), which the user
     # captures and sends again.
@@ -135,7 +138,8 @@ def attacks(world: TwinWorld, user: NodeRoleUser) -> list[tuple[str, str, Callab
         ("read another login node's end-session instruction", "AccessDeniedException",
          lambda: user.aws("ssm", "get_parameters", Names=[end_name])),
         ("read the user-holds list", "AccessDeniedException",
-         lambda: user.aws("ssm", "get_parameters", Names=[holds_name])),
+         lambda: user.aws("dynamodb", "query", TableName=table, KeyConditionExpression="pk = :pk",
+                          ExpressionAttributeValues=holds_key)),
         ("list every instruction by path", "AccessDeniedException",
          lambda: user.aws("ssm", "get_parameters_by_path", Path=contract.parameter_prefix(world.cluster_name)
                           + contract.INSTRUCTIONS, Recursive=True)),

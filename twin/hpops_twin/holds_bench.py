@@ -19,12 +19,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from botocore.exceptions import ClientError
 
 from hpops.main import release_user
-from hpops_core.node_channel import user_holds
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, run_holds
+from hpops_twin.holds_twin import FREE, HELD, OPERATOR, attach, holds_world, published_holds, run_holds
 from hpops_twin.bench_section import run_alone
 from hpops_twin.user_spend_twin import execution_clock
 
@@ -61,17 +59,13 @@ def holds_section() -> tuple[list[HoldLatency], dict[str, bool]]:
     with holds_world() as world:
         month = chapter.prepare(world)
         slurm = attach(month.controller, chapter.USERS)
-        ssm, parameter = world.aws.client("ssm"), user_holds.user_holds_parameter(world.cluster_name)
         sfn, machine = world.aws.client("stepfunctions"), world.output("BudgetGuardStateMachineArn")
         # The agent's usage run just before the first sweep, with the open window's usage in it.
         clock = {"usage": first - chapter.AGENT_BEFORE_SWEEP, "sweep": first, "poll": first}
         world.event_clock = lambda: clock["usage"]
 
         def published() -> list[str]:
-            try:
-                return json.loads(ssm.get_parameter(Name=parameter)["Parameter"]["Value"])["users"]
-            except ClientError:
-                return []
+            return published_holds(world)["users"]
 
         def executions() -> set[str]:
             pages = sfn.get_paginator("list_executions").paginate(stateMachineArn=machine)

@@ -10,13 +10,11 @@ tests/slurm/test_holds_real_slurm.py's), alerts go to alice and the platform tea
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import TYPE_CHECKING
 
 from hpops.main import release_user
 from hpops_twin import user_spend_demo as chapter
-from hpops_twin.holds_twin import FREE, HELD, HOLD_PARAMETERS, OPERATOR, attach, holds_world, run_holds
-from hpops_core.node_channel import user_holds
+from hpops_twin.holds_twin import FREE, HELD, HOLD_PARAMETERS, OPERATOR, attach, holds_world, published_holds, run_holds
 
 if TYPE_CHECKING:
     from hpops_twin.demo import Demo
@@ -33,12 +31,10 @@ def run_holds_chapter(main: Demo) -> None:
         world.wait([world.run_schedule("Sweep")])
         month = chapter.prepare(world)
         slurm = attach(month.controller, chapter.USERS)
-        ssm = world.aws.client("ssm")
-        parameter = user_holds.user_holds_parameter(world.cluster_name)
         decided: list[dict] = []
 
         def held_users() -> list[str]:
-            return json.loads(ssm.get_parameter(Name=parameter)["Parameter"]["Value"])["users"]
+            return published_holds(world)["users"]
 
         def progress(when: dt.datetime, so_far: int) -> None:  # the month's reports take a while: say how far
             demo.say(f"          ... the controller's agent runs through {when:%b %d %H:%M}: {so_far} window reports sent")

@@ -25,6 +25,15 @@ HOLD_PARAMETERS = {"UserMonthlyBudgetUsd": "5000", "UserBudgetOverrides": "alice
 OPERATOR = "arn:aws:iam::123456789012:user/research-computing-director"
 
 
+def published_holds(world: Any) -> dict:
+    """The holds document as NodeChannel would answer it to the controller's agent (no users: none published)."""
+    from hpops_core.node_channel import user_holds, user_holds_store
+
+    answer = user_holds_store.read(world.resolver.physical_ids["SyncStateTable"], world.cluster_name,
+                                   world.aws.client("dynamodb"))
+    return user_holds.parse_document(answer["value"]) if answer else {"users": []}
+
+
 def holds_world() -> Any:
     """The user spend chapter's cluster and month, deployed with HOLD_PARAMETERS."""
     from hpops_twin import user_spend_demo as chapter

@@ -29,7 +29,6 @@ from typing import Any
 from unittest import mock
 
 import boto3
-import botocore.loaders
 import botocore.session
 
 from hpops_core.host_identity import verifier
@@ -37,6 +36,7 @@ from hpops_core.host_identity.keys import KEY_TYPES, HostKeyBundle, generate_bun
 from hpops_node_agent import agent as agent_module
 from hpops_node_agent.agent import NodeAgent
 from hpops_node_agent.config import AgentConfig
+from hpops_twin import service_models
 
 _BUNDLE_POOL: list[HostKeyBundle] = []  # RSA-3072 generation is slow; fresh nodes draw from a pool
 
@@ -85,12 +85,13 @@ class AgentSettings:
 class NodeHosts:
     def __init__(self, node_by_instance: Callable[[str], Any], node_by_ip: Callable[[str], Any],
                  running_login_nodes: Callable[[], list[Any]], agent_settings: Callable[[], AgentSettings],
-                 exclusive: Any):
+                 exclusive: Any, identity_document: Callable[[Any], dict | None] = lambda node: None):
         self._node_by_instance = node_by_instance
         self._running_login_nodes = running_login_nodes
         self._node_by_ip = node_by_ip
         self._agent_settings = agent_settings
         self._exclusive = exclusive  # the Lambda dispatcher's lock (environment changes happen under it)
+        self._identity_document = identity_document  # node -> what its IMDS serves (identity_documents.py)
         self._dir = Path(tempfile.mkdtemp(prefix="hpops-twin-nodes-"))
         self._counter = itertools.count()
         self.roots: dict[str, Path] = {}
@@ -100,7 +101,6 @@ class NodeHosts:
         self.stopped: set[str] = set()  # instance ids whose agent is down (crashed, masked by hand)
         self._locks: dict[str, threading.Lock] = {}
         self.journal: list[dict] = []  # what the agents logged, in order
-        self._model_loader = botocore.loaders.create_loader()
         self.polls: Counter = Counter()  # instance id -> agent ticks (each is one 30 s poll on a cluster)
 
     # ------------------------------------------------------------------ the node agent
@@ -168,13 +168,14 @@ class NodeHosts:
             "instanceId": node.instance_id, "ip": node.ip, "pollSeconds": 30,
             **({"nodeChannel": settings.node_channel} if settings.node_channel else {}),
         })
-        # A session per node, as each node has its own process; they share one model loader so
-        # service models are parsed once, not once per node. Counted apart from the Lambdas' calls.
+        # A session per node, as each node has its own process; they share the twin's model loader
+        # (service_models.py) so service models are parsed once. Counted apart from the Lambdas' calls.
         core = botocore.session.Session()
-        core.register_component("data_loader", self._model_loader)
+        core.register_component("data_loader", service_models.LOADER)
         session = boto3.session.Session(botocore_session=core, region_name=settings.region)
         session.events.register("before-call", self._count_agent_call)
-        return NodeAgent(config, session)
+        # The node's own IMDS: its agent (and anyone on that node) reads its instance identity document.
+        return NodeAgent(config, session, identity_document=lambda: self._identity_document(node))
 
     def _journal(self, event: str, **fields: Any) -> None:
         self.journal.append({"event": event} | fields)

@@ -36,6 +36,7 @@ from moto.stepfunctions.parser import models as sfn_parser_models
 
 from hpops_core.budget_guard.spend_check import USER_ALERT_DETAIL_TYPE, USER_ALERT_SOURCE, USER_ATTRIBUTE
 from hpops_node_agent import usage
+from hpops_twin import identity_documents
 from hpops_node_agent.agent import NodeAgent, UsageOutcome
 from hpops_node_agent.config import AgentConfig
 from hpops_node_agent.imds_guard import IMDS_V4
@@ -187,9 +188,17 @@ class ControllerNode:
     def _start_agent(self) -> NodeAgent:
         # The twin has no IMDS: the probe answers what the node's iptables would let ``nobody`` reach.
         agent = NodeAgent(self._config, self._session, clock=lambda: self.now,
-                          imds_probe=lambda address: (self.imds, f"twin: {address} {self.imds} for non-root"))
+                          imds_probe=lambda address: (self.imds, f"twin: {address} {self.imds} for non-root"),
+                          identity_document=self._identity_document)
         agent.usage_collector().run = self.sacct
         return agent
+
+    def _identity_document(self) -> dict | None:
+        """What this node's IMDS serves: its signed instance identity document (identity_documents.py)."""
+        node = next((n for n in self.world.sim.nodes(self.world.cluster_name) if n.instance_id == self.instance_id), None)
+        if node is None or not getattr(self.world, "identity_documents", False):
+            return None
+        return identity_documents.served(node, self.world.document_account_id)
 
     def restart(self) -> NodeAgent:
         """The agent's process restarted (systemd): same key and state files, nothing cached (the IMDS

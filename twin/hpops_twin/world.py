@@ -50,18 +50,23 @@ from hpops_core.common import clients as hpops_clients
 from hpops_core.host_identity import certificates, verifier
 from hpops_core.host_identity.keys import HostCA, HostKeyBundle, fingerprint, generate_ca
 from hpops_core.host_identity.operator import install_canonical_bundle, install_certificate_authority
+from hpops_twin import identity_documents
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.deployer_iam import Names, service_role_arn
 from hpops_twin.iam.enforce import IamEnforcer, acting_as
 from hpops_twin.stack_deploy import SERVICE_ROLE_NAME, SamDeploy
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
+from hpops_twin.service_models import sessions_share_models
 from hpops_twin.ssm_sessions import SessionManagerTwin
 from hpops_twin.lambda_dispatch import FunctionBinding, LambdaDispatcher
 from hpops_twin.template_model import Resolver, TemplateModel
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"
+# The account a HyperPod node's identity document names: not the customer's (its instances run in a
+# service account; which one is UNCONFIRMED), so the product must not require the stack's.
+HYPERPOD_SERVICE_ACCOUNT_ID = "210987654321"
 STACK_NAME = "hpops-twin"
 CLUSTER_EXECUTION_ROLE = "hyperpod-exec"
 
@@ -172,15 +177,31 @@ def _choice_rule_as_strict_as_aws(rule: Any, env: Any) -> None:
     rule.comparison_function.eval(env)
 
 
-def _recording_interpreter_crashes(crashes: dict[str, str]):
+class ExecutionEnds:
+    """Each execution's end, as its interpreter thread leaves (moto sets the final status just before):
+    wait() sleeps until then instead of polling DescribeExecution, which cost CPU the interpreter needs."""
+
+    def __init__(self) -> None:
+        self._ended: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def of(self, execution_arn: str) -> threading.Event:
+        with self._lock:
+            return self._ended.setdefault(execution_arn, threading.Event())
+
+
+def _recording_interpreter_crashes(crashes: dict[str, str], ends: ExecutionEnds):
     real = ExecutionWorker._execution_logic
 
     def execution_logic(worker: ExecutionWorker) -> None:
+        arn = worker._evaluation_details.execution_details.arn
         try:
             real(worker)
         except Exception as error:  # re-raised: the thread still dies as before, but wait() knows why
-            crashes[worker._evaluation_details.execution_details.arn] = f"{type(error).__name__}: {error}"
+            crashes[arn] = f"{type(error).__name__}: {error}"
             raise
+        finally:
+            ends.of(arn).set()
 
     return execution_logic
 
@@ -275,6 +296,26 @@ class ApiCallCounter:
         return totals
 
 
+class HarnessSession(boto3.session.Session):
+    """The harness's own session (its polling and inspection are not our code's calls): one client
+    per service and region, made on first use, as the twin and its tests ask for them hundreds of
+    times per twin and a client takes longer to make than most calls take to answer."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._clients: dict[tuple[str, str | None], Any] = {}
+        self._clients_lock = threading.Lock()
+
+    def client(self, service_name: str, region_name: str | None = None, **settings: Any) -> Any:
+        if settings:  # a client set up differently (credentials, endpoint, config) is made for the caller
+            return super().client(service_name, region_name=region_name, **settings)
+        with self._clients_lock:
+            key = (service_name, region_name)
+            if key not in self._clients:
+                self._clients[key] = super().client(service_name, region_name=region_name)
+            return self._clients[key]
+
+
 def _delivering_put_events(world: TwinWorld):
     real_put_events = EventsBackend.put_events
 
@@ -317,6 +358,10 @@ class TwinWorld:
         iam_policy_edit: Any = None,
         # False: the cluster's nodes were created before on_create.sh had the install line (no agents).
         agents_installed: bool = True,
+        # The nodes' IMDS serves signed instance identity documents (UNCONFIRMED on HyperPod: False plays
+        # a cluster where it does not), naming this account (HyperPod's service account: UNCONFIRMED).
+        identity_documents: bool = True,
+        document_account_id: str = HYPERPOD_SERVICE_ACCOUNT_ID,
     ):
         if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
@@ -337,6 +382,8 @@ class TwinWorld:
         self.dispatcher = LambdaDispatcher()
         self.iam_policy_edit = iam_policy_edit
         self.agents_installed = agents_installed
+        self.identity_documents = identity_documents
+        self.document_account_id = document_account_id
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
         self.routes: list[RouteRecord] = []
         self.rules: dict[str, dict] = {}  # event source name -> {"kind", "pattern"|"input", "state_machine"}
@@ -349,6 +396,7 @@ class TwinWorld:
         self.agent_errors: list[str] = []  # tracebacks of node agent ticks that raised
         self.refused: list[tuple[dict, dict]] = []  # (event, failed PutEvents entry) not delivered
         self.interpreter_crashes: dict[str, str] = {}  # execution ARN -> why moto's interpreter thread died
+        self.execution_ends = ExecutionEnds()
         self._stack: list[Any] = []
         self.stack_name = STACK_NAME
         # What CloudFormation would delete, newest first: (what, how), as each resource is created.
@@ -378,18 +426,27 @@ class TwinWorld:
         env = mock.patch.dict(os.environ, {
             "AWS_DEFAULT_REGION": self.region, "AWS_REGION": self.region, "MOTO_ACCOUNT_ID": self.account_id,
             "AWS_ACCESS_KEY_ID": "twin", "AWS_SECRET_ACCESS_KEY": "twin", "AWS_SESSION_TOKEN": "twin",
+            # moto's EC2 would otherwise make thousands of public AMIs, volumes and snapshots per twin; none is used.
+            "MOTO_EC2_LOAD_DEFAULT_AMIS": "false",
         })
         env.start()
         self._stack.append(env)
+        shared_models = sessions_share_models()  # every session below parses botocore's models once per process
+        shared_models.start()
+        self._stack.append(shared_models)
         clone_fix = mock.patch.object(MotoStateMachine, "__deepcopy__", _clone_state_machine_without_history, create=True)
         clone_fix.start()
         self._stack.append(clone_fix)
         for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
                     mock.patch.object(ELBv2Backend, "create_load_balancer", _load_balancer_arn_of_its_type),
-                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes)),
+                    mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes, self.execution_ends)),
                     mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
             fix.start()
             self._stack.append(fix)
+        # The product trusts the twin's instance identity signer for this Region, as it trusts AWS's.
+        documents = identity_documents.trusted(self.region)
+        documents.__enter__()
+        self._stack.append(documents)
         aws = mock_aws(config={"stepfunctions": {"execute_state_machine": True}})
         aws.start()
         self._stack.append(aws)
@@ -401,7 +458,7 @@ class TwinWorld:
         boto3.DEFAULT_SESSION.events.register("before-call", self.counter)
         hpops_clients.reset_clients()
         # The harness has its own session so its own calls (polling, inspection) are not counted.
-        self.aws = boto3.session.Session(region_name=self.region)
+        self.aws = HarnessSession(region_name=self.region)
         self.sim = HyperPodSimulator(self.region, self.account_id, clock=lambda: datetime.now(timezone.utc))
         self.dispatcher.base_environment = {"POWERTOOLS_TRACE_DISABLED": "true", "POWERTOOLS_DEV": "false"}
         self.hosts = NodeHosts(
@@ -411,6 +468,8 @@ class TwinWorld:
                                                  report_bus=self.output("NodeReportBusName"), login_group=self.login_group,
                                                  node_channel=self.output("NodeChannelFunctionName")),
             exclusive=self.dispatcher.environment_lock,
+            identity_document=lambda node: (identity_documents.served(node, self.document_account_id)
+                                            if self.identity_documents else None),
         )
         # The node agent polls at least once between two reads of its report by a state machine.
         self.dispatcher.before_invoke.append(self._agent_polls_before_its_report_is_read)
@@ -897,7 +956,6 @@ class TwinWorld:
         began = time.monotonic()
         results = []
         for arn in execution_arns:
-            pause = 0.005
             while True:
                 # While it runs, look at moto's execution object: a DescribeExecution every few
                 # milliseconds (request parsing, IAM's check) would take the CPU the execution needs.
@@ -909,8 +967,8 @@ class TwinWorld:
                 elapsed = time.monotonic() - began
                 if crash or elapsed > timeout:
                     raise StuckExecutionError(arn, self.last_state(arn), elapsed, timeout, crash)
-                time.sleep(pause)
-                pause = min(pause * 1.5, 0.05)
+                # Woken as the interpreter thread ends; the bound only covers an end that slips past it.
+                self.execution_ends.of(arn).wait(0.25)
             results.append(ExecutionResult(
                 arn=arn, name=arn.rsplit(":", 1)[-1], status=described["status"],
                 error=described.get("error"), cause=described.get("cause"),

@@ -18,6 +18,13 @@
 # one line on stderr and exit 0, and the stack keeps a login node without an agent out of the load
 # balancer and names it in an alert. HPOPS_REQUIRED=1 makes it fail provisioning instead.
 #
+# --enroll-first (the line `hpops lifecycle --patch` puts at the TOP of on_create.sh): copy the agent,
+# write its config, apply the IMDS lockdown when it is on, and enroll the agent's key (with the instance
+# identity document where IMDS serves it), then stop. It runs before the lifecycle scripts set up users'
+# directory access, so no user can be on a new node before its agent enrolls, and with the lockdown on
+# no user ever reaches IMDS (the role's credentials, the document). The line at the end of on_create.sh
+# then does the rest as before.
+#
 # Options (for tests): --root DIR (or HPOPS_ROOT) installs under DIR; --no-systemd (or
 # HPOPS_SYSTEMD=0) skips systemctl. HPOPS_PYTHON picks the interpreter (default /usr/bin/python3,
 # else python3 on PATH). SAGEMAKER_RESOURCE_CONFIG_PATH, as the lifecycle scripts honour it, is
@@ -42,8 +49,10 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="${HPOPS_ROOT:-/}"
 use_systemd="${HPOPS_SYSTEMD:-1}"
+enroll_first=0
 while [ $# -gt 0 ]; do
     case "$1" in
+        --enroll-first) enroll_first=1; shift ;;
         --root) root="$2"; shift 2 ;;
         --root=*) root="${1#--root=}"; shift ;;
         --no-systemd) use_systemd=0; shift ;;
@@ -145,6 +154,16 @@ fi
 
 # The unit names both directories in ReadWritePaths, which systemd needs to exist on every role.
 mkdir -p -m 0700 "$prefix/var/lib/hpops-node-agent" "$prefix/var/backups/hpops-host-keys"
+if [ "$enroll_first" = 1 ]; then
+    # First thing on a new node: the key, enrolled now. A refusal never fails provisioning; the agent
+    # asks again once it runs (the install line at the end of on_create.sh).
+    if said="$(agent enroll)"; then
+        say "${said#hpops enroll: }"
+    else
+        say "warning: enrollment not done yet: ${said#hpops enroll: }"
+    fi
+    exit 0
+fi
 # The login message's directory (present on Ubuntu): the unit may write there only where it exists.
 [ "$role" != "login" ] || mkdir -p -m 0755 "$prefix/etc/profile.d"
 # The agent's own key (root-only): the stack trusts only what it signs. A failure here must not fail

@@ -22,7 +22,7 @@ class TwinIamError(Exception):
 
 # Condition keys the twin puts in a request's context (enforce.py) and so can evaluate.
 KNOWN_CONDITION_KEYS = frozenset({
-    "kms:viaservice", "aws:sourcearn", "aws:sourceaccount", "dynamodb:leadingkeys",
+    "kms:viaservice", "aws:sourcearn", "aws:sourceaccount", "dynamodb:leadingkeys", "events:source",
     "ssm:sessiondocumentaccesscheck", "iam:passedtoservice", "iam:policyarn", "iam:permissionsboundary",
     "cloudformation:rolearn",
 })

@@ -240,6 +240,8 @@ OPERATIONS: dict[tuple[str, str], tuple[str, Resource]] = {
     # EventBridge, SNS, SQS
     ("eventbridge", "PutEvents"): ("events:PutEvents", _event_buses),
     ("sns", "Publish"): ("sns:Publish", "{TopicArn}"),
+    # PublishBatch is authorized as sns:Publish on the topic (the Service Authorization Reference has no action of its own)
+    ("sns", "PublishBatch"): ("sns:Publish", "{TopicArn}"),
     ("sns", "Subscribe"): ("sns:Subscribe", "{TopicArn}"),
     ("sns", "ListSubscriptionsByTopic"): ("sns:ListSubscriptionsByTopic", "{TopicArn}"),
     # doctor: the host identity key's policy
@@ -400,6 +402,9 @@ def checks(service: str, operation: str, params: dict, lookup: Lookup) -> list[C
     else:
         resources = [_fill(resource, params, lookup)]
     context = _leading_keys(service, operation, params) if service == "dynamodb" else ()
+    if (service, operation) == ("eventbridge", "PutEvents"):
+        # events:source: every entry's Source (a policy limits it with ForAllValues).
+        context = (("events:source", tuple(sorted({str(e.get("Source")) for e in params.get("Entries", [])}))),)
     found = [Check(action, r, context) for r in resources]
     if service == "s3" and operation in ("GetObject", "HeadObject") \
             and not lookup.s3_object_exists(params["Bucket"], params.get("Key", "")):

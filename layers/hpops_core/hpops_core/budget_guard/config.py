@@ -239,12 +239,17 @@ def _hold_policy(env: Mapping[str, str]) -> HoldPolicy:
 
 @dataclass(frozen=True)
 class UserAlertConfig:
-    """PublishUserSpendAlert: the platform team's topic, and the topic users subscribe to (filtered by user)."""
+    """SendUserAlerts: the platform team's topic, the topic users subscribe to (filtered by user), and
+    where the queued alerts wait (the state table, under the cluster's budget items)."""
 
     alert_topic_arn: str
     user_topic_arn: str
+    cluster_name: str
+    state_table: str
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> UserAlertConfig:
         env = environment(env)
-        return cls(alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"), user_topic_arn=env_str(env, "USER_ALERT_TOPIC_ARN"))
+        return cls(alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"), user_topic_arn=env_str(env, "USER_ALERT_TOPIC_ARN"),
+                   cluster_name=env_str(env, "CLUSTER_NAME", validation.CLUSTER_NAME_RE),
+                   state_table=env_str(env, "STATE_TABLE_NAME"))

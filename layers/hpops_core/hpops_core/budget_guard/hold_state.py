@@ -1,18 +1,22 @@
 """Budget holds, step by step: read (releases, the last sweep's holds, the agent's report) -> decide
-(holds) -> publish the holds parameter -> remember the holds and the alerts to send.
+(holds) -> publish the holds document -> queue the alerts -> remember the holds.
 
 Items in the stack's state table:
-  pk usage#<cluster>   sk user-holds                      the holds last decided ({user: {state, since,
-                                                          reason, month}}), the execution that wrote them
-                                                          and its alerts, a revision (conditional writes)
-  pk usage#<cluster>   sk holds-report                    the controller agent's latest holds report
-  pk budget#<cluster>  sk hold-release#<month>#<user>     an operator's release: by, reason, at (TTL 40 days)
+  pk usage#<cluster>             sk user-holds               the header of the holds last decided: the
+                                                             execution that wrote them, a revision
+                                                             (conditional writes), where their pages are
+  pk usage#<cluster>#hold-state  sk state#<rev>#...          the pages: [user, state, since, reason, month]
+                                                             (common/paged_items: any number of users)
+  pk usage#<cluster>             sk holds-report             the controller agent's latest holds report
+  pk budget#<cluster>            sk hold-release#<month>#<user>  an operator's release: by, reason, at (TTL 40 days)
+  pk holds#<cluster>                                         the document the agent fetches (user_holds_store)
 
-The first two sit beside the usage collector's status, so a sweep reads all three in one Query
-(usage_store.cluster_items).
+The header and the agent's report sit beside the usage collector's status, so a sweep reads all
+three in one Query (usage_store.cluster_items).
 
-A retried step of the same execution finds its own write and returns the same alerts, so an alert
-is neither lost nor sent twice; two executions at once: the second's write fails its condition
+Alerts are queued (alert_outbox) before the holds are remembered: a retried step of the same
+execution finds its own write and queues nothing again; a step that died between the two queues the
+same alerts again (the same items). Two executions at once: the second's write fails its condition
 (TransientAwsError, retried by the state machine against the new state).
 """
 
@@ -25,20 +29,21 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from hpops_core.budget_guard import holds
+from hpops_core.budget_guard import alert_outbox, holds
 from hpops_core.budget_guard.alert_state import partition_key
 from hpops_core.budget_guard.user_spend import SpendReport
 from hpops_core.budget_guard.usage_store import status_key
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import TransientAwsError
-from hpops_core.node_channel import desired_state, user_holds
+from hpops_core.common.paged_items import page_prefix, read_pages, write_pages
+from hpops_core.node_channel import user_holds_store
 from hpops_core.node_channel.report_proof import ReportReplayError
 
 STATE_SK = "user-holds"
+STATE_PAGES = "state"
 RELEASE_PREFIX = "hold-release#"
 AGENT_REPORT_SK = "holds-report"
 RELEASE_TTL = dt.timedelta(days=40)
-DESCRIPTION = "hpops: Slurm users the controller's agent holds for being over their monthly limit (BudgetGuard)"
 
 
 def _dynamodb(dynamodb: Any = None) -> Any:
@@ -54,20 +59,33 @@ def _item(table: str, cluster: str, sk: str, dynamodb: Any, items: Mapping[str, 
                                             ConsistentRead=True).get("Item")
 
 
+def state_partition(cluster: str) -> str:
+    return f"{status_key(cluster)}#hold-state"
+
+
 def read_state(table: str, cluster: str, dynamodb: Any = None, items: Mapping[str, Any] | None = None) -> dict[str, Any]:
     item = _item(table, cluster, STATE_SK, dynamodb, items)
     if not item:
-        return {"holds": {}, "owner": None, "alerts": [], "revision": 0, "version": None}
-    return {"holds": json.loads(item["holds"]["S"]), "owner": item.get("owner", {}).get("S"),
-            "alerts": json.loads(item.get("alerts", {}).get("S", "[]")), "revision": int(item["revision"]["N"]),
+        return {"holds": {}, "owner": None, "revision": 0, "version": None}
+    if "holds" in item:  # kept whole in the header by earlier versions
+        held = json.loads(item["holds"]["S"])
+    else:
+        rows = read_pages(table, state_partition(cluster), item["prefix"]["S"], int(item["pages"]["N"]), dynamodb)
+        held = {user: {"state": state, "since": since, "reason": reason, "month": month}
+                for user, state, since, reason, month in rows}
+    return {"holds": held, "owner": item.get("owner", {}).get("S"), "revision": int(item["revision"]["N"]),
             "version": item.get("version", {}).get("S"), "decidedAt": item.get("decidedAt", {}).get("S")}
 
 
-def _save_state(table: str, cluster: str, previous_revision: int, held: Mapping[str, Any], alerts: list,
-                owner: str, version: str, now: dt.datetime) -> None:
-    item = {"pk": {"S": status_key(cluster)}, "sk": {"S": STATE_SK}, "holds": {"S": json.dumps(held, sort_keys=True)},
-            "owner": {"S": owner}, "alerts": {"S": json.dumps(alerts, sort_keys=True)},
-            "revision": {"N": str(previous_revision + 1)}, "version": {"S": version},
+def _save_state(table: str, cluster: str, previous_revision: int, held: Mapping[str, Any], owner: str, version: str,
+                now: dt.datetime) -> None:
+    revision = previous_revision + 1
+    prefix = page_prefix(STATE_PAGES, revision, f"{owner}@{now.isoformat()}")
+    rows = [[user, v["state"], v.get("since"), v.get("reason"), v.get("month")] for user, v in sorted(held.items())]
+    pages = write_pages(table, state_partition(cluster), prefix, rows, now)
+    item = {"pk": {"S": status_key(cluster)}, "sk": {"S": STATE_SK}, "prefix": {"S": prefix},
+            "pages": {"N": str(pages)}, "users": {"N": str(len(rows))},
+            "owner": {"S": owner}, "revision": {"N": str(revision)}, "version": {"S": version},
             "decidedAt": {"S": now.strftime("%Y-%m-%dT%H:%M:%SZ")}}
     try:
         with transient_errors_named("dynamodb:PutItem"):
@@ -153,18 +171,19 @@ def check_holds(config: Any, report: SpendReport, now: dt.datetime, owner: str, 
     decisions = holds.decide_holds(report, policy, read_releases(table, cluster, report.month), now)
     document = holds.holds_document(decisions, policy, now)
     agent_report = read_agent_report(table, cluster, items=items)
-    if previous["owner"] == owner:  # this execution's retry: what it decided and must send is stored
-        held, alerts = previous["holds"], previous["alerts"]
+    if previous["owner"] == owner:  # this execution's retry: what it decided is published and queued
+        held, alerts = previous["holds"], []
         published = False
     else:
         agent = holds.agent_states(agent_report, document["version"])
         held, alerts = holds.transitions(previous["holds"], decisions, policy, agent, now, cluster, stack)
         try:
-            published = desired_state.publish_if_changed(user_holds.user_holds_parameter(cluster), document, DESCRIPTION)
-        except ValueError as error:  # over a standard parameter's 4 KB: named, the execution fails
-            raise holds.HoldsTooLarge(f"{len(document['users'])} held users: {error}") from None
+            published = user_holds_store.publish(table, cluster, document, owner, now) is not None
+        except user_holds_store.HoldsUndeliverable as error:  # named: the execution fails and its alarm fires
+            raise holds.HoldsTooLarge(str(error)) from None
+        alert_outbox.queue(table, cluster, alerts, now)
         if held != previous["holds"] or alerts:
-            _save_state(table, cluster, previous["revision"], held, alerts, owner, document["version"], now)
+            _save_state(table, cluster, previous["revision"], held, owner, document["version"], now)
     return _output(policy, decisions, held, alerts, document["version"], published, agent_report)
 
 
@@ -178,7 +197,7 @@ def _output(policy: holds.HoldPolicy, decisions: list, held: Mapping[str, Any], 
     return {
         "action": policy.action, "dryRun": policy.dry_run, "version": version, "published": published,
         "decisions": rows, "held": held_names[:holds.MAX_DECISION_ROWS], "heldCount": len(held_names),
-        "failed": failed[:holds.MAX_DECISION_ROWS], "alerts": alerts,
+        "failed": failed[:holds.MAX_DECISION_ROWS], "alerts": len(alerts),
         "agent": None if agent_report is None else {k: agent_report.get(k) for k in (
             "version", "reportedAt", "enforced", "enforceReason")},
         "reason": (f"UserBudgetAction {policy.action}{' (dry run)' if policy.dry_run else ''}: {verb} "

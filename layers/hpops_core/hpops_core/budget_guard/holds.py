@@ -30,7 +30,7 @@ HELD, RELEASED, NOT_APPLIED = "held", "released", "could not apply"
 
 
 class HoldsTooLarge(BudgetGuardError):
-    """More held users than the holds parameter (a standard SSM parameter, 4 KB) can name."""
+    """More held users than NodeChannel's answer can carry to the controller's agent (user_holds_store)."""
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def held_users(decisions: Sequence[HoldDecision]) -> list[str]:
 
 
 def holds_document(decisions: Sequence[HoldDecision], policy: HoldPolicy, now: dt.datetime) -> dict[str, Any]:
-    """What /hpops/<cluster>/node/user-holds holds: in a dry run no user (the agent lifts, never sets)."""
+    """What the controller's agent fetches (user_holds_store): in a dry run no user (the agent lifts, never sets)."""
     start, end = month_bounds(now)
     return user_holds.desired_document(f"{start:%Y-%m}", end.strftime("%Y-%m-%dT%H:%M:%SZ"), policy.dry_run,
                                        held_users(decisions) if policy.action == "hold" else [])

@@ -24,7 +24,9 @@ from botocore.exceptions import ClientError
 from hpops_core.budget_guard import BudgetGuardError
 from hpops_core.budget_guard.usage_capacity import WindowTotal, check_window, next_total
 from hpops_core.budget_guard.usage_reports import UsageRecord, UsageReport
+from hpops_core.budget_guard.user_spend import MonthUsage, recent_since
 from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.paged_items import page_prefix, read_pages, write_pages
 from hpops_core.node_channel.contract import USAGE_OK
 from hpops_core.node_channel.report_proof import ReportReplayError
 
@@ -219,6 +221,113 @@ def month_usage(table: str, cluster: str, month: str, dynamodb: Any = None) -> l
             for item in page.get("Items", []):
                 by_window.setdefault(item["sk"]["S"].split("#")[1], []).append(item)
     return [_window_of(items) for _, items in sorted(by_window.items())]
+
+
+RUNNING_TOTAL = "running-total"
+
+
+def _window_items(table: str, cluster: str, month: str, dynamodb: Any, after: str | None = None,
+                  before: str | None = None):
+    """The month's window parts in key order (window by window), optionally only windows starting in
+    [after, before): one Query, paged, read as it goes."""
+    condition, values = "pk = :pk AND begins_with(sk, :window)", {":pk": {"S": month_key(cluster, month)},
+                                                                  ":window": {"S": "window#"}}
+    if after is not None or before is not None:
+        condition = "pk = :pk AND sk BETWEEN :low AND :high"
+        values = {":pk": values[":pk"], ":low": {"S": f"window#{after or ''}"},
+                  ":high": {"S": f"window#{before}" if before else "window#~"}}
+    paginator = dynamodb.get_paginator("query")
+    with transient_errors_named("dynamodb:Query"):
+        for page in paginator.paginate(TableName=table, KeyConditionExpression=condition,
+                                       ExpressionAttributeValues=values):
+            yield from page.get("Items", [])
+
+
+def _windows(items) -> Any:
+    """Items in key order -> StoredWindow one at a time (only one window's parts held at once)."""
+    current: list[dict[str, Any]] = []
+    for item in items:
+        if current and item["sk"]["S"].split("#")[1] != current[0]["sk"]["S"].split("#")[1]:
+            yield _window_of(current)
+            current = []
+        current.append(item)
+    if current:
+        yield _window_of(current)
+
+
+def _total_versions(table: str, cluster: str, month: str, dynamodb: Any) -> dict[str, int]:
+    """Each window's total's version (a window's parts change only with it): small items, one Query."""
+    versions: dict[str, int] = {}
+    paginator = dynamodb.get_paginator("query")
+    with transient_errors_named("dynamodb:Query"):
+        for page in paginator.paginate(
+            TableName=table, KeyConditionExpression="pk = :pk AND begins_with(sk, :total)",
+            ProjectionExpression="sk, version",
+            ExpressionAttributeValues={":pk": {"S": month_key(cluster, month)}, ":total": {"S": "total#"}},
+        ):
+            versions.update((item["sk"]["S"].split("#", 1)[1], int(item["version"]["N"])) for item in page.get("Items", []))
+    return versions
+
+
+def month_totals(table: str, cluster: str, month: str, now: Any, writer: str = "", save: bool = True,
+                 dynamodb: Any = None) -> tuple[MonthUsage, dict[str, Any]]:
+    """The month's usage per user (user_spend.MonthUsage) and how it was read ({kept, folded, reread,
+    recent, saved}): the kept running total, plus the windows that settled since (summed into it and
+    kept again when ``save``), plus the last day's windows as they are."""
+    dynamodb = dynamodb or client("dynamodb")
+    settled_before = recent_since(now).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with transient_errors_named("dynamodb:GetItem"):
+        header = dynamodb.get_item(TableName=table, ConsistentRead=True, Key={
+            "pk": {"S": month_key(cluster, month)}, "sk": {"S": RUNNING_TOTAL}}).get("Item")
+    versions = _total_versions(table, cluster, month, dynamodb)
+    summed: dict[str, int | None] = json.loads(header["windows"]["S"]) if header else {}
+    # A summed window's total moved, or a window before the last summed one arrived late (catching up).
+    stale = [w for w, version in summed.items() if versions.get(w) != version] + \
+        [w for w in versions if summed and w < max(summed) and w not in summed]
+    outcome = {"kept": len(summed), "folded": 0, "reread": bool(stale), "recent": 0, "saved": False}
+    if header and not stale:
+        usage = MonthUsage.from_rows(read_pages(table, month_key(cluster, month), header["prefix"]["S"],
+                                                int(header["pages"]["N"]), dynamodb),
+                                     json.loads(header["partitionGroups"]["S"]))
+        after = max(summed) + "~" if summed else None
+    else:  # first sweep of the month, or a settled window changed: sum the settled windows again
+        usage, summed, after = MonthUsage(), {}, None
+    for window in _windows(_window_items(table, cluster, month, dynamodb, after, f"{settled_before}")):
+        usage.add(window, recent=False)
+        summed[window.window_start] = versions.get(window.window_start)
+        outcome["folded"] += 1
+    if save and outcome["folded"]:
+        outcome["saved"] = _save_running_total(table, cluster, month, usage, summed, header, writer, now, dynamodb)
+    for window in _windows(_window_items(table, cluster, month, dynamodb, settled_before)):
+        usage.add(window, recent=True)
+        outcome["recent"] += 1
+    return usage, outcome
+
+
+def _save_running_total(table: str, cluster: str, month: str, usage: MonthUsage, summed: dict[str, int | None],
+                        header: dict[str, Any] | None, writer: str, now: Any, dynamodb: Any) -> bool:
+    """Pages, then the header conditional on the one read; False when another sweep kept one first (its
+    sum is as good: nothing lost)."""
+    revision = int(header["revision"]["N"]) + 1 if header else 1
+    pk = month_key(cluster, month)
+    prefix = page_prefix(RUNNING_TOTAL, revision, f"{writer}@{now.isoformat()}")
+    pages = write_pages(table, pk, prefix, usage.rows(), now, dynamodb)
+    item = {"pk": {"S": pk}, "sk": {"S": RUNNING_TOTAL}, "revision": {"N": str(revision)}, "prefix": {"S": prefix},
+            "pages": {"N": str(pages)}, "users": {"N": str(len(usage.users))},
+            "windows": {"S": json.dumps(summed, sort_keys=True, separators=(",", ":"))},
+            "partitionGroups": {"S": json.dumps(usage.partition_groups, sort_keys=True)},
+            "ttl": {"N": str(int(now.timestamp()) + USAGE_TTL_SECONDS)}}
+    condition = ({"ConditionExpression": "attribute_not_exists(pk)"} if header is None else
+                 {"ConditionExpression": "revision = :revision",
+                  "ExpressionAttributeValues": {":revision": {"N": header["revision"]["N"]}}})
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            dynamodb.put_item(TableName=table, Item=item, **condition)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
 
 
 def cluster_items(table: str, cluster: str, dynamodb: Any = None) -> dict[str, dict[str, Any]]:

@@ -125,12 +125,51 @@ def user_alert_key(month: str, user: str, kind: str, threshold: Decimal) -> str:
     return f"{month}:user:{user}:{kind}:{threshold.normalize():f}"
 
 
-def _partition_types(windows: Sequence[Any], group_types: Mapping[str, str]) -> dict[str, str]:
-    """Partition -> instance type, newest window's mapping winning (partitions can be re-pointed)."""
-    groups: dict[str, str] = {}
+@dataclass
+class MonthUsage:
+    """The month's usage summed per user and partition: [node-seconds, GPU-seconds, jobs, node-seconds in
+    the run-rate hours]. O(users x partitions), however many windows went in (usage_store keeps the
+    settled windows' sums between sweeps, so a sweep reads only the last day's windows)."""
+
+    users: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    partition_groups: dict[str, str] = field(default_factory=dict)  # the newest window's mapping wins
+
+    def add(self, window: Any, recent: bool) -> None:
+        """One window, as last collected (usage_store.StoredWindow), added in window order."""
+        self.partition_groups.update(window.partition_groups)
+        for record in window.records:
+            row = self.users.setdefault(record.user, {}).setdefault(record.partition, [0, 0, 0, 0])
+            row[0] += record.node_seconds
+            row[1] += record.gpu_seconds
+            row[2] += record.jobs
+            if recent:
+                row[3] += record.node_seconds
+
+    def rows(self) -> list[list[Any]]:
+        """JSON-safe rows, one per user and partition (kept between sweeps without the recent column)."""
+        return [[user, partition, *values[:3]] for user, partitions in sorted(self.users.items())
+                for partition, values in sorted(partitions.items())]
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[Sequence[Any]], partition_groups: Mapping[str, str]) -> MonthUsage:
+        usage = cls(partition_groups=dict(partition_groups))
+        for user, partition, node, gpu, jobs in rows:
+            usage.users.setdefault(user, {})[partition] = [int(node), int(gpu), int(jobs), 0]
+        return usage
+
+
+def recent_since(now: dt.datetime) -> dt.datetime:
+    """Windows starting at or after this count in the run rate."""
+    return _utc(now) - dt.timedelta(hours=RUN_RATE_HOURS)
+
+
+def fold_windows(windows: Iterable[Any], now: dt.datetime, usage: MonthUsage | None = None) -> MonthUsage:
+    """Windows (oldest first) added to ``usage``; those of the last RUN_RATE_HOURS also to the run rate."""
+    usage = usage if usage is not None else MonthUsage()
+    since = recent_since(now)
     for window in windows:
-        groups.update(window.partition_groups)
-    return {partition: group_types[group] for partition, group in groups.items() if group in group_types}
+        usage.add(window, _iso_hour(window.window_start) >= since)
+    return usage
 
 
 def _unbilled_capacity(groups: Iterable[Mapping[str, Any]], since: dt.datetime, now: dt.datetime,
@@ -149,44 +188,42 @@ def _unbilled_capacity(groups: Iterable[Mapping[str, Any]], since: dt.datetime, 
 
 
 def spend_report(
-    cluster: str, now: dt.datetime, windows: Sequence[Any], observed_groups: Sequence[Mapping[str, Any]],
+    cluster: str, now: dt.datetime, windows: Iterable[Any] | MonthUsage, observed_groups: Sequence[Mapping[str, Any]],
     rates: Any, billed: Any, limits: UserLimits, collector: Any = None,
 ) -> SpendReport:
     """The month so far, per user, with idle and other lines that make it add up to the cluster's cost.
 
-    ``windows``: usage_store.StoredWindow of this month; ``observed_groups``: DescribeCluster's
-    instance groups (InstanceGroupName, InstanceType, CurrentCount); ``rates``: rates.RateChoice;
+    ``windows``: usage_store.StoredWindow of this month (oldest first), or their MonthUsage;
+    ``observed_groups``: DescribeCluster's instance groups (InstanceGroupName, InstanceType, CurrentCount); ``rates``: rates.RateChoice;
     ``billed``: rates.BilledMonth."""
     now = _utc(now)
     month_start, month_end = month_bounds(now)
     month = f"{month_start:%Y-%m}"
     group_types = {g["InstanceGroupName"]: g["InstanceType"] for g in observed_groups
                    if isinstance(g.get("InstanceGroupName"), str) and isinstance(g.get("InstanceType"), str)}
-    partition_types = _partition_types(windows, group_types)
-    run_rate_since = now - dt.timedelta(hours=RUN_RATE_HOURS)
+    usage = windows if isinstance(windows, MonthUsage) else fold_windows(windows, now)
+    partition_types = {partition: group_types[group] for partition, group in usage.partition_groups.items()
+                       if group in group_types}
     warnings: list[dict[str, str]] = []
 
     totals: dict[str, dict[str, Any]] = {}
     unmapped: set[str] = set()
-    for window in windows:
-        recent = _iso_hour(window.window_start) >= run_rate_since
-        for record in window.records:
-            row = totals.setdefault(record.user, {"node": 0, "gpu": 0, "jobs": 0, "usd": Decimal(0),
-                                                  "recent_usd": Decimal(0), "unpriced": 0, "sources": set()})
-            row["node"] += record.node_seconds
-            row["gpu"] += record.gpu_seconds
-            row["jobs"] += record.jobs
-            instance_type = partition_types.get(record.partition)
+    for user, partitions in usage.users.items():
+        row = totals[user] = {"node": 0, "gpu": 0, "jobs": 0, "usd": Decimal(0), "recent_usd": Decimal(0),
+                              "unpriced": 0, "sources": set()}
+        for partition, (node, gpu, jobs, recent) in partitions.items():
+            row["node"] += node
+            row["gpu"] += gpu
+            row["jobs"] += jobs
+            instance_type = partition_types.get(partition)
             rate = rates.rates.get(instance_type) if instance_type else None
             if rate is None:
-                row["unpriced"] += record.node_seconds
-                unmapped.add(record.partition if instance_type is None else f"{record.partition} ({instance_type})")
+                row["unpriced"] += node
+                unmapped.add(partition if instance_type is None else f"{partition} ({instance_type})")
                 continue
-            cost = (Decimal(record.node_seconds) / _HOUR * rate.usd_per_hour).quantize(_MICRO, ROUND_HALF_UP)
-            row["usd"] += cost
+            row["usd"] += (Decimal(node) / _HOUR * rate.usd_per_hour).quantize(_MICRO, ROUND_HALF_UP)
+            row["recent_usd"] += (Decimal(recent) / _HOUR * rate.usd_per_hour).quantize(_MICRO, ROUND_HALF_UP)
             row["sources"].add(rate.source)
-            if recent:
-                row["recent_usd"] += cost
     if unmapped:
         warnings.append({"name": "UnpricedPartition", "reason": (
             f"no instance type or rate for partition(s) {', '.join(sorted(unmapped))}: their node-hours are shown "

@@ -52,6 +52,12 @@ def fetch_nonce_partition(cluster: str) -> str:
     return f"fetch-nonce#{cluster}"
 
 
+def user_holds_partition(cluster: str) -> str:
+    """The users the controller's agent holds in Slurm: the document's header and its pages, which only
+    the BudgetGuard sweep writes and NodeChannel reads (node_channel/user_holds_store.py)."""
+    return f"holds#{cluster}"
+
+
 def notice_partition(cluster: str) -> str:
     """When each "kept out" notice was last sent (common/notices.py)."""
     return f"notice#{cluster}"

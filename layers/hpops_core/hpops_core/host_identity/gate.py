@@ -54,11 +54,11 @@ def enrollment_problem(instance_id: str, enrollments: Mapping[str, str] | None,
 
 def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, Any]], repair: bool,
                        enrollments: Mapping[str, str] | None = None,
-                       contested_ips: Iterable[str] = (), approvals: Mapping[str, str] | None = None) -> GatedPlan:
+                       approvals: Mapping[str, str] | None = None) -> GatedPlan:
     """Register only nodes whose presented host keys matched and whose agent is enrolled, uncontested;
-    in a repair, also drop registered ones that failed; always drop registered contested ones.
+    in a repair, also drop registered ones that failed. A registered node that became contested stays.
 
-    A registered node that fails a repair's re-verification, or became contested, is deregistered,
+    A registered node that fails a repair's re-verification is deregistered,
     unless that would leave the target group empty (a broken canonical identity must not take the
     whole tier down). A registered node that is merely not enrolled yet (a cluster upgraded to
     enrollment) stays: its users are not disturbed, and its unsigned reports count for nothing.
@@ -82,13 +82,14 @@ def gate_registrations(plan: Mapping[str, Any], verdicts: Iterable[Mapping[str, 
             rejected.append({"ip": ip, "instanceId": verdict["instanceId"] if verdict else "", "reason": why})
             reasons.append(f"keep {ip} out: {why}")
     deregister = list(plan.get("deregister", []))
-    contested = set(contested_ips)
-    failing = [ip for ip in plan.get("keep", []) if ip in contested or (repair and ip in by_ip and not by_ip[ip].get("ok"))]
+    # A contested node that already serves stays: a contest says two keys claimed it, not that the node
+    # stopped presenting the canonical identity (which its verification says); any user could otherwise
+    # take working nodes out by presenting keys. Its reports and secrets stop until it is settled.
+    failing = [ip for ip in plan.get("keep", []) if repair and ip in by_ip and not by_ip[ip].get("ok")]
     if failing:
         survivors = len(plan.get("keep", [])) - len(failing) + len(register)
         for ip in failing:
-            verdict = by_ip.get(ip) if ip not in contested else None
-            verdict = verdict or {"instanceId": "", "reason": "its enrollment is contested: two keys claimed it"}
+            verdict = by_ip[ip]
             rejected.append({"ip": ip, "instanceId": verdict["instanceId"], "reason": verdict["reason"]})
             if survivors > 0:
                 deregister.append(ip)

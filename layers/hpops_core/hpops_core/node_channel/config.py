@@ -34,6 +34,7 @@ class NodeChannelConfig:
     state_table: str
     enrollment_window_minutes: int
     alert_topic_arn: str = ""  # where enrollment conflicts go (NodeChannel); the report handlers send none
+    region: str = ""  # the stack's Region (Lambda's AWS_REGION): an instance identity document must name it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> NodeChannelConfig:
@@ -43,4 +44,4 @@ class NodeChannelConfig:
                    env_str(env, "CONTROLLER_GROUP_NAME", validation.INSTANCE_GROUP_RE),
                    env_str(env, "STATE_TABLE_NAME"),
                    env_int(env, "ENROLLMENT_WINDOW_MINUTES", 5, 24 * 60, default=60),
-                   env.get("ALERT_TOPIC_ARN", "").strip())
+                   env.get("ALERT_TOPIC_ARN", "").strip(), env.get("AWS_REGION", "").strip())

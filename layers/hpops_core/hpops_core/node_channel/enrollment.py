@@ -1,19 +1,30 @@
 """Enrollment: which key speaks for an instance, decided from AWS's record of it. PURE.
 
 Every process on a node holds the node's IAM role, so a request proves nothing by the role alone.
-The agent (root) enrolls its own key once per instance id; afterwards the stack trusts only that
-key for that instance (node_proof.py). The decision rests on what AWS says about the instance
-(DescribeClusterNode: the group, hence the role; the IP; the launch time), never on the request:
+The agent (root) enrolls its own key once per instance id, first thing on a new node (the lifecycle
+line runs it before users can log in); afterwards the stack trusts only that key for that instance
+(node_proof.py). The decision rests on what AWS says, never on the request alone:
 
 - the instance exists in this cluster, in the login or the controller group, Running or Pending,
-  at the IP the statement claims;
-- it was launched within the enrollment window (the agent enrolls at on_create, minutes after
-  launch), OR the operator approved exactly this instance and key fingerprint (single use);
-- first presenter wins: the same key again is "enrolled" (idempotent); a different key is refused.
-  Inside the window a different key means two presenters raced for a new node and the stack cannot
-  tell the agent from the impostor: the instance becomes CONTESTED (kept out, team alerted) until
-  an operator re-enrolls it. After the window the enrolled key stands; the attempt is refused and
-  alarmed, so no user can take a serving node out by presenting a key.
+  at the IP the statement claims (DescribeClusterNode);
+- where IMDS serves it, the instance identity document, verified with AWS's certificate for the
+  Region (instance_identity.py), names this instance, this IP, this Region and a pending time that
+  matches AWS's launch time: AWS's own word that a process ON the instance asked ("document");
+- it was launched within the enrollment window, OR the operator approved exactly this instance and
+  key fingerprint (single use; `hpops adopt` records one after reading the key as root on the node).
+
+Who wins, in order:
+- an approval wins over anything stored;
+- a proven enrollment (document-verified, approved, or uncontested past its window) is never
+  contested or displaced: another key is refused and alarmed;
+- inside the window, a verified document displaces an unverified key (an impostor on another node
+  cannot get this instance's document), and resets what that key left (its stored report);
+- inside the window, two unverified keys make the instance CONTESTED (its reports and secrets stop;
+  a node that already serves stays in the load balancer, host_identity/gate.py) until an operator
+  re-enrolls it or the real agent presents a verified document; contest records are bounded;
+- outside the window nothing enrolls without an approval.
+
+Refusals name the rule that refused, never AWS's record (a refusal must teach nobody a node's IP or group).
 """
 
 from __future__ import annotations
@@ -29,6 +40,12 @@ from hpops_core.common.errors import HpopsError
 ENROLLED = "enrolled"
 CONTESTED = "contested"
 STATUSES = (ENROLLED, CONTESTED)
+WINDOW, DOCUMENT, APPROVAL = "window", "document", "approval"  # how an enrollment was won
+# At most this many contesting fingerprints are kept for the operator: a flood adds no writes.
+MAX_CONTESTED_BY = 5
+# How far the document's pendingTime may be from AWS's LaunchTime (HyperPod's launch record and EC2's
+# pending time are two clocks of one start; UNCONFIRMED how far apart).
+PENDING_TIME_TOLERANCE = timedelta(minutes=15)
 ROLE_BY_GROUP_KIND = ("login", "controller")
 LIVE_STATUSES = ("Running", "Pending")
 # How far a statement's issuedAt may be from the stack's clock (either way).
@@ -75,6 +92,17 @@ class Statement:
 
 
 @dataclass(frozen=True)
+class IdentityDocument:
+    """The fields of an instance identity document whose AWS signature verified (instance_identity.py)."""
+
+    instance_id: str
+    region: str
+    account_id: str
+    private_ip: str
+    pending_time: datetime
+
+
+@dataclass(frozen=True)
 class Enrollment:
     """The stored record: which key speaks for the instance, with AWS's group and role."""
 
@@ -87,12 +115,29 @@ class Enrollment:
     ip: str
     status: str  # ENROLLED | CONTESTED
     enrolled_at: str
-    via: str  # "window" | "approval"
-    contested_by: tuple[str, ...] = ()  # fingerprints that presented themselves afterwards
+    via: str  # WINDOW (unverified, inside the window) | DOCUMENT (verified document) | APPROVAL
+    contested_by: tuple[str, ...] = ()  # fingerprints that presented themselves afterwards (bounded)
+    window_ends_at: str = ""  # launch + the enrollment window ("": enrolled before it was recorded)
+    # The cluster's agents were seen with verified documents when this one enrolled without: its
+    # login reports wait for its window to end, as its secrets do.
+    expect_document: bool = False
 
     @property
     def usable(self) -> bool:
         return self.status == ENROLLED
+
+    def proven(self, now: datetime) -> bool:
+        """Verified, approved, or uncontested after its window: what secrets and usage/holds need."""
+        if not self.usable:
+            return False
+        if self.via in (DOCUMENT, APPROVAL) or not self.window_ends_at:
+            return True
+        return now >= parse_time(self.window_ends_at)
+
+    def counts_reports(self, now: datetime) -> bool:
+        """A login node's reports count: proven, or enrolled where no document was ever seen (as before
+        documents: nothing better is known on such a cluster)."""
+        return self.proven(now) or (self.usable and not self.expect_document)
 
 
 @dataclass(frozen=True)
@@ -105,6 +150,7 @@ class Approval:
 @dataclass(frozen=True)
 class EnrollmentDecision:
     """outcome: "enroll" (store, first presenter wins), "re-enroll" (store over any record: approved),
+    "displace" (a verified document over the unverified key stored: store if that key is still there),
     "already" (same key: nothing to do), "contest" (mark contested), "conflict" (refuse, keep record),
     "await-approval" (refuse: outside the window, nothing enrolled), "refuse"."""
 
@@ -114,7 +160,12 @@ class EnrollmentDecision:
 
     @property
     def accepted(self) -> bool:
-        return self.outcome in ("enroll", "re-enroll", "already")
+        return self.outcome in ("enroll", "re-enroll", "displace", "already")
+
+    @property
+    def resets(self) -> bool:
+        """The stored record is replaced by another key's: what the old key left is discarded."""
+        return self.outcome in ("re-enroll", "displace")
 
 
 def iso(moment: datetime) -> str:
@@ -135,16 +186,29 @@ def parse_statement(statement: Any) -> Statement:
     public_key = f.text("agentPublicKey", _PUBLIC_KEY)
     issued_at = f.text("issuedAt", _ISO)
     nonce = f.text("nonce", _NONCE)
-    document = f.get("identityDocument", lambda v: v is None or _identity_document_ok(v), required=False)
+    document = f.get("identityDocument", lambda v: v is None or identity_document_wire_ok(v), required=False)
     if bad:
         raise MalformedNodeChannelRequest("enroll request rejected; invalid field(s): {}".format(
             ", ".join(sorted(set(bad))[:5])))
     return Statement(cluster, instance_id, ip, public_key, parse_time(issued_at), nonce, document)
 
 
-def _identity_document_ok(value: Any) -> bool:
-    return (isinstance(value, dict) and set(value) <= {"document", "signature"} and isinstance(value.get("document"), dict)
-            and len(str(value)) <= 4096)
+def identity_document_wire_ok(value: Any) -> bool:
+    """{"document": <text as IMDS served it>, "signature": <base64>} (instance_identity.py verifies it);
+    older agents sent the parsed document without a usable signature: accepted, and ignored."""
+    if isinstance(value, dict) and isinstance(value.get("document"), dict):
+        return set(value) <= {"document", "signature"} and len(str(value)) <= 4096
+    return (isinstance(value, dict) and set(value) == {"document", "signature"}
+            and isinstance(value["document"], str) and 0 < len(value["document"]) <= 4096
+            and isinstance(value["signature"], str) and 0 < len(value["signature"]) <= 1024)
+
+
+def signed_document(statement: Statement) -> tuple[str, str] | None:
+    """(document text, signature) when the statement carries a document to verify; None otherwise."""
+    value = statement.identity_document
+    if isinstance(value, dict) and isinstance(value.get("document"), str):
+        return value["document"], value["signature"]
+    return None
 
 
 def group_role(group: str | None, login_group: str, controller_group: str) -> str | None:
@@ -155,73 +219,131 @@ def group_role(group: str | None, login_group: str, controller_group: str) -> st
     return None
 
 
+def precheck(statement: Statement, fingerprint: str, existing: Enrollment | None, approval: Approval | None,
+             now: datetime) -> EnrollmentDecision | None:
+    """What is decided before asking AWS (DescribeClusterNode): another key against a proven enrollment
+    is refused whatever AWS says, so a flood of such attempts costs no SageMaker call."""
+    if existing is None or existing.fingerprint == fingerprint or _approved(statement, fingerprint, approval):
+        return None
+    if existing.proven(now):
+        return EnrollmentDecision("conflict", f"{statement.instance_id} is enrolled with another key, proven "
+                                              f"({existing.via}); {fingerprint} refused", existing)
+    return None
+
+
 def decide_enrollment(statement: Statement, fingerprint: str, aws_node: dict | None, existing: Enrollment | None,
                       approval: Approval | None, now: datetime, cluster: str, login_group: str,
-                      controller_group: str, window: timedelta) -> EnrollmentDecision:
-    """Whether ``statement`` (already proven signed by its key, whose fingerprint is given) enrolls."""
+                      controller_group: str, window: timedelta, document: IdentityDocument | None = None,
+                      region: str = "", documents_seen: bool = False) -> EnrollmentDecision:
+    """Whether ``statement`` (already proven signed by its key, whose fingerprint is given) enrolls.
+    ``document``: the statement's instance identity document, its signature already verified
+    (instance_identity.verify), or None; ``documents_seen``: a verified document enrolled an agent of
+    this cluster before."""
     if statement.cluster != cluster:
         return EnrollmentDecision("refuse", f"statement names cluster {statement.cluster}, this stack manages {cluster}")
     if abs((now - statement.issued_at).total_seconds()) > STATEMENT_SKEW_SECONDS:
         return EnrollmentDecision("refuse", f"statement issued {iso(statement.issued_at)}, more than "
                                             f"{STATEMENT_SKEW_SECONDS} s from now")
+    early = precheck(statement, fingerprint, existing, approval, now)
+    if early is not None:
+        return early
     if aws_node is None:
         return EnrollmentDecision("refuse", f"{statement.instance_id} is not a node of cluster {cluster}")
     group = aws_node.get("InstanceGroupName")
     role = group_role(group, login_group, controller_group)
     if role is None:
-        return EnrollmentDecision("refuse", f"{statement.instance_id} is in group {group}: only the login and "
-                                            "controller groups' agents enroll")
-    status = (aws_node.get("InstanceStatus") or {}).get("Status")
-    if status not in LIVE_STATUSES:
-        return EnrollmentDecision("refuse", f"{statement.instance_id} is {status}, not Running or Pending")
+        return EnrollmentDecision("refuse", f"{statement.instance_id} is not in the login or controller group: "
+                                            "only their agents enroll")
+    if (aws_node.get("InstanceStatus") or {}).get("Status") not in LIVE_STATUSES:
+        return EnrollmentDecision("refuse", f"{statement.instance_id} is not Running or Pending")
     if aws_node.get("PrivatePrimaryIp") != statement.ip:
-        return EnrollmentDecision("refuse", f"{statement.instance_id} claimed IP {statement.ip}, AWS says "
-                                            f"{aws_node.get('PrivatePrimaryIp')}")
-    document_problem = _identity_document_problem(statement)
+        return EnrollmentDecision("refuse", f"{statement.instance_id} is not at the IP the statement claims")
+    document_problem = _document_problem(statement, document, aws_node, region)
     if document_problem:
         return EnrollmentDecision("refuse", document_problem)
+    verified = document is not None
+    in_window = _in_window(aws_node, now, window)
+    launched = _launch_time(aws_node)
     record = Enrollment(cluster, statement.instance_id, statement.public_key, fingerprint, group, role, statement.ip,
-                        ENROLLED, iso(now), "window")
-    approved = approval is not None and approval.instance_id == statement.instance_id and approval.fingerprint == fingerprint
-    if approved:
+                        ENROLLED, iso(now), DOCUMENT if verified else WINDOW,
+                        window_ends_at=iso(launched + window) if launched else "",
+                        expect_document=documents_seen or verified)
+    if _approved(statement, fingerprint, approval):
         return EnrollmentDecision("re-enroll", f"operator approved {fingerprint} for {statement.instance_id}",
-                                  replace(record, via="approval"))
+                                  replace(record, via=APPROVAL))
     if existing is not None:
-        if existing.fingerprint == fingerprint and existing.usable:
-            return EnrollmentDecision("already", f"{statement.instance_id} is enrolled with this key", existing)
-        if existing.fingerprint == fingerprint:
-            return EnrollmentDecision("conflict", f"{statement.instance_id} is contested: an operator must re-enroll it",
-                                      existing)
-        if _in_window(aws_node, now, window) and existing.via == "window":
-            return EnrollmentDecision("contest", f"two keys presented themselves for new instance "
-                                                 f"{statement.instance_id} ({existing.fingerprint}, {fingerprint}): "
-                                                 "kept out until an operator re-enrolls it", existing)
-        return EnrollmentDecision("conflict", f"{statement.instance_id} is enrolled with another key "
-                                              f"({existing.fingerprint}); {fingerprint} refused", existing)
-    if not _in_window(aws_node, now, window):
+        return _against_existing(statement, fingerprint, existing, record, verified, in_window)
+    if not in_window:
         return EnrollmentDecision("await-approval", f"{statement.instance_id} was launched outside the "
                                                     f"{int(window.total_seconds() // 60)}-minute enrollment window: "
                                                     f"an operator must approve {fingerprint}")
-    return EnrollmentDecision("enroll", f"{statement.instance_id} launched within the enrollment window", record)
+    how = "with a verified instance identity document" if verified else "without an instance identity document"
+    return EnrollmentDecision("enroll", f"{statement.instance_id} launched within the enrollment window, {how}", record)
+
+
+def _approved(statement: Statement, fingerprint: str, approval: Approval | None) -> bool:
+    return approval is not None and approval.instance_id == statement.instance_id and approval.fingerprint == fingerprint
+
+
+def _against_existing(statement: Statement, fingerprint: str, existing: Enrollment, record: Enrollment, verified: bool,
+                      in_window: bool) -> EnrollmentDecision:
+    instance = statement.instance_id
+    if existing.fingerprint == fingerprint:
+        if existing.usable:
+            return EnrollmentDecision("already", f"{instance} is enrolled with this key", existing)
+        if verified and in_window:
+            return EnrollmentDecision("displace", f"{instance}'s contest is settled: its instance identity document "
+                                                  "verifies for this key", record)
+        return EnrollmentDecision("conflict", f"{instance} is contested: an operator must re-enroll it", existing)
+    if existing.via == DOCUMENT:
+        return EnrollmentDecision("conflict", f"{instance} is enrolled with another key whose instance identity "
+                                              f"document verified; {fingerprint} refused", existing)
+    if verified and in_window:
+        return EnrollmentDecision("displace", f"{instance}'s instance identity document verifies for {fingerprint}: "
+                                              f"it replaces the unverified key {existing.fingerprint}", record)
+    if in_window and existing.via == WINDOW:
+        if fingerprint in existing.contested_by or len(existing.contested_by) >= MAX_CONTESTED_BY:
+            return EnrollmentDecision("conflict", f"{instance} is already contested; {fingerprint} refused", existing)
+        return EnrollmentDecision("contest", f"two keys presented themselves for new instance {instance} "
+                                             f"({existing.fingerprint}, {fingerprint}) and neither with a verified "
+                                             "instance identity document: kept out until an operator re-enrolls it",
+                                  existing)
+    return EnrollmentDecision("conflict", f"{instance} is enrolled with another key; {fingerprint} refused", existing)
+
+
+def _launch_time(aws_node: dict) -> datetime | None:
+    launched = aws_node.get("LaunchTime")
+    if isinstance(launched, str):
+        try:
+            launched = parse_time(launched)
+        except ValueError:
+            return None
+    if not isinstance(launched, datetime):
+        return None
+    return launched if launched.tzinfo is not None else launched.replace(tzinfo=timezone.utc)
 
 
 def _in_window(aws_node: dict, now: datetime, window: timedelta) -> bool:
-    launched = aws_node.get("LaunchTime")
-    if isinstance(launched, str):
-        launched = parse_time(launched)
-    if not isinstance(launched, datetime):
+    launched = _launch_time(aws_node)
+    if launched is None:
         return False
-    if launched.tzinfo is None:
-        launched = launched.replace(tzinfo=timezone.utc)
     return timedelta(0) - timedelta(seconds=STATEMENT_SKEW_SECONDS) <= now - launched <= window
 
 
-def _identity_document_problem(statement: Statement) -> str | None:
-    """The instance identity document, where the node's IMDS serves one, must name the same instance
-    and IP. Its signature is not checked here (see docs/node-agent.md): it is a consistency check."""
-    if not statement.identity_document:
+def _document_problem(statement: Statement, document: IdentityDocument | None, aws_node: dict,
+                      region: str) -> str | None:
+    """A verified document must be this instance's, at this IP, in this stack's Region, started when AWS
+    says it was launched. The account is not compared: HyperPod's instances run in a service account
+    (UNCONFIRMED which one the document names)."""
+    if document is None:
         return None
-    document = statement.identity_document.get("document") or {}
-    if document.get("instanceId") != statement.instance_id or document.get("privateIp") != statement.ip:
-        return "the instance identity document names another instance or IP"
+    if document.instance_id != statement.instance_id:
+        return "the instance identity document is another instance's"
+    if region and document.region != region:
+        return "the instance identity document is from another Region"
+    if document.private_ip != statement.ip:
+        return "the instance identity document names another IP"
+    launched = _launch_time(aws_node)
+    if launched is None or abs(document.pending_time - launched) > PENDING_TIME_TOLERANCE:
+        return "the instance identity document's pending time is not AWS's launch time for this instance"
     return None

@@ -16,8 +16,13 @@ def conflict_message(cluster: str, instance_id: str, outcome: str, fingerprint: 
     """(subject, message) for an enrollment conflict; fingerprints are public (SHA256 of public keys)."""
     subject = f"hpops {cluster}: second enrollment key for {instance_id}"[:100]
     if outcome == "contest":
-        effect = ("two keys raced for this new node's enrollment and the stack cannot tell which is its agent: the node "
-                  "is contested, kept out of the load balancer, and its reports count for nothing")
+        effect = ("two keys raced for this new node's enrollment and neither came with a verified instance identity "
+                  "document, so the stack cannot tell which is its agent: the node is contested, kept out of the "
+                  "load balancer unless it already serves, and its reports and secrets stop")
+    elif outcome == "displace":
+        effect = ("a key without an instance identity document had claimed this new node; the presented key came with "
+                  "the node's verified document and replaced it (nothing for you to approve); what the replaced key "
+                  "left was discarded")
     else:
         effect = "the node's enrolled key stands; the new key was refused"
     message = (f"A second agent key was presented for {instance_id} on cluster {cluster}: {effect}.\n"

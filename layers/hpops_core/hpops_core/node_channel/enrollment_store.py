@@ -2,7 +2,10 @@
 
     enroll#<cluster>   sk "node#<instance id>"      the enrollment (enrollment.Enrollment): key, fingerprint,
                                                     AWS's group and role, IP, status enrolled|contested,
-                                                    enrolledAt, via, contestedBy
+                                                    enrolledAt, via, contestedBy (at most MAX_CONTESTED_BY),
+                                                    windowEndsAt, expectDocument
+    enroll#<cluster>   sk "documents"               present once an agent of the cluster enrolled with a
+                                                    verified instance identity document (documentsSince)
     approval#<cluster> sk "approval#<instance id>"  an operator's single-use approval of one key
                                                     fingerprint (expires)
 
@@ -20,10 +23,11 @@ from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.state_table import approval_partition, enrollment_partition
-from hpops_core.node_channel.enrollment import CONTESTED, Approval, Enrollment
+from hpops_core.node_channel.enrollment import CONTESTED, MAX_CONTESTED_BY, Approval, Enrollment
 
 NODE_PREFIX = "node#"
 APPROVAL_PREFIX = "approval#"
+DOCUMENTS_SK = "documents"
 # An approval is for a planned re-enrollment within the day; an unused one should not linger.
 APPROVAL_TTL_SECONDS = 24 * 3600
 
@@ -42,6 +46,10 @@ def enrollment_item(record: Enrollment) -> dict:
     }
     if record.contested_by:
         item["contestedBy"] = {"L": [{"S": f} for f in record.contested_by]}
+    if record.window_ends_at:
+        item["windowEndsAt"] = {"S": record.window_ends_at}
+    if record.expect_document:
+        item["expectDocument"] = {"BOOL": True}
     return item
 
 
@@ -52,7 +60,8 @@ def enrollment_from_item(cluster: str, item: dict | None) -> Enrollment | None:
             ("instanceId", "publicKey", "fingerprint", "group", "role", "ip", "status", "enrolledAt", "via")}
     contested_by = tuple(entry["S"] for entry in item.get("contestedBy", {}).get("L", []))
     return Enrollment(cluster, text["instanceId"], text["publicKey"], text["fingerprint"], text["group"],
-                      text["role"], text["ip"], text["status"], text["enrolledAt"], text["via"], contested_by)
+                      text["role"], text["ip"], text["status"], text["enrolledAt"], text["via"], contested_by,
+                      item.get("windowEndsAt", {}).get("S", ""), bool(item.get("expectDocument", {}).get("BOOL")))
 
 
 def _get(table: str, key: dict, dynamodb: Any = None) -> dict | None:
@@ -103,15 +112,38 @@ def put_approved(table: str, record: Enrollment) -> bool:
     return used
 
 
-def mark_contested(table: str, cluster: str, instance_id: str, fingerprint: str) -> None:
-    """Contested until an operator re-enrolls it; the presenting fingerprint is kept for the operator."""
-    with transient_errors_named("dynamodb:UpdateItem"):
-        client("dynamodb").update_item(
-            TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id),
-            UpdateExpression="SET #status = :contested, contestedBy = list_append(if_not_exists(contestedBy, :none), :by)",
-            ConditionExpression="attribute_exists(sk)",
-            ExpressionAttributeNames={"#status": "status"},
-            ExpressionAttributeValues={":contested": {"S": CONTESTED}, ":none": {"L": []}, ":by": {"L": [{"S": fingerprint}]}})
+def put_displacing(table: str, record: Enrollment, displaced: Enrollment) -> bool:
+    """A verified document's key over the unverified one decided against, only if that one is still
+    stored (a concurrent change means deciding again). False if it was not."""
+    return _conditional("dynamodb:PutItem", lambda: client("dynamodb").put_item(
+        TableName=table, Item=enrollment_item(record), ConditionExpression="fingerprint = :fingerprint",
+        ExpressionAttributeValues={":fingerprint": {"S": displaced.fingerprint}}))
+
+
+def mark_contested(table: str, cluster: str, instance_id: str, fingerprint: str) -> bool:
+    """Contested until an operator re-enrolls it (or its agent's verified document settles it); the
+    presenting fingerprint is kept for the operator, at most MAX_CONTESTED_BY of them: a flood of keys
+    writes nothing more. False when the bound was reached meanwhile."""
+    return _conditional("dynamodb:UpdateItem", lambda: client("dynamodb").update_item(
+        TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id),
+        UpdateExpression="SET #status = :contested, contestedBy = list_append(if_not_exists(contestedBy, :none), :by)",
+        ConditionExpression="attribute_exists(sk) AND (attribute_not_exists(contestedBy) OR size(contestedBy) < :max)",
+        ExpressionAttributeNames={"#status": "status"},
+        ExpressionAttributeValues={":contested": {"S": CONTESTED}, ":none": {"L": []}, ":by": {"L": [{"S": fingerprint}]},
+                                   ":max": {"N": str(MAX_CONTESTED_BY)}}))
+
+
+def documents_seen(table: str, cluster: str) -> bool:
+    """Whether an agent of this cluster ever enrolled with a verified instance identity document."""
+    return _get(table, {"pk": {"S": enrollment_partition(cluster)}, "sk": {"S": DOCUMENTS_SK}}) is not None
+
+
+def record_documents_seen(table: str, cluster: str, since: str) -> None:
+    """Once: the first verified document tells the stack this cluster's IMDS serves them."""
+    _conditional("dynamodb:PutItem", lambda: client("dynamodb").put_item(
+        TableName=table, Item={"pk": {"S": enrollment_partition(cluster)}, "sk": {"S": DOCUMENTS_SK},
+                               "documentsSince": {"S": since}},
+        ConditionExpression="attribute_not_exists(sk)"))
 
 
 def put_approval(table: str, cluster: str, instance_id: str, fingerprint: str, approved_at: str, now_epoch: int,
@@ -128,7 +160,14 @@ def list_enrollments(table: str, cluster: str, dynamodb: Any = None,
                      with_approvals: bool = False) -> tuple[list[Enrollment], list[dict]]:
     """(enrollments, pending approvals as {"instanceId", "fingerprint", "approvedAt"}) of the cluster; the
     approvals' partition is read only `with_approvals` (the operator's listing; the sync needs none)."""
-    enrollments, approvals = [], []
+    enrollments, approvals, _ = read_enrollments(table, cluster, dynamodb, with_approvals)
+    return enrollments, approvals
+
+
+def read_enrollments(table: str, cluster: str, dynamodb: Any = None,
+                     with_approvals: bool = False) -> tuple[list[Enrollment], list[dict], bool]:
+    """list_enrollments, and whether a verified instance identity document was ever seen (same Query)."""
+    enrollments, approvals, documents = [], [], False
     paginator = (dynamodb or client("dynamodb")).get_paginator("query")
     partitions = [enrollment_partition(cluster)] + ([approval_partition(cluster)] if with_approvals else [])
     with transient_errors_named("dynamodb:Query"):
@@ -143,4 +182,6 @@ def list_enrollments(table: str, cluster: str, dynamodb: Any = None,
                         approvals.append({"instanceId": sk[len(APPROVAL_PREFIX):],
                                           "fingerprint": item["fingerprint"]["S"],
                                           "approvedAt": item.get("approvedAt", {}).get("S", "")})
-    return enrollments, approvals
+                    elif sk == DOCUMENTS_SK:
+                        documents = True
+    return enrollments, approvals, documents

@@ -18,6 +18,7 @@ refusal a named error and nothing stored or returned:
   2. the instance is enrolled, uncontested, in this cluster (FetchRefusedError), and every item asked
      for belongs to the enrolled group's role: host keys and end-sessions to a login node, user holds
      to the controller (the role comes from the enrollment, i.e. AWS's record, never the request);
+     host keys and user holds only to a proven enrollment (PROVEN_ONLY);
   3. the signature verifies with the enrolled key (node_proof's NodeProofError subclasses);
   4. issuedAt within MAX_SKEW_SECONDS of now (FetchRefusedError: stale or from the future);
   5. the nonce is new for this instance (FetchReplayError), remembered with a TTL past the skew so a
@@ -43,6 +44,9 @@ ACTION = "fetch"
 HOST_KEYS, END_SESSIONS, USER_HOLDS = "hostKeys", "endSessions", "userHolds"
 # Item -> the enrolled role that may fetch it.
 FETCH_ITEMS = {HOST_KEYS: "login", END_SESSIONS: "login", USER_HOLDS: "controller"}
+# Items served only to a proven enrollment (verified document, approval, or its window passed uncontested):
+# a key that raced a new node for its enrollment gets no key byte and learns nobody's holds.
+PROVEN_ONLY = (HOST_KEYS, USER_HOLDS)
 MAX_SKEW_SECONDS = 120
 # A nonce is remembered for as long as a request carrying it could still be fresh, and a minute more.
 NONCE_TTL_SECONDS = 2 * MAX_SKEW_SECONDS + 60
@@ -85,6 +89,7 @@ class Enrolled:
     role: str  # login | controller, from the instance group AWS reported at enrollment
     public_key: str
     contested: bool = False
+    proven: bool = True  # Enrollment.proven(now)
 
 
 def _parse_time(text: str) -> dt.datetime:
@@ -139,6 +144,11 @@ def decide_fetch(request: FetchRequest, cluster: str, enrolled: Enrolled | None,
     if foreign:
         raise FetchRefusedError(f"{request.instance_id} is enrolled as a {enrolled.role} node: "
                                 f"{', '.join(foreign)} is not for it")
+    unproven = [item for item in request.what if item in PROVEN_ONLY and not enrolled.proven]
+    if unproven:
+        raise FetchRefusedError(f"{request.instance_id}'s key is not proven yet (no verified instance identity "
+                                f"document or approval, its enrollment window still open): {', '.join(unproven)} "
+                                "is served once it is")
     skew = (request.issued_at - now).total_seconds()
     if skew > MAX_SKEW_SECONDS:
         raise FetchRefusedError(f"fetch issued {int(skew)} s in the future (at most {MAX_SKEW_SECONDS} s)")

@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.node_channel import contract, enrollment_store, fetch, node_proof, user_holds
+from hpops_core.node_channel import contract, enrollment_store, fetch, node_proof, user_holds_store
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,13 @@ def _host_keys(cluster: str, instance_id: str, config: FetchConfig) -> dict:
     return {"value": secret["SecretString"], "version": secret.get("VersionId", "")}
 
 
-READERS: dict[str, Callable[[str, str, FetchConfig], dict | None]] = {
-    fetch.HOST_KEYS: _host_keys,
-    fetch.END_SESSIONS: lambda cluster, instance, _: _parameter(contract.end_sessions_parameter(cluster, instance)),
-    fetch.USER_HOLDS: lambda cluster, _instance, _config: _parameter(user_holds.user_holds_parameter(cluster)),
+# item -> reader(cluster, instance id, fetch config, state table)
+READERS: dict[str, Callable[[str, str, FetchConfig, str], dict | None]] = {
+    fetch.HOST_KEYS: lambda cluster, instance, config, _table: _host_keys(cluster, instance, config),
+    fetch.END_SESSIONS: lambda cluster, instance, _config, _table: _parameter(
+        contract.end_sessions_parameter(cluster, instance)),
+    # Any number of held users: DynamoDB pages, not a parameter (user_holds_store).
+    fetch.USER_HOLDS: lambda cluster, _instance, _config, table: user_holds_store.read(table, cluster),
 }
 
 
@@ -76,9 +79,10 @@ def serve(config: Any, event: dict, now: dt.datetime, fetch_config: FetchConfig 
     request = fetch.parse_fetch_request(event)
     record = enrollment_store.get_enrollment(config.state_table, config.cluster_name, request.instance_id)
     enrolled = None if record is None else fetch.Enrolled(record.instance_id, record.role, record.public_key,
-                                                          contested=not record.usable)
+                                                          contested=not record.usable, proven=record.proven(now))
     fetch.decide_fetch(request, config.cluster_name, enrolled, now)
     node_proof.verify_body(fetch.signed_body(request), enrolled.public_key, "fetch", config.cluster_name)
     remember_nonce(config.state_table, config.cluster_name, request, now)
-    items = {item: READERS[item](config.cluster_name, request.instance_id, fetch_config) for item in request.what}
+    items = {item: READERS[item](config.cluster_name, request.instance_id, fetch_config, config.state_table)
+             for item in request.what}
     return {"ok": True, "instanceId": request.instance_id, "items": items}

@@ -4,7 +4,11 @@ A report enters through EventBridge, which carries no caller identity; any proce
 node role can put one on the bus. So a report counts only if it is signed by the key enrolled
 for the instance it names (enrollment.py), the enrollment is uncontested and of the role the
 report needs (login reports from the login group, usage and holds from the controller group),
-and nothing in it is dated in the future. "sequence" must not be below the last one accepted for
+and nothing in it is dated in the future. A usage or holds report (who is charged, who is held) needs
+more: an enrollment proven by a verified document, an approval or its window passed uncontested; a
+login report too where the cluster's agents were seen with documents (Enrollment.counts_reports).
+"sequence" is bounded by the clock (at most now plus FUTURE_SKEW_SECONDS, in microseconds, as the
+agent makes them): a far-future sequence would pin every later report as a replay. It must not be below the last one accepted for
 the same stored item (checked by the store's conditional write): an older report, replayed or
 reordered, is refused; the same report again (EventBridge delivers at least once, and the agent
 never reuses a sequence) is stored again and changes nothing. The instance's group and role are the enrollment's (AWS's record), never the payload's.
@@ -33,6 +37,11 @@ class ReportFromFutureError(NodeChannelError):
     """A time in the report is later than now plus the allowed skew (e.g. windows dated 2099)."""
 
 
+class UnprovenEnrollmentError(NotEnrolledError):
+    """The key is enrolled but not proven (no verified document or approval, window still open): it
+    may not charge, hold, or (where documents are served) report for the node yet."""
+
+
 class ReportReplayError(NodeChannelError):
     """The report's sequence is below the last accepted one: an old report replayed or reordered."""
 
@@ -56,6 +65,11 @@ def check_signed_report(detail: dict, enrollment: Enrollment | None, cluster: st
         raise NotEnrolledError(f"{instance_id} has no enrolled agent key: its reports are refused")
     if not enrollment.usable:
         raise NotEnrolledError(f"{instance_id}'s enrollment is {enrollment.status}: its reports are refused")
+    weighty = role != "login"  # usage and holds: someone is charged or held on its word
+    if not (enrollment.proven(now) if weighty else enrollment.counts_reports(now)):
+        raise UnprovenEnrollmentError(f"{instance_id}'s key is not proven yet (no verified instance identity "
+                                      "document, no approval, its enrollment window still open): its "
+                                      f"{role} reports count from {enrollment.window_ends_at}")
     if enrollment.role != role:
         raise ReportRoleError(f"{instance_id} is enrolled as a {enrollment.role} node (group {enrollment.group}); "
                               f"{role} reports come only from the {role} group")
@@ -64,6 +78,9 @@ def check_signed_report(detail: dict, enrollment: Enrollment | None, cluster: st
     if sequence is None:
         raise ReportReplayError(f"{instance_id}'s report carries no valid sequence")
     latest = now + timedelta(seconds=FUTURE_SKEW_SECONDS)
+    if sequence > int(latest.timestamp()) * 1_000_000:
+        raise ReportFromFutureError(f"{instance_id}'s report sequence is ahead of the clock (sequences are "
+                                    "microseconds since 1970 at most)")
     for text in times:
         if isinstance(text, str) and len(text) >= 19:
             try:

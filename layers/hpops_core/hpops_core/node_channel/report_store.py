@@ -84,6 +84,14 @@ def store_report(table: str, cluster: str, report: NodeReport, received_at: str,
     return previous
 
 
+def forget_report(table: str, cluster: str, instance_id: str) -> None:
+    """Drop the node's stored report and its sequence: a key replaced by another (an operator's approval,
+    a verified document) leaves nothing that counts or pins the sequence."""
+    with transient_errors_named("dynamodb:DeleteItem"):
+        client("dynamodb").delete_item(
+            TableName=table, Key={"pk": {"S": node_report_partition(cluster)}, "sk": {"S": SK_PREFIX + instance_id}})
+
+
 def cluster_reports(table: str, cluster: str) -> dict[str, dict]:
     """Every node's stored report (instance id -> report_from_item), one paged Query, strongly consistent."""
     reports = {}

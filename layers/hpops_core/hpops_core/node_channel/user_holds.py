@@ -4,9 +4,10 @@ Standard library, Python 3.8+ (the agent bundle ships this file). The stack (bud
 publishes the users to hold; the agent on the controller node (hpops_node_agent.slurm_holds)
 holds them with a hold QOS in Slurm and reports what it applied.
 
-Desired state, /hpops/<cluster>/instructions/user-holds (written by the BudgetGuard sweep only; the node
-role cannot read it: the controller's enrolled agent fetches it through NodeChannel when the public
-marker /hpops/<cluster>/node/instructions/user-holds names a new version):
+Desired state, kept in the state table under holds#<cluster> as a header and pages of users
+(user_holds_store: any number of users; written by the BudgetGuard sweep only; the node role cannot
+read it: the controller's enrolled agent fetches it through NodeChannel, as one JSON text, when the
+public marker /hpops/<cluster>/node/instructions/user-holds names a new revision):
 
   {"format": USER_HOLDS_FORMAT, "version": str, "month": "YYYY-MM",
    "expiresAt": ISO-8601 UTC (the month's end: an agent lifts every hold past it, even if the stack
@@ -47,8 +48,6 @@ HOLD_STATES = (HELD, FAILED)
 # QOS (GrpJobs=0 is checked first, then MaxJobsPerUser=0); the Assoc* ones are holds of earlier
 # versions (GrpJobs=0 MaxJobs=0 on the association), still pending until lifted.
 HOLD_REASONS = ("QOSGrpJobsLimit", "QOSMaxJobsPerUserLimit", "AssocGrpJobsLimit", "AssocMaxJobsLimit")
-# A standard parameter holds 4 KB: about 110 users of the longest names, far more of usual ones.
-MAX_DOCUMENT_BYTES = 4096
 MAX_REPORTED_USERS = 300
 
 
@@ -57,7 +56,8 @@ class BadHolds(HpopsError, ValueError):
 
 
 def user_holds_parameter(cluster: str) -> str:
-    """Private (who is held is nobody else's business): the controller's enrolled agent fetches it."""
+    """The instruction's name: its public marker (contract.instruction_marker_parameter) carries the
+    revision of the document user_holds_store keeps; stacks before it kept the document here."""
     return contract.parameter_prefix(cluster) + contract.INSTRUCTIONS + "user-holds"
 
 
