@@ -22,26 +22,27 @@ def pytest_configure(config):
         config.pluginmanager.register(WorkersDown(record), "hpops-workers-down")
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_itemcollected(item):
     """Give every test with a shared-resource marker that resource's xdist group, and the tests of a
     module that share a module-scoped fixture (a world they only read) one group of their own, so the
-    fixture is built once, on one worker, not once on each."""
-    for item in items:
-        resources = [name for name in SHARED_RESOURCE_GROUPS if item.get_closest_marker(name)]
-        if len(resources) > 1:
-            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(resources)}: one group runs it, "
-                                    "so it may use one shared resource (split it, or add a group for both)")
-        chosen = item.get_closest_marker("xdist_group")
-        if resources:
-            group = SHARED_RESOURCE_GROUPS[resources[0]]
-            if chosen is not None and (chosen.args[:1] or [chosen.kwargs.get("name")])[0] != group:
-                raise pytest.UsageError(f"{item.nodeid}: marked {resources[0]}, so it runs in xdist group {group!r}, "
-                                        "not in the one it names")
-        elif chosen is None and _shares_a_module_fixture(item):
-            group = item.nodeid.split("::", 1)[0]
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group), append=False)
+    fixture is built once, on one worker, not once on each. Given as each test is collected: xdist's own
+    pytest_collection_modifyitems turns the groups into the node ids it schedules by, and a group given
+    in a hook of that name could come after it (then every test is spread over the workers)."""
+    resources = [name for name in SHARED_RESOURCE_GROUPS if item.get_closest_marker(name)]
+    if len(resources) > 1:
+        raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(resources)}: one group runs it, "
+                                "so it may use one shared resource (split it, or add a group for both)")
+    chosen = item.get_closest_marker("xdist_group")
+    if resources:
+        group = SHARED_RESOURCE_GROUPS[resources[0]]
+        if chosen is not None and (chosen.args[:1] or [chosen.kwargs.get("name")])[0] != group:
+            raise pytest.UsageError(f"{item.nodeid}: marked {resources[0]}, so it runs in xdist group {group!r}, "
+                                    "not in the one it names")
+    elif chosen is None and _shares_a_module_fixture(item):
+        group = item.nodeid.split("::", 1)[0]
+    else:
+        return
+    item.add_marker(pytest.mark.xdist_group(group), append=False)
 
 
 def _shares_a_module_fixture(item) -> bool:

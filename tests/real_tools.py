@@ -11,10 +11,11 @@ import pytest
 # uses a resource of the whole machine carries the resource's marker; every test with that marker runs
 # in one xdist group, on one worker, one at a time. Every other test must not depend on order or worker.
 SHARED_RESOURCE_GROUPS = {
-    # Real sshd with PAM and useradd users; the session listing reads every sshd on the machine (/proc).
-    "realssh": "realssh",
-    # Slurm's daemons with slurmdbd, MariaDB and munge, and the users they account.
-    "realslurm": "realslurm",
+    # Real sshd with PAM and useradd users (the session listing reads every sshd on the machine through
+    # /proc), and Slurm's daemons with slurmdbd, MariaDB and munge and the users they account: both add and
+    # remove the machine's users and read its processes, so they share one group and never run side by side.
+    "realssh": "system-users",
+    "realslurm": "system-users",
     # Network namespaces and iptables rules, made and removed as root.
     "netns": "netns",
 }

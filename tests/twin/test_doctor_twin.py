@@ -133,7 +133,7 @@ WITHOUT = {
     "iam:ListAttachedRolePolicies": ("node-agent-policy", "execution-role", "imds-exposure"),
     "cloudtrail:DescribeTrails": "cloudtrail",
     "ce:ListCostAllocationTags": "cost-allocation-tag",
-    "dynamodb:Query": ("agent-reports", "imds-exposure"),
+    "dynamodb:Query": ("agent-reports", "enrollment", "imds-exposure"),
     "ec2:DescribeNetworkAcls": "network-acl",
 }
 

@@ -62,12 +62,13 @@ def test_a_weeks_old_cluster_is_named_outside_the_window_then_approved_admitted_
     network = [f for f in findings if f.check == "node-network"]
     assert all("SSM, Lambda and EventBridge (interface endpoints)" in f.message for f in network)
 
-    # The operator reads each agent's fingerprint on its node and approves exactly that key.
+    # The administrator (approvals are the administrator's job) reads each agent's fingerprint on its node and
+    # approves exactly that key.
     keys = {i: next(world.hosts.root(i).rglob("agent-key")) for i in login}  # the node's /var/lib/hpops-node-agent
     [controller] = world.sim.nodes(world.cluster_name, CONTROLLER_GROUP)
     keys[controller.instance_id] = next(account.controller._dir.rglob("agent-key"))
     session = boto3.session.Session(region_name=world.region)
-    with account.answering_what_moto_lacks(), world.iam.operator(account.operator_policy()) as denials:
+    with account.answering_what_moto_lacks(), world.iam.operator(account.operator_policy("administrator")) as denials:
         for instance, key in sorted(keys.items()):
             approve(session.client("dynamodb"), session.client("sagemaker"), world.output("SyncStateTableName"),
                     world.cluster_name, world.login_group, CONTROLLER_GROUP, instance, _fingerprint(key))

@@ -66,3 +66,23 @@ def test_the_layout_rules_see_the_modules_they_are_for():
     assert "test_real_sshd.py" in found["realssh"] and "test_keepalive_real_sshd.py" in found["realssh"]
     assert "test_holds_real_slurm.py" in found["realslurm"]
     assert "test_imds_guard.py" in found["netns"]
+
+
+def test_a_shared_resource_test_reaches_xdist_in_its_group(tmp_path):
+    """The groups are given before xdist turns them into the node ids it schedules by: if they came after,
+    every real-daemon test would be spread over the workers, two sshd or Slurm tests side by side."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "probe.txt"
+    probe = TESTS / "unit" / "xdist_group_probe.py"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
+                          str(probe)], cwd=TESTS.parent, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "HPOPS_GROUP_PROBE_OUT": str(out)})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    ran = [line.split(" ", 1) for line in out.read_text(encoding="utf-8").splitlines()]
+    shared = [(worker, nodeid) for worker, nodeid in ran if "probe_ssh" in nodeid or "probe_slurm" in nodeid]
+    assert len(shared) == 8 and len(ran) == 12
+    assert all(nodeid.endswith(f"@{SHARED_RESOURCE_GROUPS['realssh']}") for _, nodeid in shared), shared
+    assert len({worker for worker, _ in shared}) == 1, shared

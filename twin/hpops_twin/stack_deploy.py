@@ -69,7 +69,10 @@ class SamDeploy:
         if BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
             self._change_set(SAM_MANAGED_STACK, "CREATE", MANAGED_STACK_TEMPLATE)
             with acting_as(DEPLOYER):  # no role: CloudFormation uses the deployer's credentials
-                s3.create_bucket(Bucket=BUCKET)
+                # Outside us-east-1, S3 refuses a bucket without its Region as the location constraint.
+                region = s3.meta.region_name
+                s3.create_bucket(Bucket=BUCKET, **({} if region == "us-east-1" else {
+                    "CreateBucketConfiguration": {"LocationConstraint": region}}))
                 s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
                 s3.put_public_access_block(Bucket=BUCKET, PublicAccessBlockConfiguration={
                     "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True,
