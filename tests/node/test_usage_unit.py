@@ -230,7 +230,8 @@ def test_every_report_part_names_each_partitions_instance_group(tmp_path):
     ({"controller_group": "controller-machine"}, "has no worker_groups list"),
     ({"worker_groups": {"instance_group_name": "a", "partition_name": "b"}}, "has no worker_groups list"),
     ({"worker_groups": []}, "lists no worker_groups"),
-])
+], ids=["missing", "not-json", "array", "not-utf8", "nested-100000-deep", "no-worker-groups", "worker-groups-object",
+        "no-worker-group-listed"])  # ids: pytest puts the id in the sacct child's environment (PYTEST_CURRENT_TEST)
 def test_a_missing_or_unreadable_provisioning_file_gives_an_empty_map_and_says_why(tmp_path, content, reason):
     path = tmp_path / "provisioning_parameters.json"
     if content is not None:
@@ -609,6 +610,8 @@ def test_cli_once_sends_the_due_windows_through_eventbridge(tmp_path):
     server.start()
     try:
         endpoint = f"http://127.0.0.1:{port}"
+        # moto's server keeps its accounts in the process: start from none, whatever ran before on this worker.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
         session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing",
                                         aws_secret_access_key="testing")
         events, sqs = session.client("events", endpoint_url=endpoint), session.client("sqs", endpoint_url=endpoint)
