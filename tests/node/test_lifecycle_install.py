@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import boto3
@@ -125,6 +126,8 @@ def test_login_node_runs_one_cycle_then_gets_the_unit(tmp_path):
     server.start()
     try:
         endpoint = f"http://127.0.0.1:{port}"
+        # moto's server keeps its accounts in the process: start from none, whatever ran before on this worker.
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
         credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": endpoint}
         session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing",

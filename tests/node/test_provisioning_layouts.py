@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import boto3
@@ -83,6 +84,8 @@ def moto_endpoint():
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    # moto's server keeps its accounts in the process: start from none, whatever ran before on this worker.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
     sagemaker = boto3.client("sagemaker", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
                              aws_secret_access_key="testing")
     for name, with_slurm in (("layout-cluster", True), ("files-only", False)):
