@@ -54,6 +54,7 @@ from hpops_twin import identity_documents
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.deployer_iam import Names, service_role_arn
+from hpops_twin.dynamodb_transactions import transactions_copy_only_their_items
 from hpops_twin.iam.enforce import IamEnforcer, acting_as
 from hpops_twin.stack_deploy import SERVICE_ROLE_NAME, SamDeploy
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
@@ -440,7 +441,8 @@ class TwinWorld:
         for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
                     mock.patch.object(ELBv2Backend, "create_load_balancer", _load_balancer_arn_of_its_type),
                     mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes, self.execution_ends)),
-                    mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
+                    mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws),
+                    *transactions_copy_only_their_items()):
             fix.start()
             self._stack.append(fix)
         # The product trusts the twin's instance identity signer for this Region, as it trusts AWS's.
