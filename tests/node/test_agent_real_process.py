@@ -34,7 +34,8 @@ from real_tools import MotoServer, free_port
 from hpops_core.host_identity import keys, verifier
 from hpops_core.node_channel import contract
 
-pytestmark = pytest.mark.realssh
+# In file order, even in a shuffled run: each test starts from the node the previous one left.
+pytestmark = [pytest.mark.realssh, pytest.mark.random_order(disabled=True)]
 
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
