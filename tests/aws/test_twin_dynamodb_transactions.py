@@ -1,78 +1,77 @@
-"""The twin's TransactWriteItems (hpops_twin/dynamodb_transactions.py) backs up only the items it writes:
-a cancelled transaction must still leave every item, the ones it wrote first included, as it was."""
+"""The twin's TransactWriteItems (item copies in place of moto's table copy) answers and leaves the
+tables exactly as moto's own does: written whole, or cancelled with nothing changed."""
 
 from __future__ import annotations
 
+import contextlib
+
 import boto3
-import pytest
 from botocore.exceptions import ClientError
 from moto import mock_aws
 
-from hpops_twin.dynamodb_transactions import transactions_copy_only_their_items
+from hpops_twin.dynamodb_transactions import item_copies_in_transactions
+
+RANGE_TABLE, HASH_TABLE = "state", "flat"
 
 
-@pytest.fixture
-def dynamodb():
-    patches = transactions_copy_only_their_items()
-    with mock_aws():
+def _put(table: str, pk: str, sk: str | None = None, **values: int) -> dict:
+    item = {"pk": {"S": pk}, **({"sk": {"S": sk}} if sk is not None else {}),
+            **{name: {"N": str(value)} for name, value in values.items()}}
+    return {"Put": {"TableName": table, "Item": item}}
+
+
+def _update(table: str, key: dict, expected_version: int) -> dict:
+    return {"Update": {"TableName": table, "Key": key, "UpdateExpression": "SET version = version + :one",
+                       "ConditionExpression": "version = :expected",
+                       "ExpressionAttributeValues": {":one": {"N": "1"}, ":expected": {"N": str(expected_version)}}}}
+
+
+# Each transaction after the first two seeds: some cancelled by a condition, some by naming one item twice.
+TRANSACTIONS = [
+    [_put(RANGE_TABLE, "usage", "total", version=1), _put(HASH_TABLE, "lease", version=1)],
+    [_put(RANGE_TABLE, "usage", "window#1", version=1), _update(RANGE_TABLE, {"pk": {"S": "usage"}, "sk": {"S": "total"}}, 1)],
+    # The total's condition fails after the window part was written: the part must go again.
+    [_put(RANGE_TABLE, "usage", "window#2", version=1), _update(RANGE_TABLE, {"pk": {"S": "usage"}, "sk": {"S": "total"}}, 1)],
+    # An update of an existing item, then a failing condition on the other table.
+    [_update(HASH_TABLE, {"pk": {"S": "lease"}}, 1), _update(HASH_TABLE, {"pk": {"S": "missing"}}, 7)],
+    [{"Delete": {"TableName": RANGE_TABLE, "Key": {"pk": {"S": "usage"}, "sk": {"S": "window#1"}}}},
+     _put(RANGE_TABLE, "other", "x", version=3), _update(RANGE_TABLE, {"pk": {"S": "usage"}, "sk": {"S": "total"}}, 5)],
+    [_put(RANGE_TABLE, "usage", "window#3", version=1), _put(RANGE_TABLE, "usage", "window#3", version=2)],
+    [{"Delete": {"TableName": RANGE_TABLE, "Key": {"pk": {"S": "usage"}, "sk": {"S": "window#1"}}}},
+     _update(HASH_TABLE, {"pk": {"S": "lease"}}, 1)],
+]
+
+
+def _played(patches: list) -> tuple[list[str], dict[str, list[dict]]]:
+    """Each transaction's answer (ok or the error and its reasons) and both tables at the end."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock_aws())
         for patch in patches:
-            patch.start()
-        try:
-            client = boto3.client("dynamodb", region_name="us-east-1")
-            client.create_table(TableName="ranged", BillingMode="PAY_PER_REQUEST",
-                                KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-                                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
-                                                      {"AttributeName": "sk", "AttributeType": "S"}])
-            client.create_table(TableName="hashed", BillingMode="PAY_PER_REQUEST",
-                                KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
-                                AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}])
-            for window in range(5):
-                client.put_item(TableName="ranged", Item={"pk": {"S": "usage"}, "sk": {"S": f"window#{window}"},
-                                                          "usd": {"N": "1"}})
-            client.put_item(TableName="ranged", Item={"pk": {"S": "usage"}, "sk": {"S": "total"}, "usd": {"N": "5"}})
-            client.put_item(TableName="hashed", Item={"id": {"S": "status"}, "runs": {"N": "1"}})
-            yield client
-        finally:
-            for patch in reversed(patches):
-                patch.stop()
+            stack.enter_context(patch)
+        dynamodb = boto3.client("dynamodb", region_name="us-east-1")
+        for name, keys in ((RANGE_TABLE, ("pk", "sk")), (HASH_TABLE, ("pk",))):
+            dynamodb.create_table(TableName=name, BillingMode="PAY_PER_REQUEST",
+                                  AttributeDefinitions=[{"AttributeName": k, "AttributeType": "S"} for k in keys],
+                                  KeySchema=[{"AttributeName": k, "KeyType": kind} for k, kind in zip(keys, ("HASH", "RANGE"))])
+        answers = []
+        for transaction in TRANSACTIONS:
+            try:
+                dynamodb.transact_write_items(TransactItems=transaction)
+                answers.append("ok")
+            except ClientError as error:
+                reasons = [r.get("Code") for r in error.response.get("CancellationReasons") or []]
+                answers.append(f"{error.response['Error']['Code']} {reasons}")
+        tables = {name: sorted(dynamodb.scan(TableName=name)["Items"], key=str) for name in (RANGE_TABLE, HASH_TABLE)}
+        return answers, tables
 
 
-def everything(client) -> dict:
-    return {name: sorted(map(str, client.scan(TableName=name)["Items"])) for name in ("ranged", "hashed")}
-
-
-def add_window(window: int, total_before: str) -> list[dict]:
-    """RecordUsageReport's shape: the window, the running total updated on a condition, a status."""
-    return [
-        {"Put": {"TableName": "ranged", "Item": {"pk": {"S": "usage"}, "sk": {"S": f"window#{window}"}, "usd": {"N": "1"}},
-                 "ConditionExpression": "attribute_not_exists(pk)"}},
-        {"Update": {"TableName": "ranged", "Key": {"pk": {"S": "usage"}, "sk": {"S": "total"}},
-                    "UpdateExpression": "SET usd = usd + :one", "ConditionExpression": "usd = :before",
-                    "ExpressionAttributeValues": {":one": {"N": "1"}, ":before": {"N": total_before}}}},
-        {"Update": {"TableName": "hashed", "Key": {"id": {"S": "status"}}, "UpdateExpression": "SET runs = runs + :one",
-                    "ExpressionAttributeValues": {":one": {"N": "1"}}}},
-    ]
-
-
-def test_a_committed_transaction_writes_every_item_and_leaves_the_others(dynamodb):
-    before = dynamodb.get_item(TableName="ranged", Key={"pk": {"S": "usage"}, "sk": {"S": "window#2"}})["Item"]
-    dynamodb.transact_write_items(TransactItems=add_window(5, "5"))
-    assert dynamodb.get_item(TableName="ranged", Key={"pk": {"S": "usage"}, "sk": {"S": "total"}})["Item"]["usd"] == {"N": "6"}
-    assert dynamodb.get_item(TableName="hashed", Key={"id": {"S": "status"}})["Item"]["runs"] == {"N": "2"}
-    assert dynamodb.get_item(TableName="ranged", Key={"pk": {"S": "usage"}, "sk": {"S": "window#5"}})["Item"]["usd"] == {"N": "1"}
-    assert dynamodb.get_item(TableName="ranged", Key={"pk": {"S": "usage"}, "sk": {"S": "window#2"}})["Item"] == before
-
-
-@pytest.mark.parametrize("cancelled_by", ["the last condition", "the first condition"])
-def test_a_cancelled_transaction_leaves_every_item_as_it_was(dynamodb, cancelled_by):
-    before = everything(dynamodb)
-    # The put and the status update succeed before the total's condition fails (or the put's own does).
-    items = add_window(5, "4") if cancelled_by == "the last condition" else add_window(3, "5")
-    items = [items[0], items[2], items[1]]
-    with pytest.raises(ClientError) as refused:
-        dynamodb.transact_write_items(TransactItems=items)
-    assert refused.value.response["Error"]["Code"] == "TransactionCanceledException"
-    assert everything(dynamodb) == before
-    # And the table still takes the next transaction.
-    dynamodb.transact_write_items(TransactItems=add_window(5, "5"))
-    assert dynamodb.get_item(TableName="hashed", Key={"id": {"S": "status"}})["Item"]["runs"] == {"N": "2"}
+def test_the_twins_transactions_answer_and_roll_back_as_motos_own():
+    answers, tables = _played(item_copies_in_transactions())
+    assert (answers, tables) == _played([])
+    # The sequence cancels transactions of both kinds after a write of the same transaction, and each
+    # cancelled one left nothing behind: only the last transaction's delete and update remain.
+    assert [answer.split()[0] for answer in answers] == ["ok", "ok", "TransactionCanceledException",
+                                                         "TransactionCanceledException", "TransactionCanceledException",
+                                                         "ValidationException", "ok"]
+    assert [(item["sk"]["S"], item["version"]["N"]) for item in tables[RANGE_TABLE]] == [("total", "2")]
+    assert [item["version"]["N"] for item in tables[HASH_TABLE]] == ["2"]

@@ -1,81 +1,90 @@
-"""TransactWriteItems in moto at the cost of the items it writes, not of the whole table.
+"""moto's TransactWriteItems with a rollback that copies only the items a transaction names.
 
-moto 5.2.1 backs up every table a transaction names with ``copy.deepcopy(table)`` before it writes,
-so that a cancelled transaction can put the backup in the table's place
-(moto/dynamodb/models/__init__.py, ``transact_write_items``). Every write then costs as much as the
-table holds: RecordUsageReport's month of usage windows (one transaction per window, all in the
-SyncStateTable) grows quadratically, and most of a month's CPU went into those copies.
-
-Here the backup is the same table with only the transaction's own items deep-copied: the other items
-are shared with the live table, which a transaction does not change (moto's put and delete replace or
-remove an item of the table's dicts, only update changes one in place, and each of those is one the
-transaction names). A cancelled transaction still leaves every item as it was; anything the key
-cannot be read from (a missing table, a malformed key) gets moto's whole copy, as before.
+moto 5 deep-copies every table a transaction names before it writes, so that a cancelled
+transaction can put the tables back. The cost grows with the table and is paid on every
+transaction: a month of usage reports (hundreds of transactions on a table of thousands of items)
+spent most of the demo's CPU in that copy. The twin runs moto's own transaction code (the same
+checks, writes and errors) and keeps, instead, a copy of each item the transaction names: a
+cancelled transaction restores those items as they were, which is everything it could have changed
+(DynamoDB's all or nothing). A table with a stream keeps moto's whole copy (the copy also takes back
+the stream records of a cancelled write).
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from collections import defaultdict
+import types
 from typing import Any
 from unittest import mock
 
+from moto.dynamodb import models as dynamodb_models
 from moto.dynamodb.models import DynamoDBBackend
-from moto.dynamodb.models.dynamo_type import DynamoType
 from moto.dynamodb.models.table import Table
 
-_TRANSACTION = threading.local()  # the keys of the transaction this thread is in, by table name
+_moto_transact_write_items = DynamoDBBackend.transact_write_items
+_items_only = threading.local()  # set while this thread's transaction keeps item copies
 
 
-def _keys_written(backend: DynamoDBBackend, transact_items: list[dict[str, Any]]) -> dict[str, set] | None:
-    """(hash, range) of every item the transaction names, by table; None if one cannot be read."""
-    keys: dict[str, set] = {}
+def _deepcopy(value: Any, memo: dict | None = None) -> Any:
+    """copy.deepcopy as moto's dynamodb models call it: a table named by a transaction that keeps
+    item copies is not copied (the rollback below restores its items instead)."""
+    if isinstance(value, Table) and getattr(_items_only, "active", False):
+        return value
+    return copy.deepcopy(value, memo)
+
+
+_COPY = types.SimpleNamespace(deepcopy=_deepcopy, copy=copy.copy)
+
+
+def _named_items(backend: DynamoDBBackend, transact_items: list[dict[str, Any]]) -> list[tuple[Table, Any, Any, Any]] | None:
+    """(table, hash key, range key, a copy of the item or None) for each item the transaction names;
+    None if it names a table with a stream, or one that does not exist (moto answers that itself)."""
+    named = []
+    for entry in transact_items:
+        for operation in entry.values():
+            table = backend.tables.get(operation.get("TableName")) if isinstance(operation, dict) else None
+            if table is None or table.stream_shard is not None:
+                return None
+            keys = operation.get("Key") or operation.get("Item") or {}
+            try:
+                hash_key, range_key = backend.get_keys_value(table, keys)
+            except Exception:  # a malformed key: moto refuses the transaction before it writes
+                continue
+            item = table.get_item(hash_key, range_key)
+            named.append((table, hash_key, range_key, copy.deepcopy(item)))
+    return named
+
+
+def _restore(named: list[tuple[Table, Any, Any, Any]]) -> None:
+    for table, hash_key, range_key, item in reversed(named):
+        if range_key is None:
+            table.items.pop(hash_key, None)
+            if item is not None:
+                table.items[hash_key] = item
+        else:
+            table.items[hash_key].pop(range_key, None)
+            if item is not None:
+                table.items[hash_key][range_key] = item
+            elif not table.items[hash_key]:
+                del table.items[hash_key]
+
+
+def transact_write_items(backend: DynamoDBBackend, transact_items: list[dict[str, Any]]) -> None:
+    named = _named_items(backend, transact_items)
+    if named is None:
+        return _moto_transact_write_items(backend, transact_items)
+    _items_only.active = True
     try:
-        for entry in transact_items:
-            for op in entry.values():
-                table = backend.tables[op["TableName"]]
-                key = op["Item"] if "Item" in op else op["Key"]
-                range_value = DynamoType(key[table.range_key_attr]) if table.range_key_attr else None
-                keys.setdefault(table.name, set()).add((DynamoType(key[table.hash_key_attr]), range_value))
-    except Exception:  # moto refuses it itself; the backup is then moto's own
-        return None
-    return keys
+        return _moto_transact_write_items(backend, transact_items)
+    except Exception:
+        _restore(named)
+        raise
+    finally:
+        _items_only.active = False
 
 
-def _table_backup(table: Table, memo: dict) -> Table:
-    """Table's deep copy: in a transaction, with only the transaction's items copied."""
-    clone = Table.__new__(type(table))
-    memo[id(table)] = clone
-    keys = getattr(_TRANSACTION, "keys", None)
-    state = vars(table)
-    if keys is None:  # not in a transaction (a backup, say): a whole copy, as deepcopy makes it
-        clone.__dict__.update(copy.deepcopy(state, memo))
-        return clone
-    clone.__dict__.update(copy.deepcopy({name: value for name, value in state.items() if name != "items"}, memo))
-    ranged = table.range_key_attr is not None
-    items: defaultdict = defaultdict(dict)
-    for hash_value, held in table.items.items():
-        items[hash_value] = dict(held) if ranged else held
-    for hash_value, range_value in keys.get(table.name, ()):
-        if ranged and range_value in items.get(hash_value, {}):
-            items[hash_value][range_value] = copy.deepcopy(items[hash_value][range_value], memo)
-        elif not ranged and hash_value in items:
-            items[hash_value] = copy.deepcopy(items[hash_value], memo)
-    clone.items = items
-    return clone
-
-
-def transactions_copy_only_their_items() -> tuple[Any, Any]:
-    """The two patches (started and stopped by the world, as its other fixes)."""
-    original = DynamoDBBackend.transact_write_items
-
-    def transact_write_items(backend: DynamoDBBackend, transact_items: list[dict[str, Any]]) -> None:
-        _TRANSACTION.keys = _keys_written(backend, transact_items)
-        try:
-            return original(backend, transact_items)
-        finally:
-            _TRANSACTION.keys = None
-
-    return (mock.patch.object(Table, "__deepcopy__", _table_backup, create=True),
-            mock.patch.object(DynamoDBBackend, "transact_write_items", transact_write_items))
+def item_copies_in_transactions() -> list[Any]:
+    """The patches (start/stop, or context managers), for as long as a twin runs."""
+    return [mock.patch.object(dynamodb_models, "copy", _COPY),
+            mock.patch.object(DynamoDBBackend, "transact_write_items", transact_write_items)]
