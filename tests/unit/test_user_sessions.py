@@ -271,3 +271,18 @@ def test_a_replaced_agent_key_leaves_no_session_of_the_node_counted_and_the_next
     # The new key's first report (a lower sequence than the old key's, even) is written in full.
     sync = nodes[1].reports(others(1) + [entry(91, "alice")], sequence=5)
     assert sync.full and check(["alice"])[2].fresh[NODES[1]] == OTHERS + 1
+
+
+def test_the_sweep_removes_the_items_of_a_node_that_left_the_login_group(table):
+    busy_tier()
+    reads = []
+
+    def reports():
+        reads.append(1)
+        return report_store.cluster_reports("t", CLUSTER)
+    assert user_sessions.remove_departed_nodes("t", CLUSTER, set(NODES), reports) == [] and reads == []
+    assert user_sessions.remove_departed_nodes("t", CLUSTER, {NODES[0], NODES[2]}, reports) == [NODES[1]]
+    left = clients.client("dynamodb").query(TableName="t", KeyConditionExpression="pk = :pk",
+                                            ExpressionAttributeValues={":pk": {"S": f"user-sessions#{CLUSTER}#alice"}})
+    assert [i["sk"]["S"] for i in left["Items"]] == [NODES[0]]
+    assert sorted(check(["alice"])[2].fresh) == [NODES[0], NODES[2]]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,3 +229,21 @@ def forget_node(table: str, cluster: str, instance: str, dropped: Mapping[str, A
         with transient_errors_named("dynamodb:DeleteItem"):
             ddb.delete_item(TableName=table, Key=key)
     return len(keys)
+
+
+def remove_departed_nodes(table: str, cluster: str, listed: set[str],
+                          reports: Callable[[], Mapping[str, Mapping[str, Any]]]) -> list[str]:
+    """The sweep's cleanup: every node with a presence item that is not in ``listed`` (the login group's
+    nodes in any status) loses its presence and its users' items (``reports``: read only when a node
+    left, instance id -> stored report). Freshness already keeps such a node from counting; this keeps
+    users' partitions from growing with every replaced node. Returns the instance ids removed."""
+    with transient_errors_named("dynamodb:Query"):
+        pages = client("dynamodb").get_paginator("query").paginate(
+            TableName=table, KeyConditionExpression="pk = :pk", ConsistentRead=True, ProjectionExpression="sk",
+            ExpressionAttributeValues={":pk": {"S": node_sessions_partition(cluster)}})
+        present = [item["sk"]["S"] for page in pages for item in page.get("Items", [])]
+    gone = sorted(instance for instance in present if instance not in listed)
+    stored = reports() if gone else {}
+    for instance in gone:
+        forget_node(table, cluster, instance, stored.get(instance))
+    return gone
