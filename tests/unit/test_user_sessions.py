@@ -286,3 +286,12 @@ def test_the_sweep_removes_the_items_of_a_node_that_left_the_login_group(table):
                                             ExpressionAttributeValues={":pk": {"S": f"user-sessions#{CLUSTER}#alice"}})
     assert [i["sk"]["S"] for i in left["Items"]] == [NODES[0]]
     assert sorted(check(["alice"])[2].fresh) == [NODES[0], NODES[2]]
+
+
+def test_a_change_that_grew_nobody_reads_the_presence_alone(table):
+    nodes = busy_tier()
+    sync = nodes[0].reports(others(0))  # alice logged out of this node
+    assert user_sessions.announced_users(sync) == []
+    table.calls.clear()
+    decided, state, presence = check([])
+    assert not decided.start and table.calls == [("Query", f"node-sessions#{CLUSTER}")]

@@ -151,11 +151,13 @@ def read_users_state(table: str, cluster: str, users: Iterable[str], now: dateti
     most tiers), whatever the number of nodes, other users and sessions. A user's items on a node
     whose presence is stale or gone are not counted (read_cluster_state does the same with reports)."""
     ddb = client("dynamodb")
-    recorded, run_as = _ledger(ddb, table, cluster, now)
+    users = sorted(set(users))
+    # Nobody's sessions grew (logouts only): nobody can be newly over, and the ledger is not needed.
+    recorded, run_as = _ledger(ddb, table, cluster, now) if users else ({}, None)
     ssh: list[NodeSshSession] = []
     ssm: list[ActiveSession] = []
     unlisted: dict[str, dict[str, int]] = defaultdict(dict)
-    for user in sorted(set(users)):
+    for user in users:
         for item in _partition(ddb, table, user_sessions_partition(cluster, user), None, {}):
             instance = item["sk"]["S"]
             if instance not in presence.fresh:
