@@ -34,6 +34,7 @@ from hpops_twin.scale_budget_bench import (
     CallCount,
     NoBill,
     RecordingTopics,
+    expected_spend,
     seed_month,
     stored_world,
     sweep,
@@ -50,7 +51,7 @@ def crossed():
     topics, released = RecordingTopics(), RecordingTopics()
     with stored_world():
         names = user_names(USERS)
-        seed_month(names, MONTH_END, active=50, windows=2)
+        windows = seed_month(names, MONTH_END, active=50, windows=2)
         check, send = sweep(MONTH_END, "arn:execution:crossing", CallCount(), topics, memory=False)
         answer = user_holds_store.read(TABLE, CLUSTER)
         queued = alert_outbox.count(TABLE, CLUSTER)
@@ -58,7 +59,7 @@ def crossed():
         os.environ["USER_MONTHLY_BUDGET_USD"] = RAISED_LIMIT_USD
         release = sweep(MONTH_END + dt.timedelta(minutes=5), "arn:execution:raised", CallCount(), released, memory=False)
         after = user_holds_store.read(TABLE, CLUSTER)
-    return SimpleNamespace(names=names, topics=topics, check=check, send=send, answer=answer, queued=queued,
+    return SimpleNamespace(names=names, windows=windows, topics=topics, check=check, send=send, answer=answer, queued=queued,
                            user_topic=user_topic, release=release, released=released, after=after)
 
 
@@ -74,6 +75,12 @@ def test_every_user_crossing_at_once_is_told_and_the_step_state_stays_small(cros
     assert len(json.dumps(spend_alerts)) > STATE_LIMIT
     # Counts and the first rows only (holds.MAX_DECISION_ROWS): the same bound at any number of users.
     assert crossed.check["output"] < 64 * 1024 and crossed.send["output"] < 1024
+
+
+def test_each_users_spend_is_what_the_stored_usage_makes_it(crossed):
+    # 11 settled node-hours each in the running total, 0.1 for 50 users in each stored window, at $100/h.
+    assert crossed.windows == 2
+    assert crossed.check["result"]["usersUsd"] == expected_spend(USERS, 50, 2) == f"{(11 * USERS + 10) * 100:.2f}"
 
 
 def test_every_held_user_reaches_the_controller_agent_past_the_old_4_kb_parameter(crossed):

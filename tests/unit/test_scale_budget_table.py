@@ -42,7 +42,7 @@ def test_the_scale_table_is_the_benchs_and_every_size_met_its_targets():
                 for r in measured]
     assert rows() == expected
     scale_targets = {text: ok for text, ok in bench["targets"].items() if text.startswith("scale budget, ")}
-    assert len(scale_targets) == 7 * len(measured) and all(scale_targets.values())
+    assert len(scale_targets) == 8 * len(measured) and all(scale_targets.values())
 
 
 def test_what_per_user_spend_adds_to_the_month_is_the_benchs():

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from typing import Any
 from unittest import mock
 
@@ -103,12 +104,16 @@ class ScaleRow:
     steady_monthly_usd: float
     crossing_read_units: float  # the sweep where everyone crossed: its check and every SendUserAlerts page
     crossing_write_units: float
+    users_usd: str  # the crossing check's users' spend, and what the seeded usage makes it
+    expected_users_usd: str
 
     def verdicts(self) -> dict[str, bool]:
         n = f"{self.users:,} users"
         return {
             f"scale budget, {n}: every alert sent (spend and hold), once": self.alerts_sent == self.alerts_expected,
             f"scale budget, {n}: every user held, then every one released": self.held == self.users == self.released,
+            f"scale budget, {n}: users' spend is what the stored usage makes it, to the cent":
+                self.users_usd == self.expected_users_usd,
             f"scale budget, {n}: CheckUserSpend peak memory under its MemorySize":
                 self.check_peak_mb < self.check_memory_mb,
             f"scale budget, {n}: step outputs under Step Functions' 256 KB":
@@ -298,19 +303,22 @@ def user_names(users: int) -> list[str]:
     return [f"researcher{i:05d}.lab" for i in range(users)]
 
 
-def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 25) -> None:
+def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 25) -> int:
     """The running total the month's earlier sweeps kept (every user 11 node-hours: over a $1,000
-    limit at $100/h), and the windows since: 24 recent and one settling, ``active`` users each."""
+    limit at $100/h), and the windows since: 24 recent and one settling, ``active`` users each, 0.1
+    node-hour a user. Returns how many windows it stored."""
     earlier = MonthUsage({name: {PARTITION: [11 * 3600, 11 * 3600 * 8, 5, 0]} for name in names}, {PARTITION: GROUP})
     settled_through = now - dt.timedelta(hours=26)
     hour = settled_through.replace(minute=0, second=0, microsecond=0)
     usage_store._save_running_total(TABLE, CLUSTER, f"{now:%Y-%m}", earlier, {f"{hour:%Y-%m-%dT%H:%M:%SZ}": None},
                                     None, "seed", now, boto3.client("dynamodb"))
     groups = [{"InstanceGroupName": GROUP, "InstanceType": INSTANCE_TYPE, "CurrentCount": NODES}]
+    stored = 0
     for step in range(1, windows + 1):
         start = hour + dt.timedelta(hours=step)
         if start > now:
             break
+        stored += 1
         window_users = [names[(step * active + i) % len(names)] for i in range(min(active, len(names)))]
         records = [UsageRecord(name, PARTITION, 360, 360 * 96, 360 * 8, 1) for name in window_users]
         parts = [records[i:i + RECORDS_PER_PART] for i in range(0, len(records), RECORDS_PER_PART)]
@@ -321,6 +329,7 @@ def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 2
                                  contract.USAGE_OK, "", f"{collected:%Y-%m-%dT%H:%M:%SZ}", tuple(part),
                                  {PARTITION: GROUP}, number, len(parts))
             usage_store.store_usage(TABLE, report, int(now.timestamp()), groups)
+    return stored
 
 
 def _measured(run: Any, memory: bool = True) -> tuple[Any, float, float]:
@@ -384,7 +393,7 @@ def measure(users: int) -> ScaleRow:
     memory = memory_sizes()
     topics = RecordingTopics()
     with stored_world():
-        seed_month(names, MONTH_END, active)
+        windows = seed_month(names, MONTH_END, active)
         clients.client("dynamodb"), clients.client("ssm")  # a warm function: its clients exist
         with counted_calls() as calls:
             check, send = sweep(MONTH_END, "arn:execution:crossing", calls, topics)
@@ -422,7 +431,15 @@ def measure(users: int) -> ScaleRow:
         **steady_units, steady_monthly_usd=budget_sweep_cost(steady_units["steady_read_units"],
                                                              steady_units["steady_write_units"])["usd"],
         crossing_read_units=check["units"].get("read", 0) + send["units"].get("read", 0),
-        crossing_write_units=check["units"].get("write", 0) + send["units"].get("write", 0))
+        crossing_write_units=check["units"].get("write", 0) + send["units"].get("write", 0),
+        users_usd=check["result"]["usersUsd"], expected_users_usd=expected_spend(users, active, windows))
+
+
+def expected_spend(users: int, active: int, windows: int) -> str:
+    """What seed_month stored, priced: every user's 11 settled node-hours, plus 0.1 node-hour for each of
+    ``active`` users in each of its windows, at RATE_USD_PER_HOUR."""
+    node_hours = Decimal(11 * users) + Decimal("0.1") * active * windows
+    return f"{node_hours * Decimal(RATE_USD_PER_HOUR):.2f}"
 
 
 def measure_steady(names: list[str], active: int) -> tuple[dict, dict]:
