@@ -259,8 +259,9 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
     """What users' logins add, which the month's table cannot count (it depends on how often they log
     in), in USD per 1,000: a node leaving or rejoining rotation by load-aware admission (the sync it
     starts: measured transitions and Lambda tasks, about 0.1 s each), a session list that changed on a node (one default-bus event, one
-    CheckReportedSessions invocation of about 0.1 s, its reads at 4 login nodes: the nodes' reports and the ledger; the
-    scale bench measures them by item size at more nodes, activity_cost) and a crossing of a limit (one
+    CheckReportedSessions invocation of about 0.1 s, its 3 strongly consistent reads: the ledger, the nodes' presence
+    and the user's items; the user's item written; the scale bench measures them by item size at more nodes,
+    activity_cost) and a crossing of a limit (one
     SessionLimits execution: its measured transitions and its 2 Lambda tasks, about 0.5 s)."""
     bound = bench.get("session_limit_bound")
     if not bound:
@@ -272,7 +273,8 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
                                                                          + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"])
             ) if moves else None
     change = (p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
-              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + 2 * p["dynamodb_on_demand_per_1m_read_units"] / 1e6)
+              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + 3 * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
+              + p["dynamodb_on_demand_per_1m_write_units"] / 1e6)
     crossing = (bound["transitions_per_crossing"] / 1000 * p["stepfunctions_standard_per_1k_transitions"]
                 + 2 * p["lambda_per_1m_requests"] / 1e6 + 0.5 * memory_gb * p["lambda_arm64_per_gb_second"])
     return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)} | (
@@ -297,11 +299,17 @@ def _write_units(item_bytes: float) -> int:
 
 def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, max_report_bytes: int,
                   check_read_units: float, check_log_bytes: int, bench: dict | None = None,
-                  prices: dict | None = None) -> dict:
+                  prices: dict | None = None, report_extra_units: dict | None = None,
+                  change_write_units: float = 0.0) -> dict:
     """The month at the defaults with `login_nodes` and `active_users` logged in: the default table's
     automation (4 login nodes' heartbeats taken out) plus every login node's heartbeats and users'
     session changes by measured item size, read kind and log bytes; the dashboard's Logs Insights
-    scans; the KMS key by year of rotation; the load balancer's capacity units by bytes."""
+    scans; the KMS key by year of rotation; the load balancer's capacity units by bytes.
+
+    ``report_extra_units``: {"read", "write"} units every report adds beyond its own item (the node's
+    presence, node_channel/user_sessions.py); ``change_write_units``: what a session change writes
+    beyond that (the changed users' items). Both measured by scale_sessions_bench."""
+    extra = report_extra_units or {"read": 0.0, "write": 0.0}
     recorded = prices or json.loads(PRICES_PATH.read_text(encoding="utf-8"))
     p = {k: v["usd"] for k, v in recorded["prices"].items()}
     bench = bench if bench is not None else json.loads((REPO_ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
@@ -322,10 +330,12 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     def report(count: float) -> float:  # one report: its event, RecordNodeReport, its item written, its log line
         return count * (chunks * p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
                         + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"]
-                        + _write_units(mean_item_bytes) * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                        + (_write_units(mean_item_bytes) + extra["write"]) * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                        + extra["read"] * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
                         + record_traced * p["xray_per_1m_traces"] / 1e6
                         + RECORD_LOG_BYTES / 1e9 * p["cloudwatch_logs_ingest_per_gb"])
-    per_change = (report(1) + p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
+    per_change = (report(1) + change_write_units * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                  + p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
                   + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"]
                   + check_read_units * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
                   + check_traced * p["xray_per_1m_traces"] / 1e6
@@ -345,9 +355,11 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
              "cost_table at the defaults"),
         Line("login-node heartbeats", heartbeats, "reports", report(heartbeats),
              f"{login_nodes} agents every {HEARTBEAT_SECONDS} s: event ({chunks} x 64 KB), RecordNodeReport, "
-             f"{_write_units(mean_item_bytes)} write units (mean item {mean_item_bytes / 1024:.1f} KB), its log line"),
+             f"{_write_units(mean_item_bytes)} write units (mean item {mean_item_bytes / 1024:.1f} KB) and the node's "
+             f"presence ({extra['read']:g} read, {extra['write']:g} write units, measured), its log line"),
         Line("session changes", changes, "changes", changes * per_change,
-             f"{active_users} users logged in, {SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH} changes each (assumed): a report, "
+             f"{active_users} users logged in, {SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH} changes each (assumed): a report "
+             f"and {change_write_units:g} write units of the changed user's items (measured), "
              f"the announcement, CheckReportedSessions with {check_read_units:.1f} read units (measured) and "
              f"{check_log_bytes} log bytes (measured)"),
         Line("Logs Insights scans", scanned_gb, "GB scanned", scanned_gb * p["cloudwatch_logs_insights_per_gb_scanned"],
