@@ -346,8 +346,8 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     dashboards = len(_resources(template, "AWS::CloudWatch::Dashboard", template.parameter_defaults()))
     queries = template.raw["Resources"]["OperatorDashboard"]["Properties"]["DashboardBody"]["Fn::Sub"][0].count('"query": "SOURCE')
     scanned_gb = dashboards * DASHBOARD_VIEWS_PER_MONTH * queries * logged_gb * DASHBOARD_HOURS / HOURS_PER_MONTH
-    rotation_days = int(template.raw["Resources"]["HostIdentityKey"]["Properties"].get("RotationPeriodInDays", 365))
-    kms_by_year = {year: p["kms_rotation_per_month"] * min(2, (year - 1) * 365 // rotation_days) for year in (1, 2, 3, 10)}
+    rotation_days = int(template.parameter_defaults()["KeyRotationPeriodDays"])
+    kms_by_year = kms_rotation_by_year(rotation_days, p)
     ssh_gb_hours = active_users * SSH_MB_PER_ACTIVE_USER_HOUR / 1024
     nlcu = max(ssh_gb_hours, NLCU_PER_HOUR)  # TCP: 1 GB an hour per NLCU (connections and flows stay far below theirs)
     lines = [
@@ -376,11 +376,36 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     return {"lines": [asdict(line) | {"usd": round(line.usd, 2)} for line in lines + [lb]],
             "automation_usd": round(automation, 2),
             "automation_by_year_usd": {str(y): round(automation - kms_by_year[3] + kms_by_year[y], 2) for y in kms_by_year},
+            # The same month with the key rotated at KMS's shortest default (a year) and its longest period.
+            "automation_by_rotation_usd": {str(days): {str(y): round(automation - kms_by_year[3] + usd, 2)
+                                                      for y, usd in kms_rotation_by_year(days, p).items()}
+                                           for days in ROTATION_CHOICES_DAYS},
             "with_load_balancer_usd": round(automation + lb.usd, 2),
             "per_1000_session_changes_usd": round(1000 * per_change, 4),
             "per_active_user_usd": round(SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH * per_change, 4),
             "load_balancer_per_active_user_usd": round(SSH_MB_PER_ACTIVE_USER_HOUR / 1024 * HOURS_PER_MONTH
                                                        * p["nlb_per_nlcu_hour"], 4)}
+
+
+def budget_sweep_cost(read_units: float, write_units: float, prices: dict | None = None) -> dict:
+    """A month of hourly budget sweeps (BudgetSweepSchedule's default) whose check and SendUserAlerts'
+    Query take these DynamoDB units each (scale_budget_bench measures them per size: the running total
+    read, the windows settled since folded in and kept again, the last day's windows, the empty queue)."""
+    recorded = prices or json.loads(PRICES_PATH.read_text(encoding="utf-8"))
+    p = {k: v["usd"] for k, v in recorded["prices"].items()}
+    sweeps = per_month(TemplateModel().parameter_defaults()["BudgetSweepSchedule"])
+    usd = sweeps * (read_units * p["dynamodb_on_demand_per_1m_read_units"]
+                    + write_units * p["dynamodb_on_demand_per_1m_write_units"]) / 1e6
+    return {"sweeps": sweeps, "read_units": sweeps * read_units, "write_units": sweeps * write_units, "usd": round(usd, 4)}
+
+
+YEARS = (1, 2, 3, 10)
+ROTATION_CHOICES_DAYS = (365, 2560)  # KeyRotationPeriodDays' default, and KMS's longest period
+
+
+def kms_rotation_by_year(rotation_days: int, p: dict) -> dict[int, float]:
+    """What the key's rotations add a month in each year (the first two rotations add $1 a month each, for good)."""
+    return {year: p["kms_rotation_per_month"] * min(2, (year - 1) * 365 // rotation_days) for year in YEARS}
 
 
 def _traced(function: str, template: TemplateModel) -> int:
