@@ -24,6 +24,7 @@ from hpops_core.node_channel import (
     instance_identity,
     node_proof,
     report_store,
+    user_sessions,
 )
 from hpops_core.node_channel.config import NodeChannelConfig
 from hpops_core.node_channel.enrollment import (
@@ -90,8 +91,10 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
         raise EnrollmentRefusedError(decision.reason)
     record = decision.record
     if decision.resets and existing is not None and existing.fingerprint != record.fingerprint:
-        # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes.
-        report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
+        # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes, and
+        # the node's per-user session items with it.
+        dropped = report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
+        user_sessions.forget_node(config.state_table, config.cluster_name, record.instance_id, dropped)
     if record.via == DOCUMENT and decision.outcome != "already":
         enrollment_store.record_documents_seen(config.state_table, config.cluster_name, record.enrolled_at)
     logger.info("enrolled", extra=log)

@@ -736,14 +736,17 @@ def test_sessions_at_scale(bench):
     measured = {(r["login_nodes"], r["users"]): r for r in bench["scale_sessions"]["rows"]}
     rows = table(docs_text(), "sessions at scale")
     assert len(rows) == len(measured), "a size was added or dropped: the table and the bench disagree"
-    for label, sessions, busiest, report_kb, item_kb, read_units, ended, targets, peaks, usd in rows:
+    for label, sessions, busiest, report_kb, item_kb, before, now, writes, ended, targets, peaks, usd in rows:
         nodes, users, logged_in = claim(label, r"(\d+) login nodes, ([\d,]+) users \(([\d,]+) logged in\)")
         r = measured[(int(nodes), int(number(users)))]
         assert int(number(logged_in)) == r["logged_in"] and int(number(sessions)) == r["sessions"], label
         assert busiest == f"{r['busiest_node_sessions']:,} ({r['busiest_node_listed']:,} listed)", label
         assert (float(report_kb), float(item_kb)) == (round(r["max_report_bytes"] / 1024, 1),
                                                       round(r["max_item_bytes"] / 1024, 1)), label
-        assert float(read_units) == r["check_read_units"], label
+        assert before == (f"{r['before_items_read']} / {r['before_bytes_read'] / 1024:.1f} / "
+                          f"{r['before_read_units']}"), label
+        assert now == f"{r['check_items_read']} / {r['check_bytes_read'] / 1024:.1f} / {r['check_read_units']}", label
+        assert float(writes) == r["change_write_units"], label
         assert (ended, targets) == ("yes" if r["ended_right"] else "no", "yes" if r["targets_right"] else "no"), label
         quoted = [number(mb) for mb in claim(peaks, r"(\d+) / (\d+) / (\d+) of (\d+)")]
         functions = ("RecordNodeReportFunction", "CheckReportedSessionsFunction", "EnforceSessionLimitsFunction")
