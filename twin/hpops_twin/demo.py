@@ -131,7 +131,7 @@ class Demo:
         before = len(world.routes)
         invocations_before = len(world.dispatcher.invocations)
         executions = action()
-        results = world.wait(executions, timeout=120)
+        results = self.wait_saying_progress(executions)
         seconds = time.perf_counter() - begun
         summary = summarize(results)
         # Every pass's plan, not only the last one an execution ended with.
@@ -190,6 +190,17 @@ class Demo:
         if not outcome.expectation_met:
             self.say(f"        EXPECTATION FAILED: {expectation}")
         return outcome
+
+    def wait_saying_progress(self, executions: list[str], every: float = 5.0) -> list[ExecutionResult]:
+        """The executions' results; a line every ``every`` seconds while they run, so a long step is never silent."""
+        results: list[ExecutionResult] = []
+        said = time.perf_counter()
+        for done, execution in enumerate(executions, 1):
+            results += self.world.wait([execution], timeout=120)
+            if done < len(executions) and time.perf_counter() - said > every:
+                self.say(f"          ... {done} of {len(executions)} executions ended")
+                said = time.perf_counter()
+        return results
 
     def run(self) -> list[StepOutcome]:
         world, sim = self.world, self.world.sim

@@ -21,7 +21,7 @@ from hpops_twin.node_hosts import canonical_bundle
 from hpops_twin.operator_demo import operator_steps, run_doctor_chapter
 from hpops_twin.session_demo import session_limit_steps
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.user_spend_demo import run_user_spend_chapter
+from hpops_twin.user_spend_demo import month_world, run_user_spend_chapter
 from hpops_twin.world import ENFORCING, TwinWorld
 
 
@@ -62,8 +62,9 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
         budget_steps(demo)
         operator_steps(demo)  # `hpops status` and `hpops adopt` on this stack
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
-    run_user_spend_chapter(demo)  # its own twin too: per-user limits are stack parameters
-    run_holds_chapter(demo)  # its own twin: holds are a stack parameter
+    with month_world() as world:  # its own twin too: per-user limits are stack parameters
+        month = run_user_spend_chapter(demo, world)
+        run_holds_chapter(demo, month)  # the same month goes on, holds turned on by a stack update
     run_doctor_chapter(demo)  # its own twin: an account set up around the stack, as doctor checks it
     out("")
     out(demo.table())

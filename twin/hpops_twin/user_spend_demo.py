@@ -34,7 +34,7 @@ MONTH = "2026-11"
 MONTH_START = dt.datetime(2026, 11, 1, tzinfo=UTC)
 AGENT_FIRST_RUN = MONTH_START + dt.timedelta(minutes=15)
 AGENT_EVERY = dt.timedelta(hours=6)
-PROGRESS_RUNS = 12  # the demo says how far the agent got every 3 days of runs
+PROGRESS_RUNS = 4  # the demo says how far the agent got every day of runs
 FIRST_SWEEP = dt.datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 SWEEPS = (FIRST_SWEEP, FIRST_SWEEP + dt.timedelta(hours=1))
 # The agent's last run before each sweep (on the 3-minute grid every job time is on: see demo_jobs).
@@ -152,92 +152,93 @@ def play(month: Month) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the demo chapter
 
 
-def run_user_spend_chapter(main: Demo) -> None:
+def run_user_spend_chapter(main: Demo, world: TwinWorld) -> Month:
+    """The chapter on ``world`` (a month_world): the month it played, which the holds chapter goes on with."""
     from hpops.output import print_cost
     from hpops_twin.demo import Demo
 
     limits = ", ".join(f"{name}={PARAMETERS[name]}" for name in ("UserMonthlyBudgetUsd", "UserBudgetOverrides"))
     main.say(f"per-user spend: a third stack, with {limits}, on a cluster with groups "
              + ", ".join(f"{g} {n} x {t}" for g, (t, n) in GROUPS.items()))
-    with month_world() as world:
-        demo = Demo(world, main.out)
-        demo.steps, demo.started = main.steps, main.started  # one table, one clock
-        world.wait([world.run_schedule("Sweep")])  # the login target group in sync, as after the first steps
-        month = prepare(world)
-        controller, spend = month.controller, month.spend
-        demo.say(f"        controller {controller.instance_id} (group {CONTROLLER_GROUP}): the real node agent; sacct answers "
-                 f"from {len(month.jobs)} generated jobs of alice (GPU), bob (GPU), carol (CPU only); time is an input")
-        demo.say("        Cost Explorer bills Nov 1-19: " + ", ".join(
-            f"{t} ${Decimal(usd):,.2f} over {hours} h" for t, (usd, hours) in billed_usage().items())
-            + f", volumes ${VOLUMES_BILLED:,.2f}")
-        sent: list[int] = []
-        first_collection = FIRST_SWEEP - AGENT_BEFORE_SWEEP
+    demo = Demo(world, main.out)
+    demo.steps, demo.started = main.steps, main.started  # one table, one clock
+    world.wait([world.run_schedule("Sweep")])  # the login target group in sync, as after the first steps
+    month = prepare(world)
+    controller, spend = month.controller, month.spend
+    demo.say(f"        controller {controller.instance_id} (group {CONTROLLER_GROUP}): the real node agent; sacct answers "
+             f"from {len(month.jobs)} generated jobs of alice (GPU), bob (GPU), carol (CPU only); time is an input")
+    demo.say("        Cost Explorer bills Nov 1-19: " + ", ".join(
+        f"{t} ${Decimal(usd):,.2f} over {hours} h" for t, (usd, hours) in billed_usage().items())
+        + f", volumes ${VOLUMES_BILLED:,.2f}")
+    sent: list[int] = []
+    first_collection = FIRST_SWEEP - AGENT_BEFORE_SWEEP
 
-        def deliver() -> list[str]:
-            # The month is hundreds of signed reports: say how far the agent got every few days.
-            def progress(when: dt.datetime, so_far: int) -> None:
-                demo.say(f"          ... agent runs through {when:%b %d %H:%M}: {so_far} window reports sent")
+    def deliver() -> list[str]:
+        # The month is hundreds of signed reports: say how far the agent got every day.
+        def progress(when: dt.datetime, so_far: int) -> None:
+            demo.say(f"          ... agent runs through {when:%b %d %H:%M}: {so_far} window reports sent")
 
-            sent.append(month.deliver_until(first_collection, progress))
-            return []
+        sent.append(month.deliver_until(first_collection, progress))
+        return []
 
-        demo.step(f"per-user spend: the controller's agent reports Nov 1 to {first_collection:%b %d %H:%M} (node-report bus)",
-                  deliver, "every window stored by RecordUsageReport, none refused",
-                  lambda: spend.stored_windows(month=MONTH) > 0 and not spend.rejected_reports(), targets=False)
-        demo.say(f"        {len(month.agent_runs)} agent runs, {sent[0]} window reports sent, "
-                 f"{spend.stored_windows(MONTH)} window parts stored for {MONTH}")
+    demo.step(f"per-user spend: the controller's agent reports Nov 1 to {first_collection:%b %d %H:%M} (node-report bus)",
+              deliver, "every window stored by RecordUsageReport, none refused",
+              lambda: spend.stored_windows(month=MONTH) > 0 and not spend.rejected_reports(), targets=False)
+    demo.say(f"        {len(month.agent_runs)} agent runs, {sent[0]} window reports sent, "
+             f"{spend.stored_windows(MONTH)} window parts stored for {MONTH}")
 
-        login = world.sim.nodes(world.cluster_name, world.login_group)[0]
-        impostor = spend.controller(month.jobs, PARTITIONS, instance_id=login.instance_id)
-        stored_before = spend.stored_windows(MONTH)
+    login = world.sim.nodes(world.cluster_name, world.login_group)[0]
+    impostor = spend.controller(month.jobs, PARTITIONS, instance_id=login.instance_id)
+    stored_before = spend.stored_windows(MONTH)
 
-        def impostor_reports() -> list[str]:
-            impostor.run_agent(FIRST_SWEEP - dt.timedelta(minutes=8))
-            return []
+    def impostor_reports() -> list[str]:
+        impostor.run_agent(FIRST_SWEEP - dt.timedelta(minutes=8))
+        return []
 
-        demo.step(f"per-user spend: a login node ({login.instance_id}) sends a usage report", impostor_reports,
-                  "refused (ReportRoleError: its key is enrolled for a login node; event to the DLQ), nothing stored",
-                  lambda: bool(spend.rejected_reports()) and spend.stored_windows(MONTH) == stored_before, targets=False)
-        for text in dict.fromkeys(f"{f['error']}: {f['message']}" for f in spend.rejected_reports()):
-            demo.say(f"          {len(spend.rejected_reports())} report(s) refused, {text}")
+    demo.step(f"per-user spend: a login node ({login.instance_id}) sends a usage report", impostor_reports,
+              "refused (ReportRoleError: its key is enrolled for a login node; event to the DLQ), nothing stored",
+              lambda: bool(spend.rejected_reports()) and spend.stored_windows(MONTH) == stored_before, targets=False)
+    for text in dict.fromkeys(f"{f['error']}: {f['message']}" for f in spend.rejected_reports()):
+        demo.say(f"          {len(spend.rejected_reports())} report(s) refused, {text}")
 
-        def one_alert_for_alice() -> bool:
-            platform, inboxes = spend.platform_messages(), {u: spend.user_inbox(u) for u in USERS}
-            return (len(platform) == 1 and len(spend.topic_messages()) == 1 and len(spend.alert_events()) == 1
-                    and [len(inboxes[u]) for u in USERS] == [1, 0, 0]
-                    and inboxes["alice"][0]["MessageAttributes"]["user"]["Value"] == "alice")
+    def one_alert_for_alice() -> bool:
+        platform, inboxes = spend.platform_messages(), {u: spend.user_inbox(u) for u in USERS}
+        return (len(platform) == 1 and len(spend.topic_messages()) == 1 and len(spend.alert_events()) == 1
+                and [len(inboxes[u]) for u in USERS] == [1, 0, 0]
+                and inboxes["alice"][0]["MessageAttributes"]["user"]["Value"] == "alice")
 
-        demo.step(f"per-user spend: budget sweep at {SWEEPS[0]:%b %d %H:%M}",
-                  lambda: [month.start_sweep(SWEEPS[0])],
-                  "one alert, for alice: AlertTopic + her filtered subscription (attribute user=alice) + one event",
-                  one_alert_for_alice, targets=False)
-        for message in spend.user_inbox("alice"):
-            demo.say(f"          alice's inbox: {message['Subject']}")
-            demo.say(f"            {message['Message'].splitlines()[0]}")
-        demo.step(f"per-user spend: agent at {SWEEPS[1] - AGENT_BEFORE_SWEEP:%H:%M}, budget sweep at {SWEEPS[1]:%H:%M}",
-                  lambda: [month.start_sweep(SWEEPS[1])], "no second alert",
-                  lambda: len(spend.platform_messages()) == 1 and len(spend.user_inbox("alice")) == 1
-                  and len(spend.alert_events()) == 1, targets=False)
-        for result in world.wait(world.budget.executions([r.execution_arn for r in world.routes])[-1:]):
-            demo.say(f"          CheckUserSpend: {((result.output or {}).get('userSpend') or {}).get('reason')}")
+    demo.step(f"per-user spend: budget sweep at {SWEEPS[0]:%b %d %H:%M}",
+              lambda: [month.start_sweep(SWEEPS[0])],
+              "one alert, for alice: AlertTopic + her filtered subscription (attribute user=alice) + one event",
+              one_alert_for_alice, targets=False)
+    for message in spend.user_inbox("alice"):
+        demo.say(f"          alice's inbox: {message['Subject']}")
+        demo.say(f"            {message['Message'].splitlines()[0]}")
+    demo.step(f"per-user spend: agent at {SWEEPS[1] - AGENT_BEFORE_SWEEP:%H:%M}, budget sweep at {SWEEPS[1]:%H:%M}",
+              lambda: [month.start_sweep(SWEEPS[1])], "no second alert",
+              lambda: len(spend.platform_messages()) == 1 and len(spend.user_inbox("alice")) == 1
+              and len(spend.alert_events()) == 1, targets=False)
+    for result in world.wait(world.budget.executions([r.execution_arn for r in world.routes])[-1:]):
+        demo.say(f"          CheckUserSpend: {((result.output or {}).get('userSpend') or {}).get('reason')}")
 
-        printed: list[str] = []
+    printed: list[str] = []
 
-        def operator_runs_hpops_cost() -> list[str]:
-            buffer = io.StringIO()
-            with contextlib.redirect_stdout(buffer):
-                print_cost(spend.cost_document(SWEEPS[-1]))
-            printed.extend(buffer.getvalue().splitlines())
-            return []
+    def operator_runs_hpops_cost() -> list[str]:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            print_cost(spend.cost_document(SWEEPS[-1]))
+        printed.extend(buffer.getvalue().splitlines())
+        return []
 
-        def lines_add_up() -> bool:
-            figures = table_figures(printed)
-            return figures["users"] + figures["idle"] + figures["other"] == figures["cluster cost"]
+    def lines_add_up() -> bool:
+        figures = table_figures(printed)
+        return figures["users"] + figures["idle"] + figures["other"] == figures["cluster cost"]
 
-        demo.step(f"per-user spend: operator runs `hpops cost` (as of {SWEEPS[-1]:%Y-%m-%d %H:%M} UTC)",
-                  operator_runs_hpops_cost, "users + idle + other = the cluster's cost, to the cent", lines_add_up, targets=False)
-        for line in printed:
-            demo.say("          " + line)
+    demo.step(f"per-user spend: operator runs `hpops cost` (as of {SWEEPS[-1]:%Y-%m-%d %H:%M} UTC)",
+              operator_runs_hpops_cost, "users + idle + other = the cluster's cost, to the cent", lines_add_up, targets=False)
+    for line in printed:
+        demo.say("          " + line)
+    return month
 
 
 def table_figures(lines: list[str]) -> dict[str, Decimal]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
@@ -40,6 +41,7 @@ from moto.stepfunctions.parser.asl.component.state.choice.comparison.comparison_
 )
 from moto.stepfunctions.parser.asl.component.state.choice.comparison.comparison_variable import ComparisonVariable
 from moto.stepfunctions.parser.asl.component.state.choice.comparison.variable import NoSuchVariable
+from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
 from moto.stepfunctions.parser.asl.parse.asl_parser import AmazonStateLanguageParser
 from moto.stepfunctions.parser.asl.utils.json_path import NoSuchJsonPathError
 from moto.stepfunctions.parser.asl.parse.preprocessor import Preprocessor
@@ -54,6 +56,7 @@ from hpops_twin import identity_documents
 from hpops_twin.budget_twin import BudgetTwin
 from hpops_twin.hyperpod_sim import HyperPodSimulator
 from hpops_twin.deployer_iam import Names, service_role_arn
+from hpops_twin.dynamodb_transactions import item_copies_in_transactions
 from hpops_twin.iam.enforce import IamEnforcer, acting_as
 from hpops_twin.stack_deploy import SERVICE_ROLE_NAME, SamDeploy
 from hpops_twin.node_hosts import AgentSettings, NodeHosts, canonical_bundle, ssh_keygen
@@ -153,6 +156,32 @@ class StuckExecutionError(TimeoutError):
 
 
 _REAL_CREATE_LOAD_BALANCER = ELBv2Backend.create_load_balancer
+
+
+def _one_lambda_client_per_session() -> Callable[..., Any]:
+    """moto's Step Functions makes a new boto3 client for every Lambda task it runs (a tenth of its CPU
+    in a twin: the client's models, endpoint and TLS context). Clients are thread-safe and the caller's
+    principal is per thread (iam/enforce.py), so the tasks share one per default session and Region."""
+    made = lambda_eval_utils.boto_client_for
+    clients: dict[tuple[int, str, str], tuple[Any, Any]] = {}
+    lock = threading.Lock()
+
+    def boto_client_for(region: str, service: str, state_credentials: Any = None) -> Any:
+        session = boto3.DEFAULT_SESSION  # kept below, so its id names no other session while cached
+        key = (id(session), region, service)
+        with lock:
+            if key not in clients:
+                clients[key] = (session, made(region=region, service=service, state_credentials=state_credentials))
+            return clients[key][1]
+
+    return boto_client_for
+
+
+@functools.lru_cache(maxsize=8)
+def _public_fingerprints(secret_string: str) -> dict[str, str]:
+    """The fingerprints of a host key bundle's secret: loading its RSA key costs a tenth of a second,
+    and every step's check reads the same secret until a rotation."""
+    return HostKeyBundle.from_secret_json(secret_string).public_fingerprints()
 
 
 def _load_balancer_arn_of_its_type(backend: ELBv2Backend, *args: Any, **kwargs: Any) -> Any:
@@ -437,7 +466,9 @@ class TwinWorld:
         clone_fix = mock.patch.object(MotoStateMachine, "__deepcopy__", _clone_state_machine_without_history, create=True)
         clone_fix.start()
         self._stack.append(clone_fix)
-        for fix in (mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
+        for fix in (*item_copies_in_transactions(),
+                    mock.patch.object(lambda_eval_utils, "boto_client_for", _one_lambda_client_per_session()),
+                    mock.patch.object(AmazonStateLanguageParser, "parse", staticmethod(ASL_PARSING.parse)),
                     mock.patch.object(ELBv2Backend, "create_load_balancer", _load_balancer_arn_of_its_type),
                     mock.patch.object(ExecutionWorker, "_execution_logic", _recording_interpreter_crashes(self.interpreter_crashes, self.execution_ends)),
                     mock.patch.object(ComparisonVariable, "_eval_body", _choice_rule_as_strict_as_aws)):
@@ -617,6 +648,37 @@ class TwinWorld:
         for logical_id, arn in self.state_machine_arns.items():
             sfn.update_state_machine(stateMachineArn=arn, definition=self._definition(logical_id),
                                      roleArn=self._twin_role())
+
+    def update_parameters(self, overrides: dict[str, str]) -> None:
+        """`sam deploy --parameter-overrides` on the running stack: every function's environment and every
+        role's policies resolved with the new values, then the update (stack_deploy.SamDeploy.update).
+        A change that would add, remove or reconfigure another resource is refused (the twin does not
+        replay such an update): NotImplementedError naming the resources."""
+        def others() -> dict[str, Any]:
+            """Every other resource: made or not (its condition), and its properties if made."""
+            skipped = NOT_PROVISIONED | {"AWS::Serverless::Function", "AWS::Serverless::StateMachine"}
+            found = {}
+            for logical_id, resource in self.template.resources.items():
+                if resource["Type"] not in skipped:
+                    made = self.resolver.condition(resource["Condition"]) if "Condition" in resource else True
+                    found[logical_id] = self.resolver.resolve(resource.get("Properties", {})) if made else None
+            return found
+
+        before, previous = others(), dict(self.resolver.parameters)
+        self.resolver.parameters.update(overrides)
+        changed = sorted(logical_id for logical_id, resolved in others().items() if resolved != before[logical_id])
+        if changed:
+            self.resolver.parameters.clear()
+            self.resolver.parameters.update(previous)
+            raise NotImplementedError(f"the twin updates functions and policies only; this update changes {changed}")
+        self.parameter_overrides.update(overrides)
+        for logical_id in self.template.functions():
+            name = self.resolver.physical_ids.get(logical_id)
+            if name is not None:
+                self.dispatcher.bindings[name].environment = {
+                    k: str(v) for k, v in self.resolver.resolve(self.template.function_environment(logical_id)).items()}
+        self.iam.forget_policies()
+        self.stack.update()
 
     def delete_stack_resources(self) -> None:
         """CloudFormation deleting what it made, newest first (a deletion, or a failed creation's rollback;
@@ -1067,7 +1129,7 @@ class TwinWorld:
 
     def canonical_fingerprints(self) -> dict[str, str]:
         secret = self.aws.client("secretsmanager").get_secret_value(SecretId=self.output("HostIdentitySecretArn"))
-        return HostKeyBundle.from_secret_json(secret["SecretString"]).public_fingerprints()
+        return dict(_public_fingerprints(secret["SecretString"]))
 
     def presented_fingerprints(self, instance_id: str) -> dict[str, str]:
         """What the node's sshd presents (read from its key files)."""

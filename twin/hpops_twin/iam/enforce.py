@@ -219,6 +219,12 @@ class IamEnforcer:
                 self._boundaries, self._log_groups = grants.boundaries, grants.log_groups
             return self._principals
 
+    def forget_policies(self) -> None:
+        """The stack's parameters changed: read the roles' policies from the template again, and decide again."""
+        with self._lock:
+            self._principals = None
+            self._decisions = {}
+
     def _deployer(self) -> dict[str, dict[str, dict]]:
         with self._lock:
             if self._deployer_policies is None:
