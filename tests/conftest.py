@@ -11,6 +11,7 @@ import pytest
 from real_tools import SHARED_RESOURCE_GROUPS
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
+SLOWEST_KEPT = 20  # as --durations=20 prints them; `make bench`'s suite section reads them from the file
 
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
@@ -114,10 +115,12 @@ class SuiteRecord:
         self.workers: list[dict] = []  # one usage record per xdist worker, sent when it ends
         self.allowed: Counter = Counter()  # (principal, action, resource) -> requests, from the workers
         self.denials: list = []
+        self.phases: list[tuple[float, str, str]] = []  # (seconds, test, setup/call/teardown): the slowest are kept
 
     def pytest_runtest_logreport(self, report):
         directory = _directory(report.nodeid)
         self.seconds[directory] += report.duration
+        self.phases.append((report.duration, report.nodeid, report.when))
         if report.when == "call" or (report.when == "setup" and not report.passed):
             self.tests[directory] += 1
 
@@ -172,6 +175,8 @@ class SuiteRecord:
                 "directories": {d: {"tests": self.tests[d], "seconds": round(s, 1), "share": round(s / total, 3)}
                                 for d, s in self.seconds.most_common()},
                 "processes": processes,
+                "slowest": [{"test": test, "phase": phase, "seconds": round(seconds, 1)}
+                            for seconds, test, phase in sorted(self.phases, reverse=True)[:SLOWEST_KEPT]],
             }, indent=1) + "\n", encoding="utf-8")
 
 

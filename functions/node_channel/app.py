@@ -25,6 +25,7 @@ from hpops_core.node_channel import (
     instance_identity,
     node_proof,
     report_store,
+    user_sessions,
 )
 from hpops_core.node_channel.config import NodeChannelConfig
 from hpops_core.node_channel.contract import USAGE_RECOLLECT_MAX_WINDOWS, USAGE_WINDOW_SECONDS
@@ -92,8 +93,10 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
         raise EnrollmentRefusedError(decision.reason)
     record = decision.record
     if decision.resets and existing is not None and existing.fingerprint != record.fingerprint:
-        # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes.
-        report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
+        # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes, and
+        # the node's per-user session items with it.
+        dropped = report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
+        user_sessions.forget_node(config.state_table, config.cluster_name, record.instance_id, dropped)
         if existing.role == "controller":
             record = discard_usage(config, existing, record, now)
             log["recollectFrom"] = record.recollect_from

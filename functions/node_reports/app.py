@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
 from hpops_core.cluster.login_group import describe_node
-from hpops_core.node_channel import enrollment_store, report_store, session_changes
+from hpops_core.node_channel import enrollment_store, report_store, session_changes, user_sessions
 from hpops_core.node_channel.config import NodeReportConfig
 from hpops_core.node_channel.enrollment import NodeChannelError
 from hpops_core.node_channel.node_proof import NodeProofError
@@ -48,9 +48,12 @@ def record_node_report(event: dict, context: LambdaContext) -> dict:
         previous = report_store.store_report(config.state_table, config.cluster_name, report, received_at,
                                              int(time.time()), event_id, sequence)
     change = session_changes.sessions_change(previous, report, event_id)
+    sync = user_sessions.keep_user_sessions(config.state_table, config.cluster_name, report, previous, received_at,
+                                            int(time.time()), event_id, sequence)
     if change.changed:
         # No metric of its own (one more custom metric a month): the log line below carries it.
-        session_changes.announce(session_changes.announcement(config.cluster_name, report, received_at))
+        session_changes.announce(session_changes.announcement(config.cluster_name, report, received_at,
+                                                              user_sessions.announced_users(sync)))
     identity = report.hostIdentity
     metrics.add_metric(name="NodeReports", unit=MetricUnit.Count, value=1)
     if identity is not None and identity.result == "failed":
@@ -58,7 +61,8 @@ def record_node_report(event: dict, context: LambdaContext) -> dict:
     logger.info("node report recorded", extra={"instanceId": report.instanceId, "trigger": report.trigger,
                                                "hostIdentity": identity.result if identity else None,
                                                "reason": identity.reason if identity else None,
-                                               "sessionsChanged": change.changed, "sessionsReason": change.reason})
+                                               "sessionsChanged": change.changed, "sessionsReason": change.reason,
+                                               "usersReason": sync.reason})
     return {"recorded": True, "instanceId": report.instanceId, "sessionsChanged": change.changed}
 
 

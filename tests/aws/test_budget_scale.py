@@ -31,8 +31,10 @@ from hpops_twin.scale_budget_bench import (
     RAISED_LIMIT_USD,
     STATE_LIMIT,
     TABLE,
+    CallCount,
     NoBill,
     RecordingTopics,
+    expected_spend,
     seed_month,
     stored_world,
     sweep,
@@ -49,15 +51,15 @@ def crossed():
     topics, released = RecordingTopics(), RecordingTopics()
     with stored_world():
         names = user_names(USERS)
-        seed_month(names, MONTH_END, active=50, windows=2)
-        check, send = sweep(MONTH_END, "arn:execution:crossing", Counter(), topics, memory=False)
+        windows = seed_month(names, MONTH_END, active=50, windows=2)
+        check, send = sweep(MONTH_END, "arn:execution:crossing", CallCount(), topics, memory=False)
         answer = user_holds_store.read(TABLE, CLUSTER)
         queued = alert_outbox.count(TABLE, CLUSTER)
         user_topic = os.environ["USER_ALERT_TOPIC_ARN"]
         os.environ["USER_MONTHLY_BUDGET_USD"] = RAISED_LIMIT_USD
-        release = sweep(MONTH_END + dt.timedelta(minutes=5), "arn:execution:raised", Counter(), released, memory=False)
+        release = sweep(MONTH_END + dt.timedelta(minutes=5), "arn:execution:raised", CallCount(), released, memory=False)
         after = user_holds_store.read(TABLE, CLUSTER)
-    return SimpleNamespace(names=names, topics=topics, check=check, send=send, answer=answer, queued=queued,
+    return SimpleNamespace(names=names, windows=windows, topics=topics, check=check, send=send, answer=answer, queued=queued,
                            user_topic=user_topic, release=release, released=released, after=after)
 
 
@@ -73,6 +75,12 @@ def test_every_user_crossing_at_once_is_told_and_the_step_state_stays_small(cros
     assert len(json.dumps(spend_alerts)) > STATE_LIMIT
     # Counts and the first rows only (holds.MAX_DECISION_ROWS): the same bound at any number of users.
     assert crossed.check["output"] < 64 * 1024 and crossed.send["output"] < 1024
+
+
+def test_each_users_spend_is_what_the_stored_usage_makes_it(crossed):
+    # 11 settled node-hours each in the running total, 0.1 for 50 users in each stored window, at $100/h.
+    assert crossed.windows == 2
+    assert crossed.check["result"]["usersUsd"] == expected_spend(USERS, 50, 2) == f"{(11 * USERS + 10) * 100:.2f}"
 
 
 def test_every_held_user_reaches_the_controller_agent_past_the_old_4_kb_parameter(crossed):
@@ -117,3 +125,34 @@ def _check(owner: str = "arn:execution:one") -> dict:
     observed = {"InstanceGroups": [{"InstanceGroupName": GROUP, "InstanceType": INSTANCE_TYPE, "CurrentCount": NODES}]}
     return spend_check.check_user_spend(UserSpendConfig.from_env(), {"now": MONTH_END.isoformat()}, observed,
                                         ce=NoBill(), pricing=NoBill(), owner=owner)
+
+
+def test_a_check_that_dies_between_chunks_queues_the_unmarked_alerts_again_and_each_is_sent_once():
+    """Alerts are queued and marked a chunk at a time (the step holds one chunk, not every user's): a
+    check that dies after queuing a chunk, before marking it, leaves them queued and unmarked; the
+    next check queues the same items again (the same keys), so each alert is sent exactly once."""
+    topics = RecordingTopics()
+    with stored_world():
+        seed_month(user_names(12), MONTH_END, active=0, windows=0)
+        marked = spend_check.mark_all_fired
+        calls = []
+
+        def dies_on_the_second_chunk(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 2:
+                raise RuntimeError("the step died here")
+            return marked(*args, **kwargs)
+
+        with mock.patch.object(spend_check, "QUEUE_CHUNK", 10), \
+                mock.patch.object(spend_check, "mark_all_fired", dies_on_the_second_chunk), \
+                pytest.raises(RuntimeError):
+            _check()
+        assert alert_outbox.count(TABLE, CLUSTER) == 20  # two chunks queued, only the first marked
+        again = _check("arn:execution:two")
+        assert again["spendAlerts"] == 14  # the first chunk was marked: not decided again
+        config = SimpleNamespace(alert_topic_arn=os.environ["ALERT_TOPIC_ARN"], user_topic_arn="",
+                                 cluster_name=CLUSTER, state_table=TABLE)
+        while spend_check.send_queued_alerts(config, sns=topics, events=topics)["more"]:
+            pass
+    keys = Counter((m["MessageAttributes"]["user"]["StringValue"], m["Subject"]) for _, m in topics.messages)
+    assert len(keys) == 36 and set(keys.values()) == {1}  # 12 users x (actual, projected, held), once each

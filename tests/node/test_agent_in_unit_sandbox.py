@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -91,11 +90,7 @@ def stack(required):
     try:
         yield stack
     finally:
-        # moto keeps its accounts per process: leave none of this module's bus, queue or parameters
-        # to the next module's stack.
-        urllib.request.urlopen(urllib.request.Request(stack.endpoint + "/moto-api/reset", method="POST"), timeout=10)
-        if stack.server._server_ready_event.is_set():
-            stack.stop()
+        stack.close()  # moto keeps its accounts per process: leave none to the next module's stack
 
 
 @pytest.fixture

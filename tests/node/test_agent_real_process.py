@@ -29,13 +29,13 @@ import boto3
 import pytest
 import channel_stand_in
 import real_tools
-from real_tools import free_port
-from moto.server import ThreadedMotoServer
+from real_tools import MotoServer, free_port
 
 from hpops_core.host_identity import keys, verifier
 from hpops_core.node_channel import contract
 
-pytestmark = pytest.mark.realssh
+# In file order, even in a shuffled run: each test starts from the node the previous one left.
+pytestmark = [pytest.mark.realssh, pytest.mark.random_order(disabled=True)]
 
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
@@ -73,8 +73,8 @@ class Stack:
 
     def __init__(self, port: int):
         self.port = port
-        self.endpoint = f"http://127.0.0.1:{port}"
-        self.server = self._start()
+        self.server = MotoServer(port).start()  # from no accounts, whatever ran before on this worker
+        self.endpoint = self.server.endpoint
         session = boto3.session.Session(region_name=REGION, **{
             "aws_access_key_id": "testing", "aws_secret_access_key": "testing", "aws_session_token": "testing"})
         self.ssm = session.client("ssm", endpoint_url=self.endpoint)
@@ -91,17 +91,14 @@ class Stack:
         self.secret_arn: str | None = None
         self.events: list[dict] = []  # every report the agent sent, in order
 
-    def _start(self) -> ThreadedMotoServer:
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        server.start()
-        return server
-
     def stop(self) -> None:
-        self.server.stop()
-        self.server._server.server_close()  # stop() leaves the socket listening; the endpoint must be gone
+        self.server.stop()  # the endpoint is gone
 
     def restart(self) -> None:
-        self.server = self._start()  # moto's state lives in this process, so the account survives
+        self.server.restart()  # moto's state lives in this process, so the account survives
+
+    def close(self) -> None:
+        self.server.close()  # leave no bus, queue or parameter to the next test on this worker
 
     def publish_keys(self, bundle: keys.HostKeyBundle, version: str) -> None:
         text = bundle.to_secret_json()
@@ -213,8 +210,7 @@ def stack():
     try:
         yield stack
     finally:
-        if stack.server._server_ready_event.is_set():
-            stack.stop()
+        stack.close()
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,12 @@ import shutil
 import subprocess
 import sys
 import threading
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
-from real_tools import free_port, require
+from real_tools import MotoServer, free_port, require
 
 from hpops_core.common import clients
 from hpops_core.node_channel import contract, node_proof, proof_format
@@ -51,10 +49,9 @@ class Stack:
     """The stack's side: moto for AWS, the real NodeChannel and RecordNodeReport handlers in-process."""
 
     def __init__(self, monkeypatch):
-        self.port, self.lambda_port = free_port(), free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.moto = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self.moto.start()
+        self.lambda_port = free_port()
+        self.moto = MotoServer().start()  # from no accounts, whatever ran before on this worker
+        self.endpoint = self.moto.endpoint
         for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                             "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
                             "AWS_ENDPOINT_URL": self.endpoint, "CLUSTER_NAME": CLUSTER, "LOGIN_GROUP_NAME": "login",
@@ -132,9 +129,7 @@ class Stack:
 
     def close(self):
         self.http.shutdown()
-        urllib.request.urlopen(urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST"), timeout=10)
-        self.moto.stop()
-        self.moto._server.server_close()
+        self.moto.close()
         clients.reset_clients()
 
 

@@ -11,13 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
-from real_tools import free_port
-from moto.server import ThreadedMotoServer
+from real_tools import MotoServer
 
 from hpops_core.host_identity import keys
 from hpops_core.node_channel import contract
@@ -121,13 +119,8 @@ def test_missing_python_is_one_clear_line(tmp_path):
 
 
 def test_login_node_runs_one_cycle_then_gets_the_unit(tmp_path):
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        # moto's server keeps its accounts in the process: start from none, whatever ran before on this worker.
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
+    with MotoServer() as moto:
+        endpoint = moto.endpoint
         credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": endpoint}
         session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing",
@@ -146,9 +139,6 @@ def test_login_node_runs_one_cycle_then_gets_the_unit(tmp_path):
         (root / "etc" / "ssh").mkdir(parents=True)
         (root / "etc" / "ssh" / "sshd_config").write_text("Port 22\n")
         result = install(bundle, root, credentials)
-    finally:
-        server.stop()
-        server._server.server_close()
     assert result.returncode == 0, result.stdout + result.stderr
     # Without a NodeChannel (this bundle names none) the node role reads no host keys: the first cycle
     # says so and installs nothing; with one, tests/node/test_enrollment_real_process.py installs them.

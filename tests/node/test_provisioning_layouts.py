@@ -20,13 +20,11 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
-from real_tools import free_port
+from real_tools import MotoServer
 
 from hpops import lifecycle_script
 from hpops_node_agent import bundle as bundle_module
@@ -80,12 +78,8 @@ EXPECTED_PARTITIONS = {"lifecycle": {"gpu": "gpu-workers"}, "api-driven": {"gpu"
 
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    # moto's server keeps its accounts in the process: start from none, whatever ran before on this worker.
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
+    moto = MotoServer().start()
+    endpoint = moto.endpoint
     sagemaker = boto3.client("sagemaker", region_name=REGION, endpoint_url=endpoint, aws_access_key_id="testing",
                              aws_secret_access_key="testing")
     for name, with_slurm in (("layout-cluster", True), ("files-only", False)):
@@ -99,8 +93,7 @@ def moto_endpoint():
             groups.append(entry)
         sagemaker.create_cluster(ClusterName=name, InstanceGroups=groups)
     yield endpoint
-    server.stop()
-    server._server.server_close()
+    moto.close()
 
 
 class MotoSession:

@@ -12,14 +12,12 @@ import os
 import subprocess
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 
 import boto3
 import pytest
 from moto import mock_aws
-from moto.server import ThreadedMotoServer
-from real_tools import free_port
+from real_tools import MotoServer
 
 from hpops_core.node_channel import contract
 from hpops_node_agent import bundle as bundle_module
@@ -632,13 +630,8 @@ def test_cli_prints_reports_without_aws(tmp_path):
 
 
 def test_cli_once_sends_the_due_windows_through_eventbridge(tmp_path):
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        # moto's server keeps its accounts in the process: start from none, whatever ran before on this worker.
-        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).close()
+    with MotoServer() as moto:
+        endpoint = moto.endpoint
         session = boto3.session.Session(region_name=REGION, aws_access_key_id="testing",
                                         aws_secret_access_key="testing")
         events, sqs = session.client("events", endpoint_url=endpoint), session.client("sqs", endpoint_url=endpoint)
@@ -653,11 +646,6 @@ def test_cli_once_sends_the_due_windows_through_eventbridge(tmp_path):
                          env_extra={"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                                     "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL": endpoint})
         messages = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10).get("Messages", [])
-    finally:
-        # moto's server keeps its account in this process: leave none behind for the next test.
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST"))
-        server.stop()
-        server._server.server_close()
     assert result.returncode == 0, result.stdout + result.stderr
     windows = sorted(json.loads(message["Body"])["detail"]["windowStart"] for message in messages)
     assert len(windows) == 2  # the previous window (fresh node) and the current one

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import real_tools
-from real_tools import free_port
 
 from hpops_core.cluster.login_group import LoginNode
 from hpops_core.login_sync.leave_notices import leaving_nodes, notice_document
@@ -26,7 +25,6 @@ from hpops_node_agent import leave_notice
 
 pytestmark = pytest.mark.realssh
 
-SSHD, SSH, SSH_KEYGEN = "/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"
 ALICE, BOB, DIRECTORY_USER = "hpt38al", "hpt38bob", "hpt38d@example.edu"
 INSTANCE, OTHER = "i-00000000000000038", "i-00000000000000039"
 HOST = "login.hpc.example.edu"
@@ -62,58 +60,13 @@ class Client:
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    real_tools.require_root_and_programs((SSHD, SSH, SSH_KEYGEN, "/usr/sbin/useradd"), "leave notice tests",
-                                         "apt-get install -y openssh-server openssh-client")
-    real_tools.require((SSHD, SSH, SSH_KEYGEN), "leave notice tests", "apt-get install -y openssh-server")
-    folder = tmp_path_factory.mktemp("client-keys")
-    for user in (ALICE, BOB, DIRECTORY_USER):
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            subprocess.run(["useradd", "--badname", "-m", "-s", "/bin/sh", user], check=True)
-        subprocess.run(["usermod", "-p", "*", user], check=True)
-        key = folder / user
-        subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        account = pwd.getpwnam(user)
-        ssh_dir = Path(account.pw_dir) / ".ssh"
-        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (ssh_dir / "authorized_keys").write_text((folder / f"{user}.pub").read_text())
-        for path in (ssh_dir, ssh_dir / "authorized_keys"):
-            os.chown(path, account.pw_uid, account.pw_gid)
-    return folder
+    return real_tools.key_users((ALICE, BOB, DIRECTORY_USER), tmp_path_factory.mktemp("client-keys"), "leave notice tests")
 
 
 @pytest.fixture
 def node(keys, tmp_path):
-    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
-    port = free_port()
-    (tmp_path / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path}/host_key\nPidFile {tmp_path}/sshd.pid\n"
-        "UsePAM yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n")
-    with (tmp_path / "sshd.log").open("ab") as log:
-        listener = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp_path / "sshd_config")], stdout=log, stderr=log,
-                                    stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
-        assert time.monotonic() < deadline and listener.poll() is None, "sshd did not start"
-        time.sleep(0.05)
-    clients: list[Client] = []
-
-    def ssh(user: str, *args: str) -> Client:
-        client = Client([SSH, "-i", str(keys / user), "-p", str(port), "-o", "StrictHostKeyChecking=no",
-                         "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                         *args, "-l", user, "127.0.0.1"])
-        clients.append(client)
-        return client
-
-    ssh.listener = listener.pid
-    yield ssh
-    for client in clients:
-        if client.process.poll() is None:
-            client.process.kill()
-            client.process.wait(timeout=5)
-    listener.terminate()
-    listener.wait(timeout=10)
+    with real_tools.running_sshd(tmp_path, keys, client=Client) as ssh:
+        yield ssh
 
 
 def published(grace: int = 10) -> str:

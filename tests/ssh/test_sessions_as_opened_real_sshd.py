@@ -16,7 +16,6 @@ CI=true.
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
 import time
 from datetime import datetime, timezone
@@ -24,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import real_tools
-from real_tools import free_port
 
 from hpops_core.node_channel import reports
 from hpops_core.session_limits.cluster_sessions import decide_cluster_wide, end_sessions_document, ssh_sessions_of_report
@@ -33,7 +31,6 @@ from hpops_node_agent import ssh_sessions
 
 pytestmark = pytest.mark.realssh
 
-SSHD, SSH, SSH_KEYGEN = "/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/ssh-keygen"
 MUX_USER, BOB, DIRECTORY_USER = "hpt30mux", "hpt30bob", "hpt30b@example.edu"
 INSTANCE = "i-00000000000000030"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "session-limits.md"
@@ -41,64 +38,14 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "session-limits.md"
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    real_tools.require_root_and_programs((SSHD, SSH, SSH_KEYGEN, "/usr/sbin/useradd"), "multiplexed session tests",
-                                         "apt-get install -y openssh-server openssh-client")
-    real_tools.require((SSHD, SSH, SSH_KEYGEN), "multiplexed session tests", "apt-get install -y openssh-server")
-    folder = tmp_path_factory.mktemp("client-keys")
-    for user in (MUX_USER, BOB, DIRECTORY_USER):
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            # --badname: Debian's NAME_REGEX refuses '@'; SSSD serves such names without useradd.
-            subprocess.run(["useradd", "--badname", "-m", "-s", "/bin/sh", user], check=True)
-        subprocess.run(["usermod", "-p", "*", user], check=True)  # no password, not locked: keys only
-        key = folder / user
-        subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-        account = pwd.getpwnam(user)
-        ssh_dir = Path(account.pw_dir) / ".ssh"
-        ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        (ssh_dir / "authorized_keys").write_text((folder / f"{user}.pub").read_text())
-        for path in (ssh_dir, ssh_dir / "authorized_keys"):
-            os.chown(path, account.pw_uid, account.pw_gid)
-    if not Path("/run/utmp").exists():  # systemd-tmpfiles makes it on a real node
-        subprocess.run(["install", "-m664", "/dev/null", "/run/utmp"], check=True)
-    return folder
+    return real_tools.key_users((MUX_USER, BOB, DIRECTORY_USER), tmp_path_factory.mktemp("client-keys"),
+                                "multiplexed session tests")
 
 
 @pytest.fixture
 def sshd(keys, tmp_path):
-    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")], check=True)
-    port = free_port()
-    # MaxSessions 10 is OpenSSH's default, written out: the channels a connection may carry.
-    (tmp_path / "sshd_config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {tmp_path}/host_key\nPidFile {tmp_path}/sshd.pid\n"
-        "UsePAM yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nMaxSessions 10\nLogLevel VERBOSE\n"
-        "Subsystem sftp internal-sftp\n")
-    with (tmp_path / "sshd.log").open("ab") as log:
-        process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(tmp_path / "sshd_config")], stdout=log, stderr=log,
-                                   stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"], capture_output=True).returncode:
-        assert time.monotonic() < deadline and process.poll() is None, "sshd did not start"
-        time.sleep(0.05)
-    clients: list[subprocess.Popen] = []
-
-    def ssh(user: str, *args: str) -> subprocess.Popen:
-        command = [SSH, "-i", str(keys / user), "-p", str(port), "-o", "StrictHostKeyChecking=no",
-                   "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                   *args, "-l", user, "127.0.0.1"]
-        client = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        clients.append(client)
-        return client
-
-    ssh.listener = process.pid
-    yield ssh
-    for client in clients:
-        if client.poll() is None:
-            client.kill()
-            client.wait(timeout=5)
-    process.terminate()
-    process.wait(timeout=10)
+    with real_tools.running_sshd(tmp_path, keys) as ssh:
+        yield ssh
 
 
 def listing(ssh) -> list[ssh_sessions.NodeSession]:

@@ -57,11 +57,15 @@ def test_two_executions_parsed_at_the_same_moment_both_finish(world):
             first_parsed.set()
         return program
 
+    # The twin keeps each definition it parsed for the process: after another test on this worker ran
+    # the sync, neither execution would parse, and the collision would not be staged at all.
+    parsed_before = getattr(twin.ASL_PARSING, "_parsed", None)
     with mock.patch.object(Preprocessor, "visitComment_decl", comment), \
             mock.patch.object(Preprocessor, "_get_current_query_language", current_query_language), \
-            mock.patch.object(Preprocessor, "visitState_machine", state_machine):
+            mock.patch.object(Preprocessor, "visitState_machine", state_machine), \
+            mock.patch.dict(parsed_before if parsed_before is not None else {}, clear=True):
         sweep = world.run_schedule()
-        first_paused.wait(SAFETY)
+        assert first_paused.wait(SAFETY), "the sync's definition was not parsed: no collision was staged"
         repair = world.start_repair()
         results = world.wait([sweep, repair])
 

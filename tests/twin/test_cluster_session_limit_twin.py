@@ -240,10 +240,13 @@ def test_on_a_login_node_with_1000_sessions_every_user_counts_and_a_login_over_t
     world.agents_poll()
     assert checks_started_by_reports(world) == [] and report_checks(world)[-1]["start"] is False
 
+    assert "every node" in [c["read"] for c in report_checks(world)], "500 users' sessions grew at once: too many to name"
+
     third = logins.open("alice", first, now)
     world.agents_poll()  # poll 1: the busy node's report (not all of it listed) starts one check
 
     (run,) = checks_started_by_reports(world)
+    assert report_checks(world)[-1]["read"] == ["alice"], "the check read alice's sessions alone"
     out = run.output["enforcement"]["report"]
     assert [(u["user"], u["activeCount"]) for u in out["usersOverLimit"]] == [("alice", 3)]
     assert [(e["node"], e["handle"]) for e in out["ssh"]["toEnd"]] == [(first, third.handle)]

@@ -10,10 +10,10 @@ and the bill the twin set, not from the product's code.
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import io
 import json
+import shlex
 from decimal import ROUND_HALF_UP, Decimal
 from types import SimpleNamespace
 
@@ -61,13 +61,17 @@ def expected_cluster_cost(now: dt.datetime) -> Decimal:
 
 # Runs before the month's world exists: one twin at a time in a process.
 def test_hpops_cost_twin_plays_the_month_and_prints_the_report(capsys):
-    status = main(["cost", "--twin", "--csv"])
+    """The README's command, as it shows it."""
+    status = main(shlex.split("hpops cost --twin")[1:])
 
-    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    printed = capsys.readouterr().out.splitlines()
     assert status == 1, "alice is over 80 % projected: a finding"
-    assert [r["user"] for r in rows if r["line"] == "user"] == ["alice", "bob", "carol"]
-    assert [r["line"] for r in rows[3:]] == ["idle", "other", "cluster"]
-    assert Decimal(rows[-1]["usd"]) == expected_cluster_cost(SWEEPS[-1])
+    header = next(number for number, line in enumerate(printed) if line.startswith("user "))
+    assert [line.split()[0] for line in printed[header + 2:header + 5]] == ["alice", "bob", "carol"]
+    figures = chapter.table_figures(printed)
+    assert figures["cluster cost"] == expected_cluster_cost(SWEEPS[-1])
+    assert figures["users"] + figures["idle"] + figures["other"] == figures["cluster cost"]
+    assert "(users + idle + other = cluster cost)" in printed
 
 
 @pytest.fixture(scope="module")

@@ -108,3 +108,19 @@ def test_each_line_shows_its_figure_before_the_cost_work():
     assert lines(defaults)["CloudWatch custom metrics"]["before_usd"] == 13.80
     assert defaults["before_automation_usd"] == 24.69 and defaults["automation_usd"] < defaults["before_automation_usd"]
     assert "24.69" in render(defaults) and f"{defaults['automation_usd']:.2f}" in render(defaults)
+
+
+def test_the_key_rotates_yearly_by_default_and_its_price_by_year_is_the_models():
+    """A yearly rotation (what audits expect) by default, its price stated per year for both choices as the
+    cost model computes it for the defaults with 100 users logged in (docs/bench.json, scale_sessions)."""
+    import re
+
+    template = TemplateModel()
+    assert template.raw["Resources"]["HostIdentityKey"]["Properties"]["RotationPeriodInDays"] == {"Ref": "KeyRotationPeriodDays"}
+    assert str(template.parameter_defaults()["KeyRotationPeriodDays"]) == "365"
+    by_rotation = next(r for r in BENCH["scale_sessions"]["rows"] if r["login_nodes"] == 4)["cost"]["automation_by_rotation_usd"]
+    text = " ".join((REPO_ROOT / "docs" / "security.md").read_text(encoding="utf-8").split())
+    yearly = re.search(r"from \$([\d.]+) a month in year 1 to \$([\d.]+) in year 2 and \$([\d.]+) from year 3", text).groups()
+    assert [float(q) for q in yearly] == [by_rotation["365"][y] for y in ("1", "2", "3")]
+    longest = re.search(r"sets 2,560 \(.*?: \$([\d.]+) a month through year 7\)", text).group(1)
+    assert float(longest) == by_rotation["2560"]["3"] == by_rotation["2560"]["1"]

@@ -115,7 +115,7 @@ def test_the_spread_graph_reads_the_line_check_reported_sessions_logs():
     [graph] = [w for w in substituted()["widgets"] if w["type"] == "log" and "login spread" in w["properties"]["query"]]
     query = graph["properties"]["query"]
     handler = (REPO_ROOT / "functions" / "session_limits" / "check_reported_sessions.py").read_text()
-    assert 'logger.info("login spread", extra=report_check.login_spread(state.nodes))' in handler
+    assert 'logger.info("login spread", extra=report_check.login_spread(presence.fresh))' in handler
     core = (REPO_ROOT / "layers" / "hpops_core" / "hpops_core" / "session_limits" / "cluster_sessions.py").read_text()
     for field in ("maxOverMean", "meanPerNode"):
         assert f"max({field})" in query and f'"{field}"' in core

@@ -1,8 +1,9 @@
 """The README stays true: its commands run (or say why not) and its bench figures are measured ones.
 
 Commands: every command line the README shows, in its code blocks and as inline `hpops ...`-style
-spans, is either run here offline (OFFLINE) or listed with the reason it is not (SKIPPED, and
-MENTIONS for a command the prose names without its arguments). A command in none of them fails
+spans, is either run offline (here: OFFLINE; by the twin test that checks its output: IN_TWIN_TESTS)
+or listed with the reason it is not (SKIPPED, and MENTIONS for a command the prose names without its
+arguments). A command in none of them fails
 test_every_readme_command_is_run_or_skipped, so a new one gets a decision. Run or not, each is
 checked against what it names: hpops's own argument parser, the Makefile's targets and
 variables, a module's --help.
@@ -63,9 +64,12 @@ class Offline:
 # Run here, from the repository root, as the README shows them; each starts a local twin (no AWS).
 OFFLINE = {
     "hpops twin send events/hyperpod-node-health.json events/repair-dry-run.json": Offline(0, "in sync"),
-    "hpops doctor --twin": Offline(0, "OK slurm-usage[controller-machine]"),
-    "hpops cost --twin": Offline(1, "(users + idle + other = cluster cost)",
-                                 "the demo month's alice is projected past 80 % of her limit, and a threshold crossed exits 1"),
+}
+# Run as the README shows them by the twin test that asserts what they print (a twin world, and for
+# cost a month played in it, is not a unit test's to build a second time): command -> that test file.
+IN_TWIN_TESTS = {
+    "hpops doctor --twin": "tests/twin/test_doctor_command_twin.py",
+    "hpops cost --twin": "tests/twin/test_user_spend_twin.py",
 }
 
 AWS = "needs a deployed stack and AWS credentials"
@@ -223,15 +227,24 @@ def test_every_code_block_is_commands_or_a_figure():
 def test_every_readme_command_is_run_or_skipped():
     commands = readme_commands()
     assert "hpops cost --twin" in commands  # the extraction itself works
-    undecided = [c for c in commands if c not in OFFLINE and c not in SKIPPED and c not in MENTIONS]
-    assert not undecided, f"README commands neither run by this test (OFFLINE) nor skipped with a reason (SKIPPED): {undecided}"
-    twice = (set(OFFLINE) & set(SKIPPED)) | (set(OFFLINE) & set(MENTIONS)) | (set(SKIPPED) & set(MENTIONS))
+    undecided = [c for c in commands if not any(c in listed for listed in (OFFLINE, IN_TWIN_TESTS, SKIPPED, MENTIONS))]
+    assert not undecided, ("README commands neither run (OFFLINE, IN_TWIN_TESTS) nor skipped with a reason (SKIPPED): "
+                           f"{undecided}")
+    lists = (OFFLINE, IN_TWIN_TESTS, SKIPPED, MENTIONS)
+    twice = {c for one, other in itertools.combinations(lists, 2) for c in set(one) & set(other)}
     assert not twice, f"listed twice: {twice}"
+
+
+@pytest.mark.parametrize("command", sorted(IN_TWIN_TESTS))
+def test_a_command_run_by_a_twin_test_is_run_there_as_shown(command):
+    source = (REPO_ROOT / IN_TWIN_TESTS[command]).read_text(encoding="utf-8")
+    assert f'"{command}"' in source and "shlex.split(" in source, \
+        f"{IN_TWIN_TESTS[command]} no longer runs `{command}` as the README shows it"
 
 
 def test_no_stale_entries():
     shown = set(readme_commands())
-    stale = [c for c in [*OFFLINE, *SKIPPED, *MENTIONS] if c not in shown]
+    stale = [c for c in [*OFFLINE, *IN_TWIN_TESTS, *SKIPPED, *MENTIONS] if c not in shown]
     assert not stale, f"no longer in the README, drop them here: {stale}"
 
 
@@ -265,7 +278,7 @@ def checkable(command: str) -> bool:
     return words[0] in ("hpops", "make") or words[:2] in (["python", "-m"], ["python3", "-m"])
 
 
-@pytest.mark.parametrize("command", sorted(c for c in [*OFFLINE, *SKIPPED, *MENTIONS] if checkable(c)))
+@pytest.mark.parametrize("command", sorted(c for c in [*OFFLINE, *IN_TWIN_TESTS, *SKIPPED, *MENTIONS] if checkable(c)))
 def test_command_line_fits_what_it_names(command, capsys):
     """Skipped or not, the command line must be one its program accepts: a renamed option or target
     fails here even though the command itself is not run."""
@@ -723,14 +736,17 @@ def test_sessions_at_scale(bench):
     measured = {(r["login_nodes"], r["users"]): r for r in bench["scale_sessions"]["rows"]}
     rows = table(docs_text(), "sessions at scale")
     assert len(rows) == len(measured), "a size was added or dropped: the table and the bench disagree"
-    for label, sessions, busiest, report_kb, item_kb, read_units, ended, targets, peaks, usd in rows:
+    for label, sessions, busiest, report_kb, item_kb, before, now, writes, ended, targets, peaks, usd in rows:
         nodes, users, logged_in = claim(label, r"(\d+) login nodes, ([\d,]+) users \(([\d,]+) logged in\)")
         r = measured[(int(nodes), int(number(users)))]
         assert int(number(logged_in)) == r["logged_in"] and int(number(sessions)) == r["sessions"], label
         assert busiest == f"{r['busiest_node_sessions']:,} ({r['busiest_node_listed']:,} listed)", label
         assert (float(report_kb), float(item_kb)) == (round(r["max_report_bytes"] / 1024, 1),
                                                       round(r["max_item_bytes"] / 1024, 1)), label
-        assert float(read_units) == r["check_read_units"], label
+        assert before == (f"{r['before_items_read']} / {r['before_bytes_read'] / 1024:.1f} / "
+                          f"{r['before_read_units']}"), label
+        assert now == f"{r['check_items_read']} / {r['check_bytes_read'] / 1024:.1f} / {r['check_read_units']}", label
+        assert float(writes) == r["change_write_units"], label
         assert (ended, targets) == ("yes" if r["ended_right"] else "no", "yes" if r["targets_right"] else "no"), label
         quoted = [number(mb) for mb in claim(peaks, r"(\d+) / (\d+) / (\d+) of (\d+)")]
         functions = ("RecordNodeReportFunction", "CheckReportedSessionsFunction", "EnforceSessionLimitsFunction")

@@ -37,8 +37,23 @@ def test_the_scale_table_is_the_benchs_and_every_size_met_its_targets():
                  f"{r['check_peak_mb']} of {r['check_memory_mb']}", kb(r["check_output_bytes"]),
                  f"{r['send_pages']} ({r['send_calls']:,} calls)", kb(r["holds_answer_bytes"]),
                  kb(r["largest_item_bytes"]), f"{r['marker_bytes']} B", str(r["usage_windows_read"]),
-                 f"{r['steady_calls']} calls, {r['steady_peak_mb']} MB"]
+                 f"{r['steady_calls']} calls, {r['steady_peak_mb']} MB",
+                 f"{r['steady_read_units']:g} / {r['steady_write_units']:g} (${r['steady_monthly_usd']})"]
                 for r in measured]
     assert rows() == expected
     scale_targets = {text: ok for text, ok in bench["targets"].items() if text.startswith("scale budget, ")}
-    assert len(scale_targets) == 7 * len(measured) and all(scale_targets.values())
+    assert len(scale_targets) == 8 * len(measured) and all(scale_targets.values())
+
+
+def test_what_per_user_spend_adds_to_the_month_is_the_benchs():
+    """The monthly cost quoted for an ordinary hour's check at 2,000 users, and per user, are the bench's
+    DynamoDB units of that hour priced at the hourly default (cost_model.budget_sweep_cost)."""
+    import re
+
+    bench = json.loads((ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
+    row = next(r for r in bench[KEY] if r["users"] == 2_000)
+    text = " ".join((ROOT / "docs" / "performance.md").read_text(encoding="utf-8").split())
+    month, per_user = re.search(r"\*\*\$([\d.]+) a month at 2,000 users\*\* \(the estimate was \$0\.11\), "
+                                r"\$([\d.]+) a user", text).groups()
+    assert float(month) == round(row["steady_monthly_usd"], 2)
+    assert float(per_user) == round(row["steady_monthly_usd"] / 2_000, 5)

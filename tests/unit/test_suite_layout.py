@@ -15,7 +15,8 @@ TESTS = Path(__file__).resolve().parents[1]
 
 # What in a module's text says it uses the resource: the programs it starts or runs.
 USES = {
-    "realssh": re.compile(r"/usr/sbin/sshd\b|which\(\"sshd\"\)|/usr/sbin/haproxy\b|which\(\"haproxy\"\)"),
+    "realssh": re.compile(r"/usr/sbin/sshd\b|which\(\"sshd\"\)|/usr/sbin/haproxy\b|which\(\"haproxy\"\)"
+                          r"|\brunning_sshd\(|\bkey_users\("),  # real_tools' sshd and its users
     "realslurm": re.compile(r"/usr/sbin/(slurmctld|slurmd|slurmdbd|munged|mariadbd)\b"),
     "netns": re.compile(r"[\"']netns[\"']"),
 }
@@ -64,6 +65,7 @@ def test_the_layout_rules_see_the_modules_they_are_for():
     """The patterns still find today's real-daemon tests (a renamed constant would blind them)."""
     found = {marker: {m.name for m in suite_modules() if marker in needed(m)[0]} for marker in USES}
     assert "test_real_sshd.py" in found["realssh"] and "test_keepalive_real_sshd.py" in found["realssh"]
+    assert "test_leave_notice_real_sshd.py" in found["realssh"]  # through real_tools.running_sshd
     assert "test_holds_real_slurm.py" in found["realslurm"]
     assert "test_imds_guard.py" in found["netns"]
 

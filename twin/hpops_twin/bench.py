@@ -239,7 +239,7 @@ def run_bench(json_path: str | None = None, sizes: tuple[int, ...] = SIZES) -> i
 
 
 def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
-    progress = Progress(total=len(sizes) + 9)
+    progress = Progress(total=len(sizes) + 10)
     rows = []
     for size in sizes:
         with progress.section(f"LoginNodeSync at {size:,} cluster nodes: idle sweep, replacement, 20-event burst"):
@@ -331,6 +331,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section("demo: `make demo` warm, its CPU seconds and longest silence"):
         demo_run, demo_verdicts = demo_section()
     verdicts |= demo_verdicts
+    from hpops_twin.suite_bench import KEY as SUITE_KEY, suite_section
+
+    with progress.section("suite time: the last `make test`'s record (bench-results/suite-times.json), not a new run"):
+        suite_summary, suite_verdicts = suite_section()
+    verdicts |= suite_verdicts
     print()
     for text, ok in verdicts.items():
         print(f"{'ok  ' if ok else 'MISS'} {text}", flush=True)
@@ -348,6 +353,7 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        SCALE_BUDGET_KEY: [asdict(r) for r in scale_budget_rows],
                        scale_sessions_bench.KEY: scale_sessions_bench.record(scale_rows),
                        DEMO_KEY: asdict(demo_run), flood_bench.KEY: flood_bench.record(flood_rows),
+                       **({SUITE_KEY: suite_summary} if suite_summary else {}),
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)

@@ -259,8 +259,9 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
     """What users' logins add, which the month's table cannot count (it depends on how often they log
     in), in USD per 1,000: a node leaving or rejoining rotation by load-aware admission (the sync it
     starts: measured transitions and Lambda tasks, about 0.1 s each), a session list that changed on a node (one default-bus event, one
-    CheckReportedSessions invocation of about 0.1 s, its reads at 4 login nodes: the nodes' reports and the ledger; the
-    scale bench measures them by item size at more nodes, activity_cost) and a crossing of a limit (one
+    CheckReportedSessions invocation of about 0.1 s, its 3 strongly consistent reads: the ledger, the nodes' presence
+    and the user's items; the user's item written; the scale bench measures them by item size at more nodes,
+    activity_cost) and a crossing of a limit (one
     SessionLimits execution: its measured transitions and its 2 Lambda tasks, about 0.5 s)."""
     bound = bench.get("session_limit_bound")
     if not bound:
@@ -272,7 +273,8 @@ def per_1000_events(bench: dict, p: dict, memory_gb: float) -> dict[str, float]:
                                                                          + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"])
             ) if moves else None
     change = (p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
-              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + 2 * p["dynamodb_on_demand_per_1m_read_units"] / 1e6)
+              + 0.1 * memory_gb * p["lambda_arm64_per_gb_second"] + 3 * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
+              + p["dynamodb_on_demand_per_1m_write_units"] / 1e6)
     crossing = (bound["transitions_per_crossing"] / 1000 * p["stepfunctions_standard_per_1k_transitions"]
                 + 2 * p["lambda_per_1m_requests"] / 1e6 + 0.5 * memory_gb * p["lambda_arm64_per_gb_second"])
     return {"session_list_changes": round(1000 * change, 4), "crossings": round(1000 * crossing, 4)} | (
@@ -297,11 +299,17 @@ def _write_units(item_bytes: float) -> int:
 
 def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, max_report_bytes: int,
                   check_read_units: float, check_log_bytes: int, bench: dict | None = None,
-                  prices: dict | None = None) -> dict:
+                  prices: dict | None = None, report_extra_units: dict | None = None,
+                  change_write_units: float = 0.0) -> dict:
     """The month at the defaults with `login_nodes` and `active_users` logged in: the default table's
     automation (4 login nodes' heartbeats taken out) plus every login node's heartbeats and users'
     session changes by measured item size, read kind and log bytes; the dashboard's Logs Insights
-    scans; the KMS key by year of rotation; the load balancer's capacity units by bytes."""
+    scans; the KMS key by year of rotation; the load balancer's capacity units by bytes.
+
+    ``report_extra_units``: {"read", "write"} units every report adds beyond its own item (the node's
+    presence, node_channel/user_sessions.py); ``change_write_units``: what a session change writes
+    beyond that (the changed users' items). Both measured by scale_sessions_bench."""
+    extra = report_extra_units or {"read": 0.0, "write": 0.0}
     recorded = prices or json.loads(PRICES_PATH.read_text(encoding="utf-8"))
     p = {k: v["usd"] for k, v in recorded["prices"].items()}
     bench = bench if bench is not None else json.loads((REPO_ROOT / "docs" / "bench.json").read_text(encoding="utf-8"))
@@ -322,10 +330,12 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     def report(count: float) -> float:  # one report: its event, RecordNodeReport, its item written, its log line
         return count * (chunks * p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
                         + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"]
-                        + _write_units(mean_item_bytes) * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                        + (_write_units(mean_item_bytes) + extra["write"]) * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                        + extra["read"] * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
                         + record_traced * p["xray_per_1m_traces"] / 1e6
                         + RECORD_LOG_BYTES / 1e9 * p["cloudwatch_logs_ingest_per_gb"])
-    per_change = (report(1) + p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
+    per_change = (report(1) + change_write_units * p["dynamodb_on_demand_per_1m_write_units"] / 1e6
+                  + p["eventbridge_custom_per_1m_events"] / 1e6 + p["lambda_per_1m_requests"] / 1e6
                   + LAMBDA_SECONDS_PER_REPORT * memory_gb * p["lambda_arm64_per_gb_second"]
                   + check_read_units * p["dynamodb_on_demand_per_1m_read_units"] / 1e6
                   + check_traced * p["xray_per_1m_traces"] / 1e6
@@ -336,8 +346,8 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     dashboards = len(_resources(template, "AWS::CloudWatch::Dashboard", template.parameter_defaults()))
     queries = template.raw["Resources"]["OperatorDashboard"]["Properties"]["DashboardBody"]["Fn::Sub"][0].count('"query": "SOURCE')
     scanned_gb = dashboards * DASHBOARD_VIEWS_PER_MONTH * queries * logged_gb * DASHBOARD_HOURS / HOURS_PER_MONTH
-    rotation_days = int(template.raw["Resources"]["HostIdentityKey"]["Properties"].get("RotationPeriodInDays", 365))
-    kms_by_year = {year: p["kms_rotation_per_month"] * min(2, (year - 1) * 365 // rotation_days) for year in (1, 2, 3, 10)}
+    rotation_days = int(template.parameter_defaults()["KeyRotationPeriodDays"])
+    kms_by_year = kms_rotation_by_year(rotation_days, p)
     ssh_gb_hours = active_users * SSH_MB_PER_ACTIVE_USER_HOUR / 1024
     nlcu = max(ssh_gb_hours, NLCU_PER_HOUR)  # TCP: 1 GB an hour per NLCU (connections and flows stay far below theirs)
     lines = [
@@ -345,9 +355,11 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
              "cost_table at the defaults"),
         Line("login-node heartbeats", heartbeats, "reports", report(heartbeats),
              f"{login_nodes} agents every {HEARTBEAT_SECONDS} s: event ({chunks} x 64 KB), RecordNodeReport, "
-             f"{_write_units(mean_item_bytes)} write units (mean item {mean_item_bytes / 1024:.1f} KB), its log line"),
+             f"{_write_units(mean_item_bytes)} write units (mean item {mean_item_bytes / 1024:.1f} KB) and the node's "
+             f"presence ({extra['read']:g} read, {extra['write']:g} write units, measured), its log line"),
         Line("session changes", changes, "changes", changes * per_change,
-             f"{active_users} users logged in, {SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH} changes each (assumed): a report, "
+             f"{active_users} users logged in, {SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH} changes each (assumed): a report "
+             f"and {change_write_units:g} write units of the changed user's items (measured), "
              f"the announcement, CheckReportedSessions with {check_read_units:.1f} read units (measured) and "
              f"{check_log_bytes} log bytes (measured)"),
         Line("Logs Insights scans", scanned_gb, "GB scanned", scanned_gb * p["cloudwatch_logs_insights_per_gb_scanned"],
@@ -364,11 +376,36 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     return {"lines": [asdict(line) | {"usd": round(line.usd, 2)} for line in lines + [lb]],
             "automation_usd": round(automation, 2),
             "automation_by_year_usd": {str(y): round(automation - kms_by_year[3] + kms_by_year[y], 2) for y in kms_by_year},
+            # The same month with the key rotated at KMS's shortest default (a year) and its longest period.
+            "automation_by_rotation_usd": {str(days): {str(y): round(automation - kms_by_year[3] + usd, 2)
+                                                      for y, usd in kms_rotation_by_year(days, p).items()}
+                                           for days in ROTATION_CHOICES_DAYS},
             "with_load_balancer_usd": round(automation + lb.usd, 2),
             "per_1000_session_changes_usd": round(1000 * per_change, 4),
             "per_active_user_usd": round(SESSION_CHANGES_PER_ACTIVE_USER_PER_MONTH * per_change, 4),
             "load_balancer_per_active_user_usd": round(SSH_MB_PER_ACTIVE_USER_HOUR / 1024 * HOURS_PER_MONTH
                                                        * p["nlb_per_nlcu_hour"], 4)}
+
+
+def budget_sweep_cost(read_units: float, write_units: float, prices: dict | None = None) -> dict:
+    """A month of hourly budget sweeps (BudgetSweepSchedule's default) whose check and SendUserAlerts'
+    Query take these DynamoDB units each (scale_budget_bench measures them per size: the running total
+    read, the windows settled since folded in and kept again, the last day's windows, the empty queue)."""
+    recorded = prices or json.loads(PRICES_PATH.read_text(encoding="utf-8"))
+    p = {k: v["usd"] for k, v in recorded["prices"].items()}
+    sweeps = per_month(TemplateModel().parameter_defaults()["BudgetSweepSchedule"])
+    usd = sweeps * (read_units * p["dynamodb_on_demand_per_1m_read_units"]
+                    + write_units * p["dynamodb_on_demand_per_1m_write_units"]) / 1e6
+    return {"sweeps": sweeps, "read_units": sweeps * read_units, "write_units": sweeps * write_units, "usd": round(usd, 4)}
+
+
+YEARS = (1, 2, 3, 10)
+ROTATION_CHOICES_DAYS = (365, 2560)  # KeyRotationPeriodDays' default, and KMS's longest period
+
+
+def kms_rotation_by_year(rotation_days: int, p: dict) -> dict[int, float]:
+    """What the key's rotations add a month in each year (the first two rotations add $1 a month each, for good)."""
+    return {year: p["kms_rotation_per_month"] * min(2, (year - 1) * 365 // rotation_days) for year in YEARS}
 
 
 def _traced(function: str, template: TemplateModel) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import sys
 import time
@@ -30,12 +31,14 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from decimal import Decimal
 from typing import Any
 from unittest import mock
 
 import boto3
 import botocore.client
 from moto import mock_aws
+from moto.dynamodb.models.table import Table
 
 from hpops_core.budget_guard import alert_outbox, hold_state, spend_check, usage_store
 from hpops_core.budget_guard.config import UserAlertConfig, UserSpendConfig
@@ -45,6 +48,7 @@ from hpops_core.common import clients
 from hpops_core.common.state_table import user_holds_partition
 from hpops_core.node_channel import contract, user_holds, user_holds_store
 from hpops_twin.bench_section import run_alone
+from hpops_twin.cost_model import budget_sweep_cost
 from hpops_twin.template_model import REPO_ROOT
 
 KEY = "scaleBudget"
@@ -93,12 +97,23 @@ class ScaleRow:
     steady_seconds: float
     steady_peak_mb: float
     steady_alerts: int
+    # DynamoDB on-demand units of that ordinary hour (the check and SendUserAlerts' one empty Query), and
+    # what they cost a month at BudgetSweepSchedule's hourly default (cost_model.budget_sweep_cost)
+    steady_read_units: float
+    steady_write_units: float
+    steady_monthly_usd: float
+    crossing_read_units: float  # the sweep where everyone crossed: its check and every SendUserAlerts page
+    crossing_write_units: float
+    users_usd: str  # the crossing check's users' spend, and what the seeded usage makes it
+    expected_users_usd: str
 
     def verdicts(self) -> dict[str, bool]:
         n = f"{self.users:,} users"
         return {
             f"scale budget, {n}: every alert sent (spend and hold), once": self.alerts_sent == self.alerts_expected,
             f"scale budget, {n}: every user held, then every one released": self.held == self.users == self.released,
+            f"scale budget, {n}: users' spend is what the stored usage makes it, to the cent":
+                self.users_usd == self.expected_users_usd,
             f"scale budget, {n}: CheckUserSpend peak memory under its MemorySize":
                 self.check_peak_mb < self.check_memory_mb,
             f"scale budget, {n}: step outputs under Step Functions' 256 KB":
@@ -176,17 +191,87 @@ class RecordingTopics:
         return {"FailedEntryCount": 0, "Entries": [{"EventId": str(i)} for i, _ in enumerate(Entries)]}
 
 
+class CallCount(Counter):
+    """Calls by service.operation; ``units``: DynamoDB's on-demand read and write units they took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.units: Counter = Counter()
+
+    def clear(self) -> None:
+        super().clear()
+        self.units.clear()
+
+
+def _item_bytes(item: dict) -> int:
+    # Attribute names and values as sent (JSON of the attribute map): close to DynamoDB's item size.
+    return len(json.dumps(item, separators=(",", ":")))
+
+
+def dynamodb_units(operation: str, params: dict, result: dict) -> tuple[str, float]:
+    """("read"|"write", units) of one call as DynamoDB on-demand bills it: a read unit per 4 KB read
+    (half for an eventually consistent read; a Query's items summed, then rounded), a write unit
+    per 1 KB written, twice in a transaction."""
+    if operation in ("GetItem", "Query"):
+        size = _item_bytes(result.get("Item") or {}) if operation == "GetItem" else sum(
+            _item_bytes(item) for item in result.get("Items", []))
+        return "read", max(1, math.ceil(size / 4096)) * (1 if params.get("ConsistentRead") else 0.5)
+    if operation == "PutItem":
+        return "write", max(1, math.ceil(_item_bytes(params["Item"]) / 1024))
+    if operation == "DeleteItem":
+        return "write", 1
+    if operation == "BatchWriteItem":
+        return "write", sum(max(1, math.ceil(_item_bytes(request["PutRequest"]["Item"]) / 1024)) if "PutRequest" in request
+                            else 1 for requests in params["RequestItems"].values() for request in requests)
+    if operation == "TransactWriteItems":
+        return "write", sum(2 * max(1, math.ceil(_item_bytes(entry["Put"]["Item"]) / 1024)) if "Put" in entry else 2
+                            for entry in params["TransactItems"])
+    return "", 0
+
+
 @contextmanager
-def counted_calls() -> Iterator[Counter]:
-    calls: Counter = Counter()
+def counted_calls() -> Iterator[CallCount]:
+    calls = CallCount()
     original = botocore.client.BaseClient._make_api_call
 
     def counting(self: Any, operation: str, params: dict) -> Any:
-        calls[f"{self.meta.service_model.service_name}.{operation}"] += 1
-        return original(self, operation, params)
+        service = self.meta.service_model.service_name
+        calls[f"{service}.{operation}"] += 1
+        result = original(self, operation, params)
+        if service == "dynamodb":
+            kind, units = dynamodb_units(operation, params, result)
+            if kind:
+                calls.units[kind] += units
+        return result
 
     with mock.patch.object(botocore.client.BaseClient, "_make_api_call", counting):
         yield calls
+
+
+@contextmanager
+def partition_queries() -> Iterator[None]:
+    """moto's table Query sorts every item of the table on each call (comparing DynamoType objects) and
+    then keeps its partition's: paging through 30,000 queued alerts beside 100,000 other items is
+    quadratic (most of a 10,000-user run). Here a table Query (no index) sees only its own partition,
+    in key order: the same items, order, limits and LastEvaluatedKey, as DynamoDB reads a Query from
+    its partition alone."""
+    original = Table.query
+
+    def query(self: Table, hash_key: Any, *args: Any, **kwargs: Any) -> Any:
+        index_name = kwargs.get("index_name", args[6] if len(args) > 6 else None)
+        if index_name or hash_key is None or not self.range_key_attr:
+            return original(self, hash_key, *args, **kwargs)
+        everything = self.items
+        # In key order already (one key per item, not a comparison per pair): moto's own sorts then pass once.
+        self.items = ({hash_key: dict(sorted(everything[hash_key].items(), key=lambda pair: pair[0].cast_value))}
+                      if hash_key in everything else {})
+        try:
+            return original(self, hash_key, *args, **kwargs)
+        finally:
+            self.items = everything
+
+    with mock.patch.object(Table, "query", query):
+        yield
 
 
 @contextmanager
@@ -197,7 +282,7 @@ def stored_world(limit: str = LIMIT_USD, action: str = "hold") -> Iterator[dict[
                    "USER_MONTHLY_BUDGET_USD": limit, "USER_THRESHOLDS_PERCENT": "80,100",
                    "PROJECTION_THRESHOLDS_PERCENT": "80,100", "USER_BUDGET_ACTION": action,
                    "RATE_OVERRIDES_JSON": json.dumps({INSTANCE_TYPE: RATE_USD_PER_HOUR}), "STACK_NAME": "hpops"}
-    with mock.patch.dict(os.environ, environment), mock_aws():
+    with mock.patch.dict(os.environ, environment), mock_aws(), partition_queries():
         clients.reset_clients()
         boto3.client("dynamodb").create_table(
             TableName=TABLE, BillingMode="PAY_PER_REQUEST",
@@ -218,19 +303,22 @@ def user_names(users: int) -> list[str]:
     return [f"researcher{i:05d}.lab" for i in range(users)]
 
 
-def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 25) -> None:
+def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 25) -> int:
     """The running total the month's earlier sweeps kept (every user 11 node-hours: over a $1,000
-    limit at $100/h), and the windows since: 24 recent and one settling, ``active`` users each."""
+    limit at $100/h), and the windows since: 24 recent and one settling, ``active`` users each, 0.1
+    node-hour a user. Returns how many windows it stored."""
     earlier = MonthUsage({name: {PARTITION: [11 * 3600, 11 * 3600 * 8, 5, 0]} for name in names}, {PARTITION: GROUP})
     settled_through = now - dt.timedelta(hours=26)
     hour = settled_through.replace(minute=0, second=0, microsecond=0)
     usage_store._save_running_total(TABLE, CLUSTER, f"{now:%Y-%m}", earlier, {f"{hour:%Y-%m-%dT%H:%M:%SZ}": None},
                                     None, "seed", now, boto3.client("dynamodb"))
     groups = [{"InstanceGroupName": GROUP, "InstanceType": INSTANCE_TYPE, "CurrentCount": NODES}]
+    stored = 0
     for step in range(1, windows + 1):
         start = hour + dt.timedelta(hours=step)
         if start > now:
             break
+        stored += 1
         window_users = [names[(step * active + i) % len(names)] for i in range(min(active, len(names)))]
         records = [UsageRecord(name, PARTITION, 360, 360 * 96, 360 * 8, 1) for name in window_users]
         parts = [records[i:i + RECORDS_PER_PART] for i in range(0, len(records), RECORDS_PER_PART)]
@@ -241,6 +329,7 @@ def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 2
                                  contract.USAGE_OK, "", f"{collected:%Y-%m-%dT%H:%M:%SZ}", tuple(part),
                                  {PARTITION: GROUP}, number, len(parts))
             usage_store.store_usage(TABLE, report, int(now.timestamp()), groups)
+    return stored
 
 
 def _measured(run: Any, memory: bool = True) -> tuple[Any, float, float]:
@@ -267,7 +356,7 @@ def sweep(now: dt.datetime, owner: str, calls: Counter, topics: RecordingTopics,
     calls.clear()
     result, seconds, peak = _measured(lambda: spend_check.check_user_spend(
         UserSpendConfig.from_env(), request, observed, ce=NoBill(), pricing=NoBill(), owner=owner), memory)
-    check = {"calls": sum(calls.values()), "seconds": seconds, "peak": peak, "result": result,
+    check = {"calls": sum(calls.values()), "units": dict(calls.units), "seconds": seconds, "peak": peak, "result": result,
              "output": len(json.dumps({k: v for k, v in result.items() if k not in ("userRows", "alertSummaries")}))}
     calls.clear()
     sent, pages, send_peak, send_output = 0, 0, 0.0, 0
@@ -281,7 +370,7 @@ def sweep(now: dt.datetime, owner: str, calls: Counter, topics: RecordingTopics,
         send_peak, send_output = max(send_peak, peak), max(send_output, len(json.dumps(page)))
         if not page["more"]:
             break
-    send = {"calls": sum(calls.values()), "pages": pages, "sent": sent, "peak": send_peak, "output": send_output}
+    send = {"calls": sum(calls.values()), "units": dict(calls.units), "pages": pages, "sent": sent, "peak": send_peak, "output": send_output}
     return check, send
 
 
@@ -304,7 +393,7 @@ def measure(users: int) -> ScaleRow:
     memory = memory_sizes()
     topics = RecordingTopics()
     with stored_world():
-        seed_month(names, MONTH_END, active)
+        windows = seed_month(names, MONTH_END, active)
         clients.client("dynamodb"), clients.client("ssm")  # a warm function: its clients exist
         with counted_calls() as calls:
             check, send = sweep(MONTH_END, "arn:execution:crossing", calls, topics)
@@ -323,6 +412,8 @@ def measure(users: int) -> ScaleRow:
             released = release_check["result"]["holdAlerts"]
             still_held = user_holds.parse_document(user_holds_store.read(TABLE, CLUSTER)["value"])["users"]
     steady, steady_send = measure_steady(names, active)
+    steady_units = {f"steady_{kind}_units": steady["units"].get(kind, 0) + steady_send["units"].get(kind, 0)
+                    for kind in ("read", "write")}
     # Each user: one actual and one projected alert (the highest threshold crossed), and one hold alert.
     expected = 3 * users
     return ScaleRow(
@@ -336,7 +427,19 @@ def measure(users: int) -> ScaleRow:
         holds_answer_bytes=holds_answer, holds_pages=summary["pages"], largest_item_bytes=largest,
         marker_bytes=len(marker.encode()), usage_windows_read=outcome["folded"] + outcome["recent"],
         steady_calls=steady["calls"] + steady_send["calls"], steady_seconds=round(steady["seconds"], 2),
-        steady_peak_mb=round(steady["peak"], 1), steady_alerts=steady["result"]["alertCount"])
+        steady_peak_mb=round(steady["peak"], 1), steady_alerts=steady["result"]["alertCount"],
+        **steady_units, steady_monthly_usd=budget_sweep_cost(steady_units["steady_read_units"],
+                                                             steady_units["steady_write_units"])["usd"],
+        crossing_read_units=check["units"].get("read", 0) + send["units"].get("read", 0),
+        crossing_write_units=check["units"].get("write", 0) + send["units"].get("write", 0),
+        users_usd=check["result"]["usersUsd"], expected_users_usd=expected_spend(users, active, windows))
+
+
+def expected_spend(users: int, active: int, windows: int) -> str:
+    """What seed_month stored, priced: every user's 11 settled node-hours, plus 0.1 node-hour for each of
+    ``active`` users in each of its windows, at RATE_USD_PER_HOUR."""
+    node_hours = Decimal(11 * users) + Decimal("0.1") * active * windows
+    return f"{node_hours * Decimal(RATE_USD_PER_HOUR):.2f}"
 
 
 def measure_steady(names: list[str], active: int) -> tuple[dict, dict]:
@@ -362,6 +465,9 @@ def render(rows: list[ScaleRow]) -> str:
 
 
 def scale_budget_section(sizes: tuple[int, ...] = SIZES) -> tuple[list[ScaleRow], dict[str, bool]]:
+    # moto's and botocore's first use loads their models (about 90 MB): a warm function's memory does
+    # not hold moto, so the first size is not charged with it.
+    measure_steady(user_names(5), 5)
     rows = [measure(users) for users in sizes]
     verdicts: dict[str, bool] = {}
     for row in rows:

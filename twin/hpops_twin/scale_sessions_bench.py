@@ -3,11 +3,12 @@
 
 A twin run of 50 agents with thousands of sessions would take far longer than the rest of the bench, so
 each size stores the nodes' reports the way RecordNodeReport does (the agent's own report section,
-hpops_node_agent.ssh_sessions.reported_sessions; the real parse and store), in moto's DynamoDB, then:
+hpops_node_agent.ssh_sessions.reported_sessions; the real parse and store, and the per-user items kept from
+it, node_channel/user_sessions.py), in moto's DynamoDB, then:
 
 * a user at the default limit of 2 opens a third session, the newest, on the busiest node (half of the
   logged-in users sit there, as a campus NAT sends them): the real CheckReportedSessions handler reads
-  the stored reports and must start a check naming that user; the run's decision (read_cluster_state,
+  that user's items alone and must start a check naming that user; the run's decision (read_cluster_state,
   decide_cluster_wide, instruct_nodes) must tell that node to end exactly that session, and the node's
   agent must accept the instruction (parse_end_sessions);
 * one login node is replaced: the sync's plan_targets must register the new IP, deregister the old and
@@ -16,8 +17,10 @@ hpops_node_agent.ssh_sessions.reported_sessions; the real parse and store), in m
 Per size it prints the calls, each function's peak memory (the process after its imports, measured in a
 fresh interpreter, plus tracemalloc's peak for the work, which counts moto's side of the calls too: an
 upper bound) against its MemorySize in template.yaml, the
-largest report and stored item against EventBridge's, Lambda's and DynamoDB's limits, the read units
-of one check, and the month's cost (cost_model.activity_cost). The twin test
+largest report and stored item against EventBridge's, Lambda's and DynamoDB's limits, what one check
+reads (items, bytes, read units: measured through botocore's hooks, beside what the same change read
+when the check read every node's report), what the change writes beyond the report item, and the
+month's cost (cost_model.activity_cost) priced by those reads and writes. The twin test
 tests/twin/test_cluster_session_limit_twin.py runs a 1,000-session node end to end.
 `python -m hpops_twin.scale_sessions_bench [--merge docs/bench.json]` runs this section alone.
 """
@@ -52,6 +55,7 @@ OVER_USER = "overlimit"
 EVENTBRIDGE_ENTRY_BYTES = 256 * 1024
 LAMBDA_ASYNC_PAYLOAD_BYTES = 256 * 1024
 DYNAMODB_ITEM_BYTES = 400 * 1024
+PRESENCE_ITEM_BYTES = 200  # a node's presence item (user_sessions.py), a bound on the ~170 bytes measured
 FUNCTIONS = {  # logical id -> (code directory, handler module)
     "RecordNodeReportFunction": ("functions/node_reports", "app"),
     "CheckReportedSessionsFunction": ("functions/session_limits", "check_reported_sessions"),
@@ -72,7 +76,15 @@ class ScaleRow:
     max_item_bytes: int  # the stored DynamoDB item
     mean_item_bytes: int
     check_calls: dict
-    check_read_units: float  # one CheckReportedSessions run, by item size and read kind
+    check_read_units: float  # one CheckReportedSessions run, by item size and read kind (measured)
+    check_items_read: int
+    check_bytes_read: int
+    before_read_units: float  # the same change read the way the check did before per-user items
+    before_items_read: int
+    before_bytes_read: int
+    change_write_units: float  # what RecordNodeReport writes for the change beyond the report item
+    change_writes: dict  # its DynamoDB calls beyond the report item
+    heartbeat_extra_units: dict  # what each report (a heartbeat too) adds: the node's presence read and written
     check_started: bool
     ended: list  # [node, handle] the run told a node to end
     ended_right: bool
@@ -118,7 +130,7 @@ def _sessions(node_index: int, placed: list[tuple[str, float]]):
                    for i, (user, started) in enumerate(placed)), key=lambda s: (s.started_at, s.handle))
 
 
-def _event(instance: str, index: int, section: dict) -> dict:
+def _event(instance: str, index: int, section: dict, sequence: int) -> dict:
     from hpops_core.node_channel import contract
 
     detail = {"format": contract.REPORT_FORMAT, "cluster": CLUSTER, "instanceId": instance, "ip": f"10.1.{index // 250}.{index % 250 + 4}",
@@ -127,19 +139,52 @@ def _event(instance: str, index: int, section: dict) -> dict:
                                "fingerprints": {t: "SHA256:" + "A" * 43 for t in ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512")}},
               "loginLimits": {"version": "7", "result": "unchanged", "reason": "limits already applied"},
               "sessions": section}
-    return {"version": "0", "id": f"{index:08d}-0000-0000-0000-000000000000", "source": contract.REPORT_SOURCE,
+    return {"version": "0", "id": f"{index:08d}-{sequence:04d}-0000-0000-000000000000", "source": contract.REPORT_SOURCE,
             "detail-type": contract.REPORT_DETAIL_TYPE, "account": "123456789012", "time": "2026-11-23T08:00:01Z",
             "region": "us-east-1", "resources": [], "detail": detail}
 
 
 class _Calls:
-    """AWS calls made through botocore, by service.operation (a before-call hook on every client)."""
+    """AWS calls made through botocore, by service.operation (a before-call hook on every client), and
+    DynamoDB's units for them: reads by the bytes of the items returned (4 KB a unit per request, half
+    for an eventually consistent read), writes by the larger of the item's old and new size (1 KB a unit)."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
+        self.read_units = 0.0
+        self.write_units = 0.0
+        self.items_read = 0
+        self.bytes_read = 0
+        self._params: dict = {}
 
     def hook(self, model, **_: Any) -> None:
         self.counts[f"{model.service_model.service_name}.{model.name}"] += 1
+
+    def capture(self, params, **_: Any) -> None:  # the call's own parameters (before-call has the wire form)
+        self._params = params
+
+    def after(self, model, parsed, **_: Any) -> None:
+        if model.service_model.service_name != "dynamodb":
+            return
+        items = parsed.get("Items") or ([parsed["Item"]] if "Item" in parsed else [])
+        size = sum(_item_bytes(i) for i in items)
+        if model.name in ("Query", "GetItem"):
+            self.items_read += len(items)
+            self.bytes_read += size
+            self.read_units += max(1, math.ceil(size / 4096)) * (1 if self._params.get("ConsistentRead") else 0.5)
+        elif model.name in ("PutItem", "DeleteItem", "UpdateItem"):
+            written = _item_bytes(self._params.get("Item") or {})
+            self.write_units += max(1, math.ceil(max(written, _item_bytes(parsed.get("Attributes") or {})) / 1024))
+
+    def register(self, client_) -> None:
+        client_.meta.events.register("provide-client-params.*.*", self.capture)
+        client_.meta.events.register("before-call.*.*", self.hook)
+        client_.meta.events.register("after-call.*.*", self.after)
+
+    def unregister(self, client_) -> None:
+        client_.meta.events.unregister("provide-client-params.*.*", self.capture)
+        client_.meta.events.unregister("before-call.*.*", self.hook)
+        client_.meta.events.unregister("after-call.*.*", self.after)
 
 
 class _Context:
@@ -177,7 +222,8 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
 
     from hpops_core.common.clients import reset_clients
     from hpops_core.common.state_table import node_report_partition
-    from hpops_core.node_channel import report_store, session_changes
+    from hpops_core.common.clients import client
+    from hpops_core.node_channel import report_store, session_changes, user_sessions
     from hpops_core.node_channel.reports import parse_report_event
     from hpops_core.session_limits import node_sessions
     from hpops_core.session_limits.cluster_sessions import decide_cluster_wide
@@ -206,25 +252,41 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
         now = datetime.now(timezone.utc)
         received = now.strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
-        def store(index: int, listed) -> tuple[dict, Any, dict | None, int]:
-            event = _event(nodes[index], index, reported_sessions(listed) | {"ended": []})
+        sequences = Counter()
+
+        def store(index: int, listed, calls: _Calls | None = None) -> tuple[dict, Any, dict | None, int, Any]:
+            # As RecordNodeReport: the report stored, then its users' items and the node's presence.
+            sequences[index] += 1
+            event = _event(nodes[index], index, reported_sessions(listed) | {"ended": []}, sequences[index])
             report = parse_report_event(event)
-            previous = report_store.store_report("state", CLUSTER, report, received, int(now.timestamp()), event["id"])
-            return event, report, previous, len(json.dumps(event["detail"], separators=(",", ":")))
+            previous = report_store.store_report("state", CLUSTER, report, received, int(now.timestamp()), event["id"],
+                                                 sequences[index])
+            if calls is not None:
+                calls.register(client("dynamodb"))
+            sync = user_sessions.keep_user_sessions("state", CLUSTER, report, previous, received, int(now.timestamp()),
+                                                    event["id"], sequences[index])
+            if calls is not None:
+                calls.unregister(client("dynamodb"))
+            return event, report, previous, len(json.dumps(event["detail"], separators=(",", ":"))), sync
 
         report_bytes, event_bytes = [], []
         listed_by_node = {}
         for index, node in enumerate(nodes):
             listed_by_node[node] = _sessions(index, placed[node])
-            event, _, _, size = store(index, listed_by_node[node])
+            event, _, _, size, _ = store(index, listed_by_node[node])
             report_bytes.append(size)
             event_bytes.append(len(json.dumps(event)))
+        # A heartbeat: the same sessions again; what it adds to the report item's write.
+        heartbeat = _Calls()
+        store(0, listed_by_node[nodes[0]], heartbeat)
         # The crossing: the over-limit user's third session, the newest, on the busiest node.
         from hpops_node_agent.ssh_sessions import NodeSession
 
         crossing = NodeSession("5eed0b07:999999:999999999", OVER_USER, "ssh", True, 1_764_000_000.0 + 10 * logged_in)
         listed_by_node[nodes[0]] = listed_by_node[nodes[0]] + [crossing]
-        (event, report, previous, size), record_peak = _traced(lambda: store(0, listed_by_node[nodes[0]]))
+        change_calls = _Calls()
+        (event, report, previous, size, sync), record_peak = _traced(
+            lambda: store(0, listed_by_node[nodes[0]], change_calls))
         report_bytes.append(size)
         event_bytes.append(len(json.dumps(event)))
         change = session_changes.sessions_change(previous, report, event["id"])
@@ -236,18 +298,17 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
         # CheckReportedSessions, the real handler, on the stored reports.
         calls = _Calls()
         announcement = {"source": "hpops.node-reports", "detail-type": "HyperPod Login Node Sessions Changed",
-                        "detail": json.loads(session_changes.announcement(CLUSTER, report, received)["Detail"])}
+                        "detail": json.loads(session_changes.announcement(
+                            CLUSTER, report, received, user_sessions.announced_users(sync))["Detail"])}
         sys.path.insert(0, str(REPO_ROOT / "functions/session_limits"))
         try:
             import check_reported_sessions
         finally:
             sys.path.pop(0)
-        from hpops_core.common.clients import client
-
         # A warm container's clients, built before the work; moto's SSM backend loads its own data on first use.
         client("ssm").describe_parameters(MaxResults=1)
         for service in ("dynamodb", "stepfunctions", "ssm"):
-            client(service).meta.events.register("before-call.*.*", calls.hook)
+            calls.register(client(service))
         logs = io.StringIO()
         handler = check_reported_sessions.logger.registered_handler
         stream = handler.setStream(logs)
@@ -256,9 +317,13 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
         finally:
             handler.setStream(stream)
         check_calls = dict(sorted(calls.counts.items()))
-        # Read units: the eventually consistent Query of every node's item (one 4 KB unit per 4 KB of the
-        # page, half a unit each), the announcing node's strongly consistent GetItem, the ledger's Query (empty).
-        read_units = 0.5 * math.ceil(sum(item_sizes) / 4096) + math.ceil(item_sizes[0] / 4096) + 1
+        for service in ("dynamodb", "stepfunctions", "ssm"):
+            calls.unregister(client(service))
+        # Before per-user items, the check read every node's report: the eventually consistent Query of
+        # the node-report partition (half a 4 KB unit per 4 KB of the page), the announcing node's item
+        # strongly consistent, the ledger's Query (empty: one unit).
+        busy_item = next(size for item, size in zip(items, item_sizes) if item["sk"]["S"].endswith(nodes[0]))
+        before_units = 0.5 * math.ceil(sum(item_sizes) / 4096) + math.ceil(busy_item / 4096) + 1
 
         # The run's SSH half, fed the same store: what it tells each node.
         def run_decision():
@@ -284,12 +349,17 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
     default_memory = template.raw["Globals"]["Function"]["MemorySize"]
     memory = {name: int(functions[name].properties.get("MemorySize", default_memory)) for name in FUNCTIONS}
     log_bytes = len(logs.getvalue().encode())
+    heartbeat_units = {"read": heartbeat.read_units, "write": heartbeat.write_units}
+    change_units = change_calls.write_units - heartbeat.write_units  # the users' items, beyond the presence
     cost = activity_cost(login_nodes=login_nodes, active_users=logged_in, mean_item_bytes=sum(item_sizes) / len(item_sizes),
-                         max_report_bytes=max(report_bytes), check_read_units=read_units, check_log_bytes=log_bytes)
+                         max_report_bytes=max(report_bytes), check_read_units=calls.read_units, check_log_bytes=log_bytes,
+                         report_extra_units=heartbeat_units, change_write_units=change_units)
     return ScaleRow(
         login_nodes, users, logged_in, sum(len(v) for v in placed.values()) + 1, len(listed_by_node[nodes[0]]),
         busiest_listed, max(report_bytes), max(event_bytes), max(item_sizes), round(sum(item_sizes) / len(item_sizes)),
-        check_calls, read_units, bool(checked["start"] and checked["users"] == [OVER_USER]),
+        check_calls, calls.read_units, calls.items_read, calls.bytes_read, before_units, len(items), sum(item_sizes),
+        change_units, {k: v for k, v in sorted(change_calls.counts.items())}, heartbeat_units,
+        bool(checked["start"] and checked["users"] == [OVER_USER] and checked["read"] == [OVER_USER]),
         ended, ended_right, targets_right,
         {name: round(baseline_mb[name] + peaks[name], 1) for name in FUNCTIONS}, memory, log_bytes,
         cost["automation_usd"], cost)
@@ -314,17 +384,24 @@ def scale_rows() -> list[ScaleRow]:
 
 def render(rows: list[ScaleRow]) -> str:
     header = (f"{'sessions at scale':<30} {'sessions':>8} {'busiest':>7} {'listed':>6} {'report KB':>9} {'item KB':>7} "
-              f"{'check RU':>8} {'ended':>5} {'targets':>7} {'USD/month':>9}  peak MB / MemorySize")
+              f"{'check reads before':>22} {'check reads now':>18} {'WU/change':>9} {'ended':>5} {'targets':>7} "
+              f"{'USD/month':>9}  peak MB / MemorySize")
     lines = [header, "-" * len(header)]
     for r in rows:
         peaks = ", ".join(f"{name.removesuffix('Function')} {r.peak_mb[name]:.0f}/{r.memory_mb[name]}" for name in FUNCTIONS)
+        before = f"{r.before_items_read} it {r.before_bytes_read / 1024:.0f} KB {r.before_read_units:.1f} RU"
+        now = f"{r.check_items_read} it {r.check_bytes_read / 1024:.1f} KB {r.check_read_units:.1f} RU"
         lines.append(f"{f'{r.login_nodes} login nodes, {r.users:,} users':<30} {r.sessions:>8,} {r.busiest_node_sessions:>7,} "
                      f"{r.busiest_node_listed:>6,} {r.max_report_bytes / 1024:>9.1f} {r.max_item_bytes / 1024:>7.1f} "
-                     f"{r.check_read_units:>8.1f} {'yes' if r.ended_right else 'NO':>5} {'yes' if r.targets_right else 'NO':>7} "
+                     f"{before:>22} {now:>18} {r.change_write_units:>9.0f} "
+                     f"{'yes' if r.ended_right else 'NO':>5} {'yes' if r.targets_right else 'NO':>7} "
                      f"{r.monthly_usd:>9.2f}  {peaks}")
     lines.append(f"(limits: EventBridge entry {EVENTBRIDGE_ENTRY_BYTES // 1024} KB, Lambda asynchronous payload "
-                 f"{LAMBDA_ASYNC_PAYLOAD_BYTES // 1024} KB, DynamoDB item {DYNAMODB_ITEM_BYTES // 1024} KB; check calls: "
-                 + "; ".join(f"{r.login_nodes} nodes " + ", ".join(f"{k}={v}" for k, v in r.check_calls.items()) for r in rows) + ")")
+                 f"{LAMBDA_ASYNC_PAYLOAD_BYTES // 1024} KB, DynamoDB item {DYNAMODB_ITEM_BYTES // 1024} KB; every report "
+                 f"also reads and writes its node's presence: {rows[0].heartbeat_extra_units}; check calls: "
+                 + "; ".join(f"{r.login_nodes} nodes " + ", ".join(f"{k}={v}" for k, v in r.check_calls.items()) for r in rows)
+                 + "; the change's writes: " + "; ".join(f"{r.login_nodes} nodes " + ", ".join(
+                     f"{k}={v}" for k, v in r.change_writes.items()) for r in rows) + ")")
     return "\n".join(lines)
 
 
@@ -333,6 +410,11 @@ def verdicts_of(rows: list[ScaleRow]) -> dict[str, bool]:
     return {
         f"sessions at scale: at {sizes} login nodes a login over the limit on the busiest node is checked and ended, nobody else's":
             all(r.check_started and r.ended_right for r in rows),
+        "sessions at scale: a session change reads that user's items, the ledger and a small presence item per "
+        "login node, far less than every node's report":
+            all(r.check_items_read == r.login_nodes + 2  # the presences and the user's items on 2 nodes (ledger empty)
+                and r.check_read_units <= 2 + math.ceil(r.login_nodes * PRESENCE_ITEM_BYTES / 4096)
+                and r.check_read_units < r.before_read_units / 2 for r in rows),
         f"sessions at scale: targets right at {sizes} login nodes": all(r.targets_right for r in rows),
         "sessions at scale: every report and stored item within EventBridge's, Lambda's and DynamoDB's limits":
             all(r.max_report_bytes < EVENTBRIDGE_ENTRY_BYTES and r.max_event_bytes < LAMBDA_ASYNC_PAYLOAD_BYTES

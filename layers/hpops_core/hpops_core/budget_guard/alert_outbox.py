@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from itertools import islice
 from typing import Any
 
 from hpops_core.budget_guard.alert_state import partition_key
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.common.paged_items import batch_write
+from hpops_core.common.paged_items import BATCH_WRITE, batch_write
 
 PREFIX = "outbox#"
 # Alerts sent per SendUserAlerts invocation: 3 batched calls per 10 alerts, well inside its timeout.
@@ -39,15 +40,19 @@ def outbox_key(alert: Mapping[str, Any]) -> str:
 
 
 def queue(table: str, cluster: str, alerts: Iterable[Mapping[str, Any]], now: dt.datetime, dynamodb: Any = None) -> int:
-    """Put each alert's item (the same alert queued twice is one item); returns how many."""
+    """Put each alert's item (the same alert queued twice is one item), a batch at a time as ``alerts``
+    yields them (only one batch's items in memory); returns how many."""
     ttl = str(int((now + OUTBOX_TTL).timestamp()))
     queued_at = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    requests = [{"PutRequest": {"Item": {
-        "pk": {"S": partition_key(cluster)}, "sk": {"S": outbox_key(alert)},
-        "alert": {"S": json.dumps(alert, sort_keys=True, separators=(",", ":"))},
-        "queuedAt": {"S": queued_at}, "ttl": {"N": ttl}}}} for alert in alerts]
-    batch_write(table, requests, dynamodb)
-    return len(requests)
+    alerts = iter(alerts)
+    count = 0
+    while batch := [{"PutRequest": {"Item": {
+            "pk": {"S": partition_key(cluster)}, "sk": {"S": outbox_key(alert)},
+            "alert": {"S": json.dumps(alert, sort_keys=True, separators=(",", ":"))},
+            "queuedAt": {"S": queued_at}, "ttl": {"N": ttl}}}} for alert in islice(alerts, BATCH_WRITE)]:
+        batch_write(table, batch, dynamodb)
+        count += len(batch)
+    return count
 
 
 def page(table: str, cluster: str, limit: int = PAGE_SIZE, dynamodb: Any = None) -> tuple[list[tuple[str, dict]], bool]:

@@ -35,7 +35,7 @@ from hpops_core.budget_guard.user_spend import SpendReport
 from hpops_core.budget_guard.usage_store import status_key
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import TransientAwsError
-from hpops_core.common.paged_items import page_prefix, read_pages, write_pages
+from hpops_core.common.paged_items import page_prefix, put_header, read_pages, write_pages
 from hpops_core.node_channel import user_holds_store
 from hpops_core.node_channel.report_proof import ReportReplayError
 
@@ -87,15 +87,9 @@ def _save_state(table: str, cluster: str, previous_revision: int, held: Mapping[
             "pages": {"N": str(pages)}, "users": {"N": str(len(rows))},
             "owner": {"S": owner}, "revision": {"N": str(revision)}, "version": {"S": version},
             "decidedAt": {"S": now.strftime("%Y-%m-%dT%H:%M:%SZ")}}
-    try:
-        with transient_errors_named("dynamodb:PutItem"):
-            client("dynamodb").put_item(TableName=table, Item=item,
-                                        ConditionExpression="attribute_not_exists(pk) OR revision = :revision",
-                                        ExpressionAttributeValues={":revision": {"N": str(previous_revision)}})
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            raise TransientAwsError("dynamodb:PutItem: another execution decided the holds first; retry") from error
-        raise
+    # Revisions start at 1: 0 is "none read".
+    if not put_header(table, item, str(previous_revision) if previous_revision else None):
+        raise TransientAwsError("dynamodb:PutItem: another execution decided the holds first; retry")
 
 
 def read_releases(table: str, cluster: str, month: str, dynamodb: Any = None) -> dict[str, holds.Release]:

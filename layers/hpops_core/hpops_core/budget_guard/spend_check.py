@@ -18,7 +18,8 @@ from hpops_core.budget_guard.guard import AlertDeliveryError
 from hpops_core.budget_guard.alert_state import TTL, TTL_ATTRIBUTE, alert_table, fired_keys, partition_key
 from hpops_core.budget_guard.ce_cache import CacheOutcome, billed_month_cached
 from hpops_core.budget_guard.pricing import rates_for
-from hpops_core.budget_guard.user_spend import SpendReport, decide_user_alerts, report_document, spend_report
+from hpops_core.budget_guard.user_spend import (SpendReport, UserAlert, decide_user_alerts, report_document,
+                                                 spend_report, user_document)
 from hpops_core.common.clients import transient_errors_named
 from hpops_core.common.paged_items import batch_write
 
@@ -33,6 +34,8 @@ MAX_USER_ROWS = 200
 MAX_ALERT_SUMMARIES = 10
 MAX_WARNINGS = 20
 SEND_BATCH = 10  # SNS PublishBatch and EventBridge PutEvents take at most 10 entries a call
+# Alerts queued and marked fired this many at a time: the step holds one chunk's items, not every user's.
+QUEUE_CHUNK = 500
 # Sent alerts are deleted every 50 (two BatchWriteItem calls): a send that dies resends at most these.
 DELETE_EVERY = 50
 
@@ -69,31 +72,41 @@ def check_user_spend(config: Any, request: Mapping[str, Any], observed: Mapping[
     table = alert_table(config.state_table)
     with transient_errors_named("dynamodb:Query"):
         already = fired_keys(table, config.cluster_name, report.month)
-    document = report_document(report)
-    spend_of = {u["user"]: u for u in document["users"]}
     decided = decide_user_alerts(report, config.thresholds, already)
-    alerts = [{"cluster": report.cluster, "month": report.month, "asOf": report.as_of, "user": alert.user,
-               "kind": alert.kind, "thresholdPercent": f"{alert.threshold.normalize():f}", "key": alert.key,
-               "summary": alert.summary, "spend": spend_of[alert.user]} for alert in decided]
-    # Queued first, marked after: a failure between the two queues the same items again next time.
-    alert_outbox.queue(config.state_table, config.cluster_name, alerts, now)
-    mark_all_fired(config.state_table, config.cluster_name, [key for a in decided for key in a.crossed], now, owner)
+    queued = queue_and_mark(config, report, decided, now, owner)
     # Holds are decided from the same report, after the spend alerts (their alerts are queued with them).
     holds = hold_state.check_holds(config, report, now, owner, config.stack_name, items)
     hold_alerts = holds.pop("alerts")
+    document = report_document(report, max_users=MAX_USER_ROWS)
     top = ", ".join(f"{u['user']} ${u['usd']}" for u in document["users"][:3])
     rows = [{k: u[k] for k in ("user", "nodeHours", "gpuHours", "usd", "percentOfLimit", "projectedUsd")}
-            for u in document["users"][:MAX_USER_ROWS]]
-    count = len(alerts) + hold_alerts
+            for u in document["users"]]
+    count = queued["count"] + hold_alerts
     return {
-        "userRows": rows, "alertSummaries": [a["summary"] for a in alerts[:MAX_ALERT_SUMMARIES]],
+        "userRows": rows, "alertSummaries": queued["summaries"],
         "users": len(report.users), "usersUsd": document["usersUsd"], "idleUsd": document["idle"]["usd"],
         "clusterCostUsd": document["clusterCost"]["usd"], "warnings": document["warnings"][:MAX_WARNINGS],
-        "alertCount": count, "spendAlerts": len(alerts), "holdAlerts": hold_alerts,
+        "alertCount": count, "spendAlerts": queued["count"], "holdAlerts": hold_alerts,
         "reason": (f"{len(report.users)} user(s) this month, top: {top or 'none'}; {count} new alert(s) queued"),
         "holds": holds,
         "costExplorer": cost_explorer.as_dict(),
     }
+
+
+def queue_and_mark(config: Any, report: SpendReport, decided: list[UserAlert], now: dt.datetime,
+                   owner: str) -> dict[str, Any]:
+    """Each decided alert queued (alert_outbox), then its keys marked fired, QUEUE_CHUNK alerts at a
+    time: memory stays a chunk's whatever the count. A failure between the two queues the same items
+    again next time (the same keys): never marked before queued."""
+    spend_of = {u.user: u for u in report.users}
+    for start in range(0, len(decided), QUEUE_CHUNK):
+        chunk = decided[start:start + QUEUE_CHUNK]
+        alert_outbox.queue(config.state_table, config.cluster_name, (
+            {"cluster": report.cluster, "month": report.month, "asOf": report.as_of, "user": alert.user,
+             "kind": alert.kind, "thresholdPercent": f"{alert.threshold.normalize():f}", "key": alert.key,
+             "summary": alert.summary, "spend": user_document(spend_of[alert.user])} for alert in chunk), now)
+        mark_all_fired(config.state_table, config.cluster_name, [key for a in chunk for key in a.crossed], now, owner)
+    return {"count": len(decided), "summaries": [a.summary for a in decided[:MAX_ALERT_SUMMARIES]]}
 
 
 def send_queued_alerts(config: Any, *, sns: Any, events: Any, dynamodb: Any = None,

@@ -34,7 +34,7 @@ from hpops_core.budget_guard.usage_capacity import WindowTotal, check_window, ne
 from hpops_core.budget_guard.usage_reports import UsageRecord, UsageReport
 from hpops_core.budget_guard.user_spend import MonthUsage, recent_since
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.common.paged_items import page_prefix, read_pages, write_pages
+from hpops_core.common.paged_items import page_prefix, put_header, read_pages, write_pages
 from hpops_core.node_channel.contract import USAGE_OK
 from hpops_core.node_channel.report_proof import ReportReplayError
 
@@ -351,17 +351,7 @@ def _save_running_total(table: str, cluster: str, month: str, usage: MonthUsage,
             "partitionGroups": {"S": json.dumps(usage.partition_groups, sort_keys=True)},
             "voided": {"S": json.dumps(voided, sort_keys=True)},
             "ttl": {"N": str(int(now.timestamp()) + USAGE_TTL_SECONDS)}}
-    condition = ({"ConditionExpression": "attribute_not_exists(pk)"} if header is None else
-                 {"ConditionExpression": "revision = :revision",
-                  "ExpressionAttributeValues": {":revision": {"N": header["revision"]["N"]}}})
-    try:
-        with transient_errors_named("dynamodb:PutItem"):
-            dynamodb.put_item(TableName=table, Item=item, **condition)
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            return False
-        raise
-    return True
+    return put_header(table, item, header["revision"]["N"] if header else None, dynamodb)
 
 
 def cluster_items(table: str, cluster: str, dynamodb: Any = None) -> dict[str, dict[str, Any]]:

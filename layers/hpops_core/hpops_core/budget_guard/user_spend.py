@@ -314,35 +314,42 @@ def decide_user_alerts(report: SpendReport, thresholds: Sequence[Decimal], alrea
     return alerts
 
 
-def report_document(report: SpendReport, thresholds: Sequence[Decimal] = ()) -> dict[str, Any]:
-    """The report as JSON-safe data (Step Functions state, `hpops cost --json`): money as strings."""
-    def money(amount: Decimal) -> str:
-        return f"{amount.quantize(_CENT, ROUND_HALF_UP):f}"
+def _money(amount: Decimal) -> str:
+    return f"{amount.quantize(_CENT, ROUND_HALF_UP):f}"
 
-    def hours(amount: Decimal) -> str:
-        return f"{amount.quantize(Decimal('0.01'), ROUND_HALF_UP):f}"
 
-    users = []
-    for u in report.users:
-        actual, projected = u.percent(u.usd), u.percent(u.projected_usd)
-        users.append({
-            "user": u.user, "nodeHours": hours(u.node_hours), "gpuHours": hours(u.gpu_hours), "jobs": u.jobs,
-            "usd": money(u.usd), "unpricedNodeHours": hours(u.unpriced_node_hours),
-            "runRateUsdPerHour": money(u.run_rate_usd_per_hour), "projectedUsd": money(u.projected_usd),
-            "limitUsd": None if u.limit_usd is None else money(u.limit_usd), "limitSource": u.limit_source,
-            "percentOfLimit": None if actual is None else f"{actual:f}",
-            "projectedPercentOfLimit": None if projected is None else f"{projected:f}",
-            "rateSources": list(u.sources),
-        })
+def _hours(amount: Decimal) -> str:
+    return f"{amount.quantize(Decimal('0.01'), ROUND_HALF_UP):f}"
+
+
+def user_document(u: UserSpend) -> dict[str, Any]:
+    """One user's line of report_document: money as strings."""
+    actual, projected = u.percent(u.usd), u.percent(u.projected_usd)
+    return {
+        "user": u.user, "nodeHours": _hours(u.node_hours), "gpuHours": _hours(u.gpu_hours), "jobs": u.jobs,
+        "usd": _money(u.usd), "unpricedNodeHours": _hours(u.unpriced_node_hours),
+        "runRateUsdPerHour": _money(u.run_rate_usd_per_hour), "projectedUsd": _money(u.projected_usd),
+        "limitUsd": None if u.limit_usd is None else _money(u.limit_usd), "limitSource": u.limit_source,
+        "percentOfLimit": None if actual is None else f"{actual:f}",
+        "projectedPercentOfLimit": None if projected is None else f"{projected:f}",
+        "rateSources": list(u.sources),
+    }
+
+
+def report_document(report: SpendReport, thresholds: Sequence[Decimal] = (),
+                    max_users: int | None = None) -> dict[str, Any]:
+    """The report as JSON-safe data (Step Functions state, `hpops cost --json`): money as strings.
+    ``max_users``: only the highest spenders' lines (the totals still count every user)."""
+    users = [user_document(u) for u in report.users[:max_users]]
     # Rounded line by line, then idle as what is left, so the printed cents add up to the printed total.
-    users_cents = sum((Decimal(u["usd"]) for u in users), Decimal(0))
-    idle_cents = Decimal(money(report.cluster_cost.usd)) - users_cents - Decimal(money(report.other.usd))
+    users_cents = sum((Decimal(_money(u.usd)) for u in report.users), Decimal(0))
+    idle_cents = Decimal(_money(report.cluster_cost.usd)) - users_cents - Decimal(_money(report.other.usd))
     return {
         "cluster": report.cluster, "month": report.month, "asOf": report.as_of, "users": users,
         "usersUsd": f"{users_cents:f}",
         "idle": {"usd": f"{idle_cents:f}", "reason": report.idle.reason},
-        "other": {"usd": money(report.other.usd), "reason": report.other.reason},
-        "clusterCost": {"usd": money(report.cluster_cost.usd), "reason": report.cluster_cost.reason},
+        "other": {"usd": _money(report.other.usd), "reason": report.other.reason},
+        "clusterCost": {"usd": _money(report.cluster_cost.usd), "reason": report.cluster_cost.reason},
         "rates": list(report.rates), "warnings": list(report.warnings), "collector": report.collector,
         "thresholdsPercent": [f"{t.normalize():f}" for t in thresholds],
     }

@@ -14,6 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import TransientAwsError
 
@@ -75,6 +77,22 @@ def write_pages(table: str, pk: str, prefix: str, entries: Sequence[Any], now: d
         "entries": {"S": json.dumps(page, separators=(",", ":"))}, "ttl": {"N": ttl}}}}
         for number, page in enumerate(pages)], dynamodb)
     return len(pages)
+
+
+def put_header(table: str, item: dict[str, Any], kept_revision: str | None, dynamodb: Any = None) -> bool:
+    """The header naming the pages just written, put only if the header read before is still there
+    (``kept_revision``; None: there was none). False when another writer's header came first."""
+    condition = ({"ConditionExpression": "attribute_not_exists(pk)"} if kept_revision is None else
+                 {"ConditionExpression": "revision = :revision",
+                  "ExpressionAttributeValues": {":revision": {"N": kept_revision}}})
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            (dynamodb or client("dynamodb")).put_item(TableName=table, Item=item, **condition)
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
 
 
 def read_pages(table: str, pk: str, prefix: str, pages: int, dynamodb: Any = None) -> list[Any]:

@@ -35,6 +35,18 @@ def session_partition(cluster: str) -> str:
     return f"session#{cluster}"
 
 
+def user_sessions_partition(cluster: str, user: str) -> str:
+    """One user's sessions on each login node (sk = instance id), kept from the nodes' reports by
+    RecordNodeReport (node_channel/user_sessions.py) so that a session change reads that user alone."""
+    return f"user-sessions#{cluster}#{user}"
+
+
+def node_sessions_partition(cluster: str) -> str:
+    """Each login node's last report time and session counts (node_channel/user_sessions.py): which
+    nodes' per-user items are fresh enough to count."""
+    return f"node-sessions#{cluster}"
+
+
 def enrollment_partition(cluster: str) -> str:
     """Which agent key speaks for each login/controller instance (node_channel/enrollment_store.py)."""
     return f"enroll#{cluster}"

@@ -84,12 +84,15 @@ def store_report(table: str, cluster: str, report: NodeReport, received_at: str,
     return previous
 
 
-def forget_report(table: str, cluster: str, instance_id: str) -> None:
+def forget_report(table: str, cluster: str, instance_id: str) -> dict | None:
     """Drop the node's stored report and its sequence: a key replaced by another (an operator's approval,
-    a verified document) leaves nothing that counts or pins the sequence."""
+    a verified document) leaves nothing that counts or pins the sequence. Returns the dropped report
+    (report_from_item), or None."""
     with transient_errors_named("dynamodb:DeleteItem"):
-        client("dynamodb").delete_item(
-            TableName=table, Key={"pk": {"S": node_report_partition(cluster)}, "sk": {"S": SK_PREFIX + instance_id}})
+        old = client("dynamodb").delete_item(
+            TableName=table, Key={"pk": {"S": node_report_partition(cluster)}, "sk": {"S": SK_PREFIX + instance_id}},
+            ReturnValues="ALL_OLD").get("Attributes")
+    return report_from_item(old)
 
 
 def cluster_reports(table: str, cluster: str) -> dict[str, dict]:

@@ -48,11 +48,15 @@ def sessions_change(previous: Mapping[str, Any] | None, report: NodeReport, even
     return SessionsChange(True, f"{len(now - before)} session(s) new, {len(before - now)} gone")
 
 
-def announcement(cluster: str, report: NodeReport, received_at: str) -> dict[str, Any]:
-    """The PutEvents entry: which node, which report. Readers count from the stored reports, never
-    from this event, so whoever else could put such an event learns nothing and decides nothing."""
+def announcement(cluster: str, report: NodeReport, received_at: str, users: list[str] | None = None) -> dict[str, Any]:
+    """The PutEvents entry: which node, which report, and the users with a new session there (None:
+    too many to name, or unknown; the reader then reads every node). Readers count from the stored
+    items, never from this event: the names only choose whose stored sessions are read, so whoever
+    else could put such an event decides nothing (and it carries no session)."""
     detail = {"cluster": cluster, "instanceId": report.instanceId, "reportedAt": report.reportedAt,
               "receivedAt": received_at}
+    if users is not None:
+        detail["users"] = sorted(users)
     return {"Source": contract.SESSIONS_CHANGED_SOURCE, "DetailType": contract.SESSIONS_CHANGED_DETAIL_TYPE,
             "Detail": json.dumps(detail, sort_keys=True)}
 

@@ -18,11 +18,9 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from botocore.exceptions import ClientError
-
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import HpopsError, TransientAwsError
-from hpops_core.common.paged_items import page_prefix, read_pages, write_pages
+from hpops_core.common.paged_items import page_prefix, put_header, read_pages, write_pages
 from hpops_core.common.state_table import user_holds_partition
 from hpops_core.node_channel import instructions, user_holds
 
@@ -65,16 +63,8 @@ def publish(table: str, cluster: str, document: Mapping[str, Any], writer: str, 
               "expiresAt": {"S": document["expiresAt"]}, "dryRun": {"BOOL": document["dryRun"]},
               "users": {"N": str(len(document["users"]))}, "pages": {"N": str(pages)}, "prefix": {"S": prefix},
               "bytes": {"N": str(size)}}
-    condition = ({"ConditionExpression": "attribute_not_exists(pk)"} if kept is None else
-                 {"ConditionExpression": "revision = :revision",
-                  "ExpressionAttributeValues": {":revision": {"N": kept["revision"]["N"]}}})
-    try:
-        with transient_errors_named("dynamodb:PutItem"):
-            dynamodb.put_item(TableName=table, Item=header, **condition)
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
-            raise TransientAwsError("dynamodb:PutItem: another sweep published the holds first; retry") from None
-        raise
+    if not put_header(table, header, kept["revision"]["N"] if kept else None, dynamodb):
+        raise TransientAwsError("dynamodb:PutItem: another sweep published the holds first; retry")
     instructions.mark(user_holds.user_holds_parameter(cluster), revision)
     return revision
 

@@ -25,7 +25,7 @@ from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.cluster.login_group import list_login_group
-from hpops_core.node_channel import contract
+from hpops_core.node_channel import contract, user_sessions
 from hpops_core.node_channel.login_limits import canonical_json
 from hpops_core.node_channel.user_caps import caps_document
 from hpops_core.common.state_table import node_report_partition
@@ -203,9 +203,13 @@ def publish_task(config: LoginLimitsConfig, request: SessionLimitsRequest, now: 
     # Nodes that left the login group leave their end-sessions instruction behind: removed here, so
     # parameters do not pile up over years of replacements (10,000 standard ones per account and Region).
     removed = [] if dry_run else node_sessions.remove_departed_instructions(config.cluster_name, set(result.listed))
+    # Their per-user session items too (a departed node's presence is stale, so they already count for nothing).
+    departed = [] if dry_run else user_sessions.remove_departed_nodes(
+        config.state_table, config.cluster_name, set(result.listed), lambda: read_reports(config.state_table, config.cluster_name))
     output: dict[str, Any] = {
         "userCaps": caps,
         "instructionsRemoved": removed[:OUTPUT_LIST_MAX],
+        "sessionItemsRemoved": departed[:OUTPUT_LIST_MAX],
         "version": result.version, "published": result.published,
         "applied": [n.instance_id for n in applied][:OUTPUT_LIST_MAX],
         "pending": [n.instance_id for n in pending][:OUTPUT_LIST_MAX],

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.common.state_table import node_report_partition, session_partition
+from hpops_core.common.state_table import (node_report_partition, node_sessions_partition, session_partition,
+                                           user_sessions_partition)
 from hpops_core.node_channel import contract, instructions
 from hpops_core.node_channel.report_store import SK_PREFIX
 
@@ -66,10 +67,12 @@ class ClusterState:
     run_as: str | None  # ledger.RUN_AS_ON / RUN_AS_OFF, None when never recorded
 
 
-def _partition(ddb, table: str, pk: str, projection: str, names: dict[str, str], consistent: bool = True):
-    """Every item of one partition of the state table (paged past 1 MB)."""
+def _partition(ddb, table: str, pk: str, projection: str | None, names: dict[str, str], consistent: bool = True):
+    """Every item of one partition of the state table (paged past 1 MB); all attributes without a projection."""
     kwargs = {"TableName": table, "KeyConditionExpression": "pk = :pk", "ExpressionAttributeValues": {":pk": {"S": pk}},
-              "ProjectionExpression": projection, "ConsistentRead": consistent}
+              "ConsistentRead": consistent}
+    if projection:
+        kwargs["ProjectionExpression"] = projection
     if names:  # DynamoDB refuses an empty map
         kwargs["ExpressionAttributeNames"] = names
     while True:
@@ -102,15 +105,9 @@ def _node_reports(ddb, table: str, cluster: str, fresh_node: str | None):
         yield fresh
 
 
-def read_cluster_state(table: str, cluster: str, now: datetime,
-                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS,
-                       fresh_node: str | None = None) -> ClusterState:
-    """The cluster's node reports and its ledger with the Run As state: one Query (paged) of each partition
-    (``fresh_node``: see _node_reports).
-
-    Every run needs the nodes' SSH sessions (they can put a user over with a single new shell). The
-    two kinds have partitions of their own so that the nodes' report writer can never touch the ledger."""
-    ddb = client("dynamodb")
+def _ledger(ddb, table: str, cluster: str, now: datetime) -> tuple[dict[str, str], str | None]:
+    """The ledger of sessions already ended (still within their TTL) and the Run As state, read strongly:
+    what was ended must never count again."""
     recorded: dict[str, str] = {}
     run_as = None
     cutoff = int(now.timestamp())
@@ -121,6 +118,72 @@ def read_cluster_state(table: str, cluster: str, now: datetime,
             recorded[record[0]] = record[1]
         if item["sk"]["S"] == ledger.RUN_AS_SK:
             run_as = item.get("state", {}).get("S")
+    return recorded, run_as
+
+
+@dataclass(frozen=True)
+class NodePresence:
+    """The login nodes' presence items (node_channel/user_sessions.py): whose per-user items count."""
+
+    fresh: Mapping[str, int]  # node -> its sessions (listed and not), report fresh enough to count
+    stale: tuple[str, ...]
+
+
+def read_node_presence(table: str, cluster: str, now: datetime,
+                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS) -> NodePresence:
+    """One strongly consistent Query of the nodes' presence partition (~150 bytes a node: one read unit
+    for 25 nodes), so a node that just reported again after a silence counts at once. No projection:
+    DynamoDB charges a read by the whole item anyway."""
+    fresh, stale = {}, []
+    for item in _partition(client("dynamodb"), table, node_sessions_partition(cluster), None, {}):
+        received = _received(item.get("receivedAt", {}).get("S"))
+        if received is None or (now - received).total_seconds() > max_age_seconds:
+            stale.append(item["sk"]["S"])
+        else:
+            fresh[item["sk"]["S"]] = int(item.get("sessions", {}).get("N") or 0)
+    return NodePresence(dict(sorted(fresh.items())), tuple(sorted(stale)))
+
+
+def read_users_state(table: str, cluster: str, users: Iterable[str], now: datetime,
+                     presence: NodePresence) -> ClusterState:
+    """The named users' sessions on every fresh login node and the ledger: one strongly consistent Query
+    of each user's partition (a node per item, a few hundred bytes each: one read unit per user on
+    most tiers), whatever the number of nodes, other users and sessions. A user's items on a node
+    whose presence is stale or gone are not counted (read_cluster_state does the same with reports)."""
+    ddb = client("dynamodb")
+    users = sorted(set(users))
+    # Nobody's sessions grew (logouts only): nobody can be newly over, and the ledger is not needed.
+    recorded, run_as = _ledger(ddb, table, cluster, now) if users else ({}, None)
+    ssh: list[NodeSshSession] = []
+    ssm: list[ActiveSession] = []
+    unlisted: dict[str, dict[str, int]] = defaultdict(dict)
+    for user in users:
+        for item in _partition(ddb, table, user_sessions_partition(cluster, user), None, {}):
+            instance = item["sk"]["S"]
+            if instance not in presence.fresh:
+                continue
+            entries = [dict(e, user=user) for e in json.loads(item.get("sessions", {}).get("S") or "[]")]
+            ssh.extend(ssh_sessions_of_report(instance, entries))
+            ssm.extend(ActiveSession(e["sessionId"], "", instance, _received(e["startedAt"]) or now, user)
+                       for e in entries if e.get("path") == "ssm" and e.get("sessionId"))
+            if int(item.get("unlisted", {}).get("N") or 0):
+                unlisted[instance][user] = int(item["unlisted"]["N"])
+    omitted = sum(n for counts in unlisted.values() for n in counts.values())
+    reported = ReportedSessions(tuple(ssh), len(ssm), tuple(presence.fresh), presence.stale, omitted, {}, tuple(ssm),
+                                {node: dict(counts) for node, counts in sorted(unlisted.items())})
+    return ClusterState(reported, recorded, run_as)
+
+
+def read_cluster_state(table: str, cluster: str, now: datetime,
+                       max_age_seconds: int = DEFAULT_REPORT_MAX_AGE_SECONDS,
+                       fresh_node: str | None = None) -> ClusterState:
+    """The cluster's node reports and its ledger with the Run As state: one Query (paged) of each partition
+    (``fresh_node``: see _node_reports).
+
+    Every run needs the nodes' SSH sessions (they can put a user over with a single new shell). The
+    two kinds have partitions of their own so that the nodes' report writer can never touch the ledger."""
+    ddb = client("dynamodb")
+    recorded, run_as = _ledger(ddb, table, cluster, now)
     ssh: list[NodeSshSession] = []
     nodes, stale, ssm, omitted, ended, unlisted = [], [], [], 0, {}, {}
     for item in _node_reports(ddb, table, cluster, fresh_node):

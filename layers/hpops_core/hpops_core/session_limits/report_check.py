@@ -4,10 +4,13 @@ start one SessionLimits execution (mode "nodes") now, instead of leaving an SSH 
 limit until the next sweep. That execution recounts everything (DescribeSessions too), decides
 and ends exactly as a sweep does; this only decides whether to start it.
 
-Counted here: what the stored reports list (a node speaks only for itself; a stale report is not
-used), SSH logins and the Session Manager shells the nodes run, with the run's own decision
-(cluster_sessions.decide_cluster_wide) and the ledger of sessions already ended. The event itself
-is never counted: it only says that something changed.
+Counted here: what the nodes' accepted reports list (a node speaks only for itself; a stale one is
+not used), SSH logins and the Session Manager shells the nodes run, with the run's own decision
+(cluster_sessions.decide_cluster_wide) and the ledger of sessions already ended. Only the users the
+announcement names can newly be over (their sessions grew), so only their per-user items are read
+(node_channel/user_sessions.py: one Query per user, whatever the number of nodes); an announcement
+naming nobody reads every node's whole report. The event itself is never counted: it only says
+whose sessions to read.
 
 Storms: one execution per over-limit situation. Its name comes from the cluster and the sessions
 that put each user over, so the reports of one crossing, redeliveries and heartbeats start one
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +31,11 @@ from hpops_core.common import validation
 from hpops_core.common.clients import start_named_execution
 from hpops_core.common.errors import MalformedEventError, UnknownClusterError
 from hpops_core.node_channel import contract
+from hpops_core.node_channel.user_sessions import MAX_ANNOUNCED_USERS
 
 from . import ledger
 from .cluster_sessions import decide_cluster_wide, spread_figures
-from .node_sessions import ClusterState, ReportedSessions
+from .node_sessions import ClusterState
 from .policy import LimitPolicy
 from .request import MAX_NAMED_USERS
 
@@ -58,6 +63,18 @@ def announced_node(event: Any, cluster: str) -> str:
     if detail.get("cluster") != cluster:
         raise UnknownClusterError(f"announcement names another cluster; this stack guards {cluster}")
     return detail["instanceId"]
+
+
+def announced_users(event: Any) -> tuple[str, ...] | None:
+    """The users the announcement names as having a new session (whose stored sessions are read), or
+    None when it names none (too many, or an older RecordNodeReport): every node's report is read."""
+    users = event["detail"].get("users")
+    if users is None:
+        return None
+    if not (isinstance(users, list) and len(users) <= MAX_ANNOUNCED_USERS
+            and all(validation.is_limited_user(u) for u in users)):
+        raise MalformedEventError("the announcement's users are not a short list of POSIX users")
+    return tuple(sorted(set(users)))
 
 
 def execution_name(cluster: str, counted: dict[str, list[str]]) -> str:
@@ -98,11 +115,7 @@ def start_check(state_machine_arn: str, check: ReportCheck) -> bool:
     return start_named_execution(state_machine_arn, check.name, check.input)
 
 
-def login_spread(reported: ReportedSessions) -> dict[str, Any]:
-    """Pure: sessions per reporting login node (SSH and Session Manager) and the busiest over the mean."""
-    per_node = {node: 0 for node in reported.nodes}
-    for session in reported.ssh:
-        per_node[session.instance_id] = per_node.get(session.instance_id, 0) + 1
-    for shell in reported.ssm_shells:
-        per_node[shell.target] = per_node.get(shell.target, 0) + 1
+def login_spread(per_node: Mapping[str, int]) -> dict[str, Any]:
+    """Pure: sessions per fresh login node (SSH and Session Manager, listed or counted; the nodes'
+    presence items) and the busiest over the mean."""
     return {"perNode": dict(sorted(per_node.items()))} | spread_figures(list(per_node.values()))

@@ -1,0 +1,297 @@
+"""Each user's sessions kept per user and node (node_channel/user_sessions.py), so that a session change
+reads only the users whose sessions grew (session_limits/node_sessions.read_users_state): what is
+written per report, what the check reads, a node that leaves, a redelivered or reordered report."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from hpops_core.common import clients
+from hpops_core.node_channel import contract, report_store, user_sessions
+from hpops_core.node_channel.reports import parse_report_event
+from hpops_core.node_channel.session_changes import announcement
+from hpops_core.session_limits import node_sessions, report_check
+from hpops_core.session_limits.policy import LimitPolicy
+
+CLUSTER = "ml-research"
+NODES = ("i-0000000000000000a", "i-0000000000000000b", "i-0000000000000000c")
+POLICY = LimitPolicy(default_max=2)
+NOW = datetime(2026, 11, 23, 8, 1, tzinfo=timezone.utc)
+RECEIVED = "2026-11-23T08:00:30.000Z"
+
+
+def entry(pid: int, user: str) -> dict:
+    return {"handle": f"5eed0b07:{pid + 1}:{pid * 10}", "user": user, "path": "ssh", "tty": True,
+            "startedAt": f"2026-11-23T07:{pid % 60:02d}:00Z"}
+
+
+def report(instance: str, entries: list[dict], unlisted: dict | None = None):
+    sessions = {"list": entries} | ({"omitted": sum(unlisted.values()), "omittedByUser": unlisted} if unlisted else {})
+    detail = {"format": contract.REPORT_FORMAT, "cluster": CLUSTER, "instanceId": instance, "ip": "10.1.0.5",
+              "role": "login", "agentVersion": "0.1.0", "reportedAt": "2026-11-23T08:00:01Z", "trigger": "change",
+              "sessions": sessions}
+    return parse_report_event({"source": contract.REPORT_SOURCE, "detail-type": contract.REPORT_DETAIL_TYPE,
+                               "detail": detail})
+
+
+def stored(entries: list[dict], event_id: str, unlisted: dict | None = None) -> dict:
+    return {"sessions": {"list": entries} | ({"omittedByUser": unlisted} if unlisted else {}), "eventId": event_id}
+
+
+# ---------------------------------------------------------------- pure: what a report writes
+
+def test_a_report_writes_only_the_users_whose_sessions_changed_and_deletes_the_gone():
+    before = [entry(1, "alice"), entry(2, "bob"), entry(3, "carol")]
+    after = [entry(1, "alice"), entry(4, "alice"), entry(3, "carol"), entry(5, "dave")]
+    sync = user_sessions.plan_user_sync(stored(before, "e-1"), {"eventId": "e-1"}, report(NODES[0], after).sessions, "e-2")
+    assert not sync.full and sorted(sync.write) == ["alice", "dave"] and sync.delete == ("bob",)
+    assert sorted(sync.grew) == ["alice", "dave"] and (sync.sessions, sync.users) == (4, 3)
+    assert json.loads(sync.write["alice"].entries) == [{k: v for k, v in e.items() if k != "user"}
+                                                      for e in (entry(1, "alice"), entry(4, "alice"))]
+
+
+def test_a_heartbeat_writes_no_user_and_a_logout_or_an_unlisted_count_down_grows_nobody():
+    listed = [entry(1, "alice"), entry(2, "bob")]
+    same = user_sessions.plan_user_sync(stored(listed, "e-1"), {"eventId": "e-1"}, report(NODES[0], listed[::-1]).sessions, "e-2")
+    assert (same.write, same.delete, same.grew) == ({}, (), ())
+    fewer = user_sessions.plan_user_sync(stored(listed, "e-1", {"carol": 3}), {"eventId": "e-1"},
+                                         report(NODES[0], listed[:1], {"carol": 2}).sessions, "e-2")
+    assert sorted(fewer.write) == ["carol"] and fewer.delete == ("bob",) and fewer.grew == ()
+    more = user_sessions.plan_user_sync(stored(listed, "e-1", {"carol": 2}), {"eventId": "e-1"},
+                                        report(NODES[0], listed, {"carol": 3}).sessions, "e-2")
+    assert more.grew == ("carol",) and user_sessions.announced_users(more) == ["carol"]
+    # Others came and went on a busy node: one of carol's sessions is listed now instead of counted.
+    moved = user_sessions.plan_user_sync(stored(listed, "e-1", {"carol": 2}), {"eventId": "e-1"},
+                                         report(NODES[0], listed + [entry(7, "carol")], {"carol": 1}).sessions, "e-2")
+    assert sorted(moved.write) == ["carol"] and moved.grew == ()
+    # One session ended and another opened: the count stays, but the new one may be over the limit.
+    replaced = user_sessions.plan_user_sync(stored(listed, "e-1"), {"eventId": "e-1"},
+                                            report(NODES[0], [entry(1, "alice"), entry(8, "bob")]).sessions, "e-2")
+    assert replaced.grew == ("bob",)
+
+
+@pytest.mark.parametrize("previous,presence,event_id,why", [
+    (None, None, "e-1", "first report"),
+    (stored([entry(1, "alice")], "e-1"), {"eventId": "e-1"}, "e-1", "the same report delivered again"),
+    (stored([entry(1, "alice")], "e-1"), None, "e-2", "not brought up"),  # stored before per-user items existed
+    (stored([entry(1, "alice")], "e-1"), {"eventId": "e-0"}, "e-2", "not brought up"),  # stopped half way
+])
+def test_without_a_trusted_previous_state_every_user_is_written_again(previous, presence, event_id, why):
+    sync = user_sessions.plan_user_sync(previous, presence, report(NODES[0], [entry(1, "alice"), entry(2, "bob")]).sessions,
+                                        event_id)
+    assert sync.full and sorted(sync.write) == ["alice", "bob"] and why in sync.reason
+
+
+def test_more_grown_users_than_an_announcement_names_are_announced_as_unknown():
+    many = [entry(n, f"user{n:03d}") for n in range(1, user_sessions.MAX_ANNOUNCED_USERS + 2)]
+    sync = user_sessions.plan_user_sync(None, None, report(NODES[0], many).sessions, "e-1")
+    assert user_sessions.announced_users(sync) is None
+    detail = json.loads(announcement(CLUSTER, report(NODES[0], many), RECEIVED, None)["Detail"])
+    assert "users" not in detail and "handle" not in json.dumps(detail)
+
+
+def test_an_announcements_users_are_checked_by_name():
+    event = {"source": contract.SESSIONS_CHANGED_SOURCE, "detail-type": contract.SESSIONS_CHANGED_DETAIL_TYPE,
+             "detail": {"cluster": CLUSTER, "instanceId": NODES[0], "users": ["alice"]}}
+    assert report_check.announced_users(event) == ("alice",)
+    for bad in (["root"], ["al ice"], "alice", ["u"] * (user_sessions.MAX_ANNOUNCED_USERS + 1)):
+        with pytest.raises(report_check.MalformedEventError):
+            report_check.announced_users({"detail": {"users": bad}})
+    assert report_check.announced_users({"detail": {}}) is None
+
+
+# ---------------------------------------------------------------- moto: what is written and read
+
+class _Calls:
+    """DynamoDB calls (operation, partition key) and the items each returned, through botocore's hooks."""
+
+    def __init__(self, ddb) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.items_read: Counter[str] = Counter()
+        ddb.meta.events.register("provide-client-params.dynamodb.*", self.before)
+        ddb.meta.events.register("after-call.dynamodb.*", self.after)
+
+    def before(self, params, model, **_) -> None:
+        key = params.get("Key") or params.get("Item") or {}
+        pk = key.get("pk", {}).get("S") or params.get("ExpressionAttributeValues", {}).get(":pk", {}).get("S")
+        self.calls.append((model.name, pk))
+
+    def after(self, parsed, model, **_) -> None:
+        pk = self.calls[-1][1]
+        self.items_read[pk] += len(parsed.get("Items", [])) + int("Item" in parsed)
+
+
+@pytest.fixture
+def table(monkeypatch):
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with mock_aws():
+        clients.reset_clients()
+        boto3.client("dynamodb", region_name="us-east-1").create_table(
+            TableName="t", BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}, {"AttributeName": "sk", "AttributeType": "S"}])
+        yield _Calls(clients.client("dynamodb"))
+        clients.reset_clients()
+
+
+class _Node:
+    """A login node's reports as RecordNodeReport keeps them: the report stored, then its users (sequence rising)."""
+
+    def __init__(self, instance: str) -> None:
+        self.instance, self.sequence = instance, 1_000
+
+    def reports(self, entries: list[dict], unlisted: dict | None = None, event_id: str | None = None,
+                received: str = RECEIVED, sequence: int | None = None, sync: bool = True) -> user_sessions.UserSync | None:
+        self.sequence = sequence if sequence is not None else self.sequence + 1
+        sent = report(self.instance, entries, unlisted)
+        event_id = event_id or f"e-{self.instance}-{self.sequence}"
+        previous = report_store.store_report("t", CLUSTER, sent, received, 1_764_000_000, event_id, self.sequence)
+        if not sync:  # the function stopped after storing the report (EventBridge will redeliver)
+            return None
+        return user_sessions.keep_user_sessions("t", CLUSTER, sent, previous, received, 1_764_000_000, event_id,
+                                                self.sequence)
+
+
+def check(users, now: datetime = NOW):
+    presence = node_sessions.read_node_presence("t", CLUSTER, now)
+    state = node_sessions.read_users_state("t", CLUSTER, users, now, presence)
+    return report_check.decide_report_check(CLUSTER, state, POLICY), state, presence
+
+
+OTHERS = 12
+
+
+def others(index: int) -> list[dict]:
+    """OTHERS other users on node ``index``, one session each."""
+    return [entry(100 * (index + 1) + k, f"user{index}x{k:02d}") for k in range(OTHERS)]
+
+
+def busy_tier() -> tuple[_Node, ...]:
+    """Three nodes, OTHERS other users on each, alice at her limit (one session on each of two nodes)."""
+    nodes = tuple(_Node(n) for n in NODES)
+    for index, node in enumerate(nodes):
+        node.reports(others(index) + ([entry(90 + index, "alice")] if index < 2 else []))
+    return nodes
+
+
+def test_one_users_new_login_reads_that_users_items_alone_and_starts_a_check_naming_her(table):
+    nodes = busy_tier()
+    table.calls.clear()
+    entries = others(0) + [entry(90, "alice"), entry(95, "alice")]
+    sync = nodes[0].reports(entries)
+    # Written: alice's item on that node and the node's presence, nothing for the others.
+    assert [c for c in table.calls if c[0] in ("PutItem", "DeleteItem") and not c[1].startswith("node-report#")] == [
+        ("PutItem", f"user-sessions#{CLUSTER}#alice"), ("PutItem", f"node-sessions#{CLUSTER}")]
+    assert user_sessions.announced_users(sync) == ["alice"]
+    table.calls.clear()
+    table.items_read.clear()
+
+    decided, state, presence = check(user_sessions.announced_users(sync))
+
+    assert decided.start and decided.users == ("alice",) and "alice: 3 session(s), limit 2" in decided.reason
+    assert sorted(table.calls) == sorted([("Query", f"session#{CLUSTER}"), ("Query", f"node-sessions#{CLUSTER}"),
+                                          ("Query", f"user-sessions#{CLUSTER}#alice")])
+    assert +table.items_read == {f"node-sessions#{CLUSTER}": 3, f"user-sessions#{CLUSTER}#alice": 2}  # ledger empty
+    assert sorted(presence.fresh.items()) == [(NODES[0], OTHERS + 2), (NODES[1], OTHERS + 1), (NODES[2], OTHERS)]
+    # The same name as the whole reports give: one execution per situation, whichever path decided it.
+    whole = node_sessions.read_cluster_state("t", CLUSTER, NOW, fresh_node=NODES[0])
+    assert report_check.decide_report_check(CLUSTER, whole, POLICY).name == decided.name
+
+
+def test_unlisted_sessions_of_a_busy_node_count_per_user(table):
+    nodes = busy_tier()
+    nodes[2].reports(others(2), {"alice": 1})
+    decided, state, _ = check(["alice"])
+    assert decided.start and decided.users == ("alice",)
+    assert state.nodes.unlisted == {NODES[2]: {"alice": 1}}
+
+
+def test_a_node_that_left_or_fell_silent_holds_nobody(table):
+    nodes = busy_tier()
+    # The node holding alice's second session stops reporting: past two heartbeats and a poll, it is stale.
+    late = NOW + timedelta(seconds=node_sessions.DEFAULT_REPORT_MAX_AGE_SECONDS + 1)
+    for node in (nodes[0], nodes[2]):
+        node.reports(others(NODES.index(node.instance))
+                     + ([entry(90, "alice"), entry(95, "alice")] if node is nodes[0] else []),
+                     received=late.strftime("%Y-%m-%dT%H:%M:%S.000Z"))
+    decided, state, presence = check(["alice"], late)
+    assert presence.stale == (NODES[1],) and NODES[1] not in state.nodes.nodes
+    assert not decided.start and sorted(s.handle for s in state.nodes.ssh) == [entry(90, "alice")["handle"],
+                                                                               entry(95, "alice")["handle"]]
+
+
+def test_a_report_redelivered_after_the_function_stopped_half_way_counts_every_new_session(table):
+    nodes = busy_tier()
+    entries = others(0) + [entry(90, "alice"), entry(95, "alice")]
+    nodes[0].reports(entries, event_id="e-again", sync=False)  # stored, users not written, nothing announced
+    assert not check(["alice"])[0].start, "alice's item still holds one session on the node"
+
+    sync = nodes[0].reports(entries, event_id="e-again", sequence=nodes[0].sequence)  # EventBridge's redelivery
+
+    assert sync.full and "alice" in sync.grew
+    decided, state, _ = check(["alice"])
+    assert decided.start and decided.users == ("alice",)
+    # The next report is a diff again: the presence now vouches for the redelivered one.
+    assert not nodes[0].reports(entries + [entry(96, "user0x01")]).full
+
+
+def test_an_older_report_processed_late_never_overwrites_a_newer_ones_items(table):
+    nodes = busy_tier()
+    newer = others(0) + [entry(90, "alice"), entry(95, "alice")]
+    nodes[0].reports(newer)
+    newest_sequence = nodes[0].sequence
+    older = user_sessions.plan_user_sync(None, None, report(NODES[0], [entry(90, "alice")]).sessions, "e-old")
+    done = user_sessions.apply_user_sync("t", CLUSTER, NODES[0], older, RECEIVED, 1_764_000_000, "e-old",
+                                         newest_sequence - 1)
+    assert done["put"] == 0 and done["skipped"] == 2  # alice's item and the presence: both newer already
+    assert check(["alice"])[0].start
+
+
+def test_a_per_user_item_holds_one_users_sessions_on_one_node(table):
+    nodes = busy_tier()
+    many = [entry(k, "alice") for k in range(1, 201)]
+    nodes[0].reports(many)
+    item = clients.client("dynamodb").get_item(TableName="t", Key={"pk": {"S": f"user-sessions#{CLUSTER}#alice"},
+                                                                   "sk": {"S": NODES[0]}})["Item"]
+    assert len(json.loads(item["sessions"]["S"])) == 200 and len(item["sessions"]["S"]) < 400 * 1024 // 10
+
+
+def test_a_replaced_agent_key_leaves_no_session_of_the_node_counted_and_the_next_report_writes_all(table):
+    nodes = busy_tier()
+    dropped = report_store.forget_report("t", CLUSTER, NODES[1])  # NodeChannel, the node's key displaced
+    assert user_sessions.forget_node("t", CLUSTER, NODES[1], dropped) == OTHERS + 2  # its users' items and the presence
+    decided, state, presence = check(["alice"])
+    assert NODES[1] not in presence.fresh and [s.instance_id for s in state.nodes.ssh] == [NODES[0]]
+    # The new key's first report (a lower sequence than the old key's, even) is written in full.
+    sync = nodes[1].reports(others(1) + [entry(91, "alice")], sequence=5)
+    assert sync.full and check(["alice"])[2].fresh[NODES[1]] == OTHERS + 1
+
+
+def test_the_sweep_removes_the_items_of_a_node_that_left_the_login_group(table):
+    busy_tier()
+    reads = []
+
+    def reports():
+        reads.append(1)
+        return report_store.cluster_reports("t", CLUSTER)
+    assert user_sessions.remove_departed_nodes("t", CLUSTER, set(NODES), reports) == [] and reads == []
+    assert user_sessions.remove_departed_nodes("t", CLUSTER, {NODES[0], NODES[2]}, reports) == [NODES[1]]
+    left = clients.client("dynamodb").query(TableName="t", KeyConditionExpression="pk = :pk",
+                                            ExpressionAttributeValues={":pk": {"S": f"user-sessions#{CLUSTER}#alice"}})
+    assert [i["sk"]["S"] for i in left["Items"]] == [NODES[0]]
+    assert sorted(check(["alice"])[2].fresh) == [NODES[0], NODES[2]]
+
+
+def test_a_change_that_grew_nobody_reads_the_presence_alone(table):
+    nodes = busy_tier()
+    sync = nodes[0].reports(others(0))  # alice logged out of this node
+    assert user_sessions.announced_users(sync) == []
+    table.calls.clear()
+    decided, state, presence = check([])
+    assert not decided.start and table.calls == [("Query", f"node-sessions#{CLUSTER}")]
