@@ -1,6 +1,6 @@
 """Budget holds in the twin, end to end: the demo's month with UserBudgetAction=hold.
 
-alice's limit is below what she spent by Nov 20 and bob is over the default but exempt, so the
+alice's limit is below what she spent by the sweeps and bob is over the default but exempt, so the
 real BudgetGuard sweep holds alice only: the holds parameter names her, she and the platform team
 get one "held" alert, and the controller's real agent sets her association limits to 0 and
 reports it. A hold removed by hand comes back at the next poll; a login node's forged report and

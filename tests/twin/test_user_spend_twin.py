@@ -53,7 +53,7 @@ def expected_dollars(jobs, collected_until: dt.datetime) -> dict[str, Decimal]:
 
 
 def expected_cluster_cost(now: dt.datetime) -> Decimal:
-    """Cost Explorer's bill for Nov 1-19 (every node's hours) + the nodes up since Nov 20 00:00."""
+    """Cost Explorer's bill for the complete days (every node's hours) + the nodes up since the sweeps' midnight."""
     hours = Decimal(int((now - (MONTH_START + dt.timedelta(hours=BILLED_HOURS))).total_seconds())) / 3600
     per_hour = sum(count * RATES[instance_type] for instance_type, count in GROUPS.values())
     return cents(per_hour * (BILLED_HOURS + hours) + VOLUMES_BILLED)
@@ -76,7 +76,7 @@ def test_hpops_cost_twin_plays_the_month_and_prints_the_report(capsys):
 
 @pytest.fixture(scope="module")
 def month():
-    """The chapter's twin after both sweeps (12:00 and 13:00 on Nov 20), kept for every test below."""
+    """The chapter's twin after both sweeps (12:00 and 13:00), kept for every test below."""
     with chapter.month_world() as world:
         played = chapter.prepare(world)
         for when in SWEEPS:
@@ -86,7 +86,7 @@ def month():
 
 
 def test_every_hour_of_the_month_reached_the_table_from_the_controller(month):
-    # Nov 1 00:00 through Nov 20 12:00 (collected at 12:51): one report part per hourly window, no gap.
+    # Nov 1 00:00 through the sweeps' day 12:00 (collected at 12:51): one report part per hourly window, no gap.
     hours = int((SWEEPS[-1] - MONTH_START).total_seconds()) // 3600
     assert month.spend.stored_windows(MONTH) == hours
     assert month.spend.rejected_reports() == []
@@ -123,7 +123,7 @@ def test_each_users_dollars_are_their_node_hours_times_the_billed_rate(month):
     assert users["carol"]["gpuHours"] == "0.00" and users["carol"]["rateSources"] == ["billed"]
     assert Decimal(users["alice"]["gpuHours"]) == 8 * Decimal(users["alice"]["nodeHours"])
     assert [(u["limitUsd"], u["limitSource"]) for u in month.document["users"]] == [
-        ("210000.00", "override"), ("30000.00", "default"), ("30000.00", "default")]
+        ("280000.00", "override"), ("35000.00", "default"), ("35000.00", "default")]
 
 
 def test_users_idle_and_other_add_up_to_the_cluster_cost_in_cents(month):

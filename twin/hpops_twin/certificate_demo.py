@@ -24,7 +24,7 @@ def run_certificate_chapter(main: Demo) -> None:
         main.say("certificate mode: skipped (no ssh-keygen on this machine)")
         return
     main.say("certificate mode: a second stack with HostIdentityMode=certificate (each node keeps its own keys)")
-    with TwinWorld(parameters=PARAMETERS) as world:
+    with TwinWorld(parameters=PARAMETERS, progress=lambda text: main.say(f"        {text}")) as world:
         demo = Demo(world, main.out)
         demo.steps, demo.started = main.steps, main.started  # one table, one clock
         sim, cluster, login = world.sim, world.cluster_name, world.login_group

@@ -21,7 +21,7 @@ from hpops_twin.node_hosts import canonical_bundle
 from hpops_twin.operator_demo import operator_steps, run_doctor_chapter
 from hpops_twin.session_demo import session_limit_steps
 from hpops_twin.template_model import TemplateModel
-from hpops_twin.user_spend_demo import month_world, run_user_spend_chapter
+from hpops_twin.user_spend_demo import run_user_spend_chapter
 from hpops_twin.world import ENFORCING, TwinWorld
 
 
@@ -53,7 +53,7 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
     expanded_template(TemplateModel())
     phase("building the twin: template.yaml's resources in moto, a simulated HyperPod cluster, "
           "a node agent per login node")
-    with TwinWorld(parameters=parameters) as world:
+    with TwinWorld(parameters=parameters, progress=lambda text: phase(f"        {text}")) as world:
         demo = Demo(world, out, started)
         steps = demo.run()
         demo.say(spread_line(world))
@@ -62,9 +62,8 @@ def run_demo(json_path: str | None = None, out: Callable[[str], None] = say_now)
         budget_steps(demo)
         operator_steps(demo)  # `hpops status` and `hpops adopt` on this stack
     run_certificate_chapter(demo)  # its own twin: one simulated cluster per twin at a time
-    with month_world() as world:  # its own twin too: per-user limits are stack parameters
-        month = run_user_spend_chapter(demo, world)
-        run_holds_chapter(demo, month)  # the same month goes on, holds turned on by a stack update
+    # Its own twin too (per-user limits are stack parameters); the holds chapter goes on with its month.
+    run_user_spend_chapter(demo, then=lambda month: run_holds_chapter(demo, month))
     run_doctor_chapter(demo)  # its own twin: an account set up around the stack, as doctor checks it
     out("")
     out(demo.table())

@@ -587,10 +587,10 @@ BREAKS: tuple[tuple[str, str, Callable[[DoctorAccount], Any]], ...] = (
 )
 
 
-def doctor_world(weeks_old: bool = False) -> Any:
+def doctor_world(weeks_old: bool = False, progress: Any = None) -> Any:
     """A fresh twin with a Slurm controller group (whose agent reports usage) and an alarm e-mail;
     ``weeks_old``: its nodes were provisioned before on_create.sh had the install line (no agents)."""
     from hpops_twin.world import TwinWorld
 
     return TwinWorld(extra_groups={CONTROLLER_GROUP: ("ml.m5.xlarge", 1)}, parameters={"AlarmEmail": ALARM_EMAIL},
-                     agents_installed=not weeks_old)
+                     agents_installed=not weeks_old, progress=progress)

@@ -18,9 +18,9 @@ from typing import Any, Iterable
 from hpops_node_agent import slurm_holds
 
 TWIN_SLURM_CLUSTER = "twin"
-# The demo month's stack with holds on: alice's limit is below what she spent by Nov 20; bob is over
+# The demo month's stack with holds on: alice's limit is below what she spent by the sweeps; bob is over
 # the default but exempt; carol is under it.
-HOLD_PARAMETERS = {"UserMonthlyBudgetUsd": "5000", "UserBudgetOverrides": "alice=50000", "UserBudgetAction": "hold",
+HOLD_PARAMETERS = {"UserMonthlyBudgetUsd": "3000", "UserBudgetOverrides": "alice=25000", "UserBudgetAction": "hold",
                    "UserBudgetExemptUsers": "bob"}
 OPERATOR = "arn:aws:iam::123456789012:user/research-computing-director"
 

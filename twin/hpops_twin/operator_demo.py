@@ -29,7 +29,7 @@ def run_doctor_chapter(main: Demo) -> None:
     main.say("operator: `hpops doctor` on a fourth stack, in a twin account set up as a working installation "
              "(lifecycle bundle in S3, NodeAgentPolicy on the execution role, NAT route, Client VPN, CloudTrail, "
              "alarm e-mail, the controller's agent)")
-    with warnings.catch_warnings(), doctor_world() as world:
+    with warnings.catch_warnings(), doctor_world(progress=lambda text: main.say(f"        {text}")) as world:
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         demo = Demo(world, main.out, main.started)
         account = DoctorAccount(world).prepare()

@@ -35,7 +35,9 @@ MONTH_START = dt.datetime(2026, 11, 1, tzinfo=UTC)
 AGENT_FIRST_RUN = MONTH_START + dt.timedelta(minutes=15)
 AGENT_EVERY = dt.timedelta(hours=6)
 PROGRESS_RUNS = 4  # the demo says how far the agent got every day of runs
-FIRST_SWEEP = dt.datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+# The day of the sweeps: the month so far is five complete days (each is 24 signed reports the twin plays).
+SWEEP_DAY = 6
+FIRST_SWEEP = dt.datetime(2026, 11, SWEEP_DAY, 12, 0, tzinfo=UTC)
 SWEEPS = (FIRST_SWEEP, FIRST_SWEEP + dt.timedelta(hours=1))
 # The agent's last run before each sweep (on the 3-minute grid every job time is on: see demo_jobs).
 AGENT_BEFORE_SWEEP = dt.timedelta(minutes=9)
@@ -45,12 +47,12 @@ USERS = ("alice", "bob", "carol")
 GROUPS = {"gpu": ("ml.p5.48xlarge", 8), "cpu": ("ml.c5.4xlarge", 4), CONTROLLER_GROUP: ("ml.m5.xlarge", 1),
           "login": ("ml.m5.4xlarge", 3)}
 PARTITIONS = {"gpu": "gpu", "cpu": "cpu"}
-PARAMETERS = {"UserMonthlyBudgetUsd": "30000", "UserBudgetOverrides": "alice=210000",
+PARAMETERS = {"UserMonthlyBudgetUsd": "35000", "UserBudgetOverrides": "alice=280000",
               # The sync's host identity checks are another chapter's story.
               "HostIdentityMode": "off"}
-# What Cost Explorer bills the cluster for Nov 1-19 (19 complete days: 456 h per node), per
+# What Cost Explorer bills the cluster for Nov 1-5 (the complete days before the sweeps: 120 h per node), per
 # instance type (USD, hours); the gpu nodes below list price (a Savings Plan, say).
-BILLED_HOURS = 19 * 24
+BILLED_HOURS = (SWEEP_DAY - 1) * 24
 RATES = {"ml.p5.48xlarge": Decimal("85.00"), "ml.c5.4xlarge": Decimal("0.80"), "ml.m5.xlarge": Decimal("0.23"),
          "ml.m5.4xlarge": Decimal("0.922")}
 VOLUMES_BILLED = Decimal("1200.00")
@@ -68,7 +70,7 @@ def _grid(rng: random.Random, low_minutes: int, high_minutes: int) -> int:
 
 def demo_jobs(seed: int = 2026) -> list[SlurmJob]:
     """November's allocations, deterministic: alice runs 4-node GPU jobs every day and starts a
-    6-node run on the 19th at 20:00; bob runs 1-node GPU jobs on weekdays; carol CPU jobs only."""
+    6-node run the evening before the sweeps (20:00); bob runs 1-node GPU jobs on weekdays; carol CPU jobs only."""
     rng = random.Random(seed)
     jobs: list[SlurmJob] = []
 
@@ -80,13 +82,13 @@ def demo_jobs(seed: int = 2026) -> list[SlurmJob]:
 
     for day in range(30):
         midnight = MONTH_START + dt.timedelta(days=day)
-        if day < 19:  # Nov 1-19
+        if day < SWEEP_DAY - 1:  # the complete days before the sweeps
             job("alice", "gpu", 4, 8, 192, midnight + dt.timedelta(seconds=_grid(rng, 30, 120)), _grid(rng, 720, 900))
         if midnight.weekday() < 5:
             job("bob", "gpu", 1, 8, 192, midnight + dt.timedelta(seconds=_grid(rng, 450, 540)), _grid(rng, 480, 630))
         job("carol", "cpu", rng.choice((2, 3, 4)), 0, 16, midnight + dt.timedelta(seconds=_grid(rng, 360, 480)),
             _grid(rng, 300, 720))
-    job("alice", "gpu", 6, 8, 192, dt.datetime(2026, 11, 19, 20, 0, tzinfo=UTC), 60 * 3600)
+    job("alice", "gpu", 6, 8, 192, dt.datetime(2026, 11, SWEEP_DAY - 1, 20, 0, tzinfo=UTC), 60 * 3600)
     return jobs
 
 
@@ -124,10 +126,10 @@ class Month:
             return self.world.budget.sweep()
 
 
-def month_world() -> TwinWorld:
+def month_world(progress: Callable[[str], None] | None = None) -> TwinWorld:
     extra = {name: spec for name, spec in GROUPS.items() if name not in ("login", "gpu")}
     return TwinWorld(login_group="login", login_count=GROUPS["login"][1], worker_group="gpu",
-                     worker_count=GROUPS["gpu"][1], extra_groups=extra, parameters=PARAMETERS)
+                     worker_count=GROUPS["gpu"][1], extra_groups=extra, parameters=PARAMETERS, progress=progress)
 
 
 def prepare(world: TwinWorld) -> Month:
@@ -152,14 +154,19 @@ def play(month: Month) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the demo chapter
 
 
-def run_user_spend_chapter(main: Demo, world: TwinWorld) -> Month:
-    """The chapter on ``world`` (a month_world): the month it played, which the holds chapter goes on with."""
-    from hpops.output import print_cost
-    from hpops_twin.demo import Demo
-
+def run_user_spend_chapter(main: Demo, then: Callable[[Month], None] = lambda month: None) -> None:
+    """The chapter in a month_world of its own; ``then`` goes on with the month it played, in the same world."""
     limits = ", ".join(f"{name}={PARAMETERS[name]}" for name in ("UserMonthlyBudgetUsd", "UserBudgetOverrides"))
     main.say(f"per-user spend: a third stack, with {limits}, on a cluster with groups "
              + ", ".join(f"{g} {n} x {t}" for g, (t, n) in GROUPS.items()))
+    with month_world(progress=lambda text: main.say(f"        {text}")) as world:
+        _spend_steps(main, world, then)
+
+
+def _spend_steps(main: Demo, world: TwinWorld, then: Callable[[Month], None]) -> None:
+    from hpops.output import print_cost
+    from hpops_twin.demo import Demo
+
     demo = Demo(world, main.out)
     demo.steps, demo.started = main.steps, main.started  # one table, one clock
     world.wait([world.run_schedule("Sweep")])  # the login target group in sync, as after the first steps
@@ -167,7 +174,7 @@ def run_user_spend_chapter(main: Demo, world: TwinWorld) -> Month:
     controller, spend = month.controller, month.spend
     demo.say(f"        controller {controller.instance_id} (group {CONTROLLER_GROUP}): the real node agent; sacct answers "
              f"from {len(month.jobs)} generated jobs of alice (GPU), bob (GPU), carol (CPU only); time is an input")
-    demo.say("        Cost Explorer bills Nov 1-19: " + ", ".join(
+    demo.say(f"        Cost Explorer bills Nov 1-{SWEEP_DAY - 1}: " + ", ".join(
         f"{t} ${Decimal(usd):,.2f} over {hours} h" for t, (usd, hours) in billed_usage().items())
         + f", volumes ${VOLUMES_BILLED:,.2f}")
     sent: list[int] = []
@@ -238,7 +245,7 @@ def run_user_spend_chapter(main: Demo, world: TwinWorld) -> Month:
               operator_runs_hpops_cost, "users + idle + other = the cluster's cost, to the cent", lines_add_up, targets=False)
     for line in printed:
         demo.say("          " + line)
-    return month
+    then(month)
 
 
 def table_figures(lines: list[str]) -> dict[str, Decimal]:

@@ -87,6 +87,11 @@ NOT_PROVISIONED = {
 }
 
 
+# What a twin's build says as it reaches each stage of the stack's creation (TwinWorld's progress).
+STAGES = {"AWS::DynamoDB::Table": "CloudFormation: table, queues, topics, keys, buses, load balancer",
+          "AWS::Serverless::Function": "CloudFormation: the Lambda functions and their rules",
+          "AWS::Serverless::StateMachine": "CloudFormation: the state machines (moto parses each ASL file)"}
+
 # moto 5.2.1 checks deregistration_delay with range(0, 3600) and so rejects 3600, which AWS accepts.
 MOTO_PARAMETER_WORKAROUNDS = {"DeregistrationDelaySeconds": "3599"}
 # A new stack's session limits start in dry run (template.yaml); a twin that shows or tests enforcement
@@ -391,6 +396,8 @@ class TwinWorld:
         # a cluster where it does not), naming this account (HyperPod's service account: UNCONFIRMED).
         identity_documents: bool = True,
         document_account_id: str = HYPERPOD_SERVICE_ACCOUNT_ID,
+        # Told what the build is doing as it goes (the demo says it, so a slow machine is never silent).
+        progress: Callable[[str], None] | None = None,
     ):
         if not re.fullmatch(r"[0-9]{12}", account_id) or not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-[0-9]", region):
             raise ValueError(f"account {account_id!r} and region {region!r}: expected 12 digits and a region name")
@@ -411,6 +418,7 @@ class TwinWorld:
         self.dispatcher = LambdaDispatcher()
         self.iam_policy_edit = iam_policy_edit
         self.agents_installed = agents_installed
+        self.progress = progress or (lambda _: None)
         self.identity_documents = identity_documents
         self.document_account_id = document_account_id
         self.counter = ApiCallCounter(current_function=lambda: self.dispatcher.current_function)
@@ -520,6 +528,7 @@ class TwinWorld:
         enforcement.__enter__()
         self._stack.append(enforcement)
         try:
+            self.progress("`sam deploy` of template.yaml into the twin's account (through CloudFormation's service role)")
             self._provision()
         except BaseException:  # a failed deploy (e.g. denied): undo the mocks started above, then say why
             self.__exit__(None, None, None)
@@ -537,6 +546,7 @@ class TwinWorld:
         # The cluster existed before the stack: its lifecycle scripts already installed the agents,
         # which have reported once. Measurements start after that.
         self.hosts.lifecycle_installs_agent = self.agents_installed
+        self.progress("the node agents' first runs: each enrolls its key and reports")
         self.hosts.ensure_agents()
         self.counter.reset()
         return self
@@ -628,9 +638,13 @@ class TwinWorld:
                  if logical_id not in waits_for_machines]
         queue += [("AWS::Serverless::Function", logical_id, self.template.resources[logical_id])
                   for logical_id in sorted(waits_for_machines)]
+        said = set()
         for resource_type, logical_id, resource in queue:
             if "Condition" in resource and not self.resolver.condition(resource["Condition"]):
                 continue
+            if resource_type in STAGES and resource_type not in said:
+                said.add(resource_type)
+                self.progress(STAGES[resource_type])
             getattr(self, "_provision_" + resource_type.split("::")[-1])(logical_id, self.resolver.resolve(resource.get("Properties", {})))
 
     def update_stack_resources(self) -> None:
