@@ -289,32 +289,6 @@ def test_broken_rate_overrides_fail_the_execution_with_a_named_error():
         assert "RATE_OVERRIDES_JSON" in result.cause
 
 
-# --------------------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize(
-    "payload, error",
-    [
-        ({"detail-type": "SageMaker HyperPod Cluster Node Health Event", "source": "aws.sagemaker",
-          "detail": {"ClusterName": "ml-research"}}, "MalformedEventError"),
-        ({"version": "0", "id": "1", "detail-type": "SageMaker HyperPod Cluster State Change", "source": "aws.sagemaker",
-          "account": "123456789012", "time": "2026-11-10T12:00:00Z", "region": "us-east-1", "resources": [],
-          "detail": {"ClusterName": "ml-research", "ClusterStatus": "InService"}}, "MalformedEventError"),
-        ({"cluster": "ml-research", "mode": "sweep", "extra": "x"}, "MalformedEventError"),
-        ({"cluster": "someone-elses-cluster", "mode": "sweep"}, "UnknownClusterError"),
-        (["not", "an", "object"], "MalformedEventError"),
-    ],
-)
-def test_bad_input_fails_with_a_named_error_and_creates_nothing(world, payload, error):
-    world.budget.tag_cluster(BUDGET_TAG, "750000")
-    result = world.wait([world.budget.start_raw(payload)])[0]
-    assert (result.status, result.error) == ("FAILED", error)
-    assert world.budget.budgets() == {}
-    assert world.budget.state_items() == {}
-    assert world.budget.sns_messages() == []
-    assert world.counter.calls["budgets.CreateBudget"] == 0
-
-
 def test_without_per_user_spend_the_sweep_keeps_the_cluster_budget_and_checks_no_user():
     from hpops_twin.world import TwinWorld
 

@@ -69,7 +69,7 @@ OFFLINE = {
 # cost a month played in it, is not a unit test's to build a second time): command -> that test file.
 IN_TWIN_TESTS = {
     "hpops doctor --twin": "tests/twin/test_doctor_command_twin.py",
-    "hpops cost --twin": "tests/twin/test_user_spend_twin.py",
+    "hpops cost --twin": "tests/twin/test_cost_command_twin.py",
 }
 
 AWS = "needs a deployed stack and AWS credentials"
