@@ -10,12 +10,14 @@ flushed at once, so a pipe or a CI log shows each step as it starts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
 import re
 import textwrap
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,7 @@ from hpops_twin.world import ExecutionResult, TwinWorld
 # A pipe or CI log block-buffers print(): the timeline would arrive in lumps, or at the end.
 say_now = functools.partial(print, flush=True)
 SCREEN_WIDTH = 100
+HEARTBEAT_SECONDS = 5.0  # a long step says where it is at this often
 # A host key fingerprint and a secret version id, of which a terminal shows the first 8 characters
 # (--json keeps them whole): enough to tell two apart on screen.
 _FINGERPRINT = re.compile(r"\b(SHA256:[A-Za-z0-9+/]{8})[A-Za-z0-9+/]{12,}=*")
@@ -130,7 +133,8 @@ class Demo:
         begun = time.perf_counter()
         before = len(world.routes)
         invocations_before = len(world.dispatcher.invocations)
-        executions = action()
+        with self.heartbeat(lambda: f"step {number} still at work"):
+            executions = action()
         results = self.wait_saying_progress(executions)
         seconds = time.perf_counter() - begun
         summary = summarize(results)
@@ -191,15 +195,30 @@ class Demo:
             self.say(f"        EXPECTATION FAILED: {expectation}")
         return outcome
 
-    def wait_saying_progress(self, executions: list[str], every: float = 5.0) -> list[ExecutionResult]:
-        """The executions' results; a line every ``every`` seconds while they run, so a long step is never silent."""
+    @contextlib.contextmanager
+    def heartbeat(self, doing: Callable[[], str], every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+        """A line every ``every`` seconds while the block runs (``doing`` says what it is at), so that a
+        step is never silent long, even on a busy machine."""
+        finished = threading.Event()
+
+        def beat() -> None:
+            while not finished.wait(every):
+                self.say(f"          ... {doing()}")
+
+        beating = threading.Thread(target=beat, name="demo-heartbeat", daemon=True)
+        beating.start()
+        try:
+            yield
+        finally:
+            finished.set()
+            beating.join()
+
+    def wait_saying_progress(self, executions: list[str]) -> list[ExecutionResult]:
+        """The executions' results, saying how many have ended while they run."""
         results: list[ExecutionResult] = []
-        said = time.perf_counter()
-        for done, execution in enumerate(executions, 1):
-            results += self.world.wait([execution], timeout=120)
-            if done < len(executions) and time.perf_counter() - said > every:
-                self.say(f"          ... {done} of {len(executions)} executions ended")
-                said = time.perf_counter()
+        with self.heartbeat(lambda: f"{len(results)} of {len(executions)} execution(s) ended"):
+            for execution in executions:
+                results += self.world.wait([execution], timeout=120)
         return results
 
     def run(self) -> list[StepOutcome]:

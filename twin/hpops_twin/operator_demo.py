@@ -32,9 +32,11 @@ def run_doctor_chapter(main: Demo) -> None:
     with warnings.catch_warnings(), doctor_world(progress=lambda text: main.say(f"        {text}")) as world:
         warnings.filterwarnings("ignore", message="No application metrics to publish")
         demo = Demo(world, main.out, main.started)
-        account = DoctorAccount(world).prepare()
+        with demo.heartbeat(lambda: "setting the account up around the stack"):
+            account = DoctorAccount(world).prepare()
         demo.say("        $ hpops doctor")
-        findings = account.run()
+        with demo.heartbeat(lambda: "hpops doctor checks"):
+            findings = account.run()
         status, lines = _printed(lambda: print_doctor(account.target(), findings, False))
         for line in lines:
             demo.say(f"          {line}")
