@@ -15,6 +15,7 @@ from collections import Counter
 from types import SimpleNamespace
 from unittest import mock
 
+import boto3
 import pytest
 
 from hpops_core.budget_guard import alert_outbox, spend_check
@@ -156,3 +157,33 @@ def test_a_check_that_dies_between_chunks_queues_the_unmarked_alerts_again_and_e
             pass
     keys = Counter((m["MessageAttributes"]["user"]["StringValue"], m["Subject"]) for _, m in topics.messages)
     assert len(keys) == 36 and set(keys.values()) == {1}  # 12 users x (actual, projected, held), once each
+
+
+def test_a_sweep_that_read_an_older_header_keeps_nothing_of_its_own():
+    """Two sweeps at once: the one whose header read is stale has its header refused (paged_items.put_header),
+    so the holds document, the hold state and the running total stay the winner's, never a mix."""
+    from hpops_core.budget_guard import hold_state, usage_store
+    from hpops_core.budget_guard.user_spend import MonthUsage
+    from hpops_core.common.errors import TransientAwsError
+
+    with stored_world():
+        names = user_names(3)
+        seed_month(names, MONTH_END, active=0, windows=0)  # the running total's revision 1
+        first, second = (user_holds.desired_document("2026-11", "2026-12-01T00:00:00Z", False, users)
+                         for users in (names[:2], names))
+        assert user_holds_store.publish(TABLE, CLUSTER, first, "arn:execution:one", MONTH_END) == 1
+        with mock.patch.object(user_holds_store, "_header", return_value=None), pytest.raises(TransientAwsError):
+            user_holds_store.publish(TABLE, CLUSTER, second, "arn:execution:two", MONTH_END)
+        assert user_holds.parse_document(user_holds_store.read(TABLE, CLUSTER)["value"])["users"] == names[:2]
+
+        hold_state._save_state(TABLE, CLUSTER, 0, {names[0]: {"state": "held"}}, "arn:execution:one", "v1", MONTH_END)
+        with pytest.raises(TransientAwsError):
+            hold_state._save_state(TABLE, CLUSTER, 0, {names[1]: {"state": "held"}}, "arn:execution:two", "v1", MONTH_END)
+        assert set(hold_state.read_state(TABLE, CLUSTER)["holds"]) == {names[0]}
+
+        month = f"{MONTH_END:%Y-%m}"
+        kept, _ = usage_store.month_totals(TABLE, CLUSTER, month, MONTH_END, save=False)
+        assert not usage_store._save_running_total(TABLE, CLUSTER, month, MonthUsage(), {}, None,
+                                                   "arn:execution:two", MONTH_END, boto3.client("dynamodb"))
+        again, _ = usage_store.month_totals(TABLE, CLUSTER, month, MONTH_END, save=False)
+        assert again.users == kept.users and set(again.users) == set(names)
