@@ -44,7 +44,7 @@ def record_usage_report(event: dict, context: LambdaContext) -> dict:
     report = parse_usage_event(stripped)
     # An open window's end lies ahead by design (the agent reports it while it runs); a final one has ended.
     ended = [report.window_end] if report.final else []
-    sequence = _signed(config, event, report.instance_id, [report.window_start, report.collected_at] + ended)
+    sequence, writer = _signed(config, event, report.instance_id, [report.window_start, report.collected_at] + ended)
     origin = check_usage_origin(report, config.cluster_name, config.controller_group,
                                 describe_node(config.cluster_name, report.instance_id))
     if not origin.accepted:
@@ -54,7 +54,8 @@ def record_usage_report(event: dict, context: LambdaContext) -> dict:
         # The part on its own, then (as it is stored) the sum of its window's parts.
         instance_groups = _instance_groups(config.cluster_name)
         check_capacity(report, instance_groups)
-        stored = usage_store.store_usage(config.state_table, report, int(time.time()), instance_groups, sequence)
+        stored = usage_store.store_usage(config.state_table, report, int(time.time()), instance_groups, sequence,
+                                         writer)
     except (UsageExceedsCapacityError, NodeChannelError):
         metrics.add_metric(name="SignedReportRefused", unit=MetricUnit.Count, value=1)
         raise
@@ -67,12 +68,14 @@ def record_usage_report(event: dict, context: LambdaContext) -> dict:
     return {"stored": stored, "window": report.window_start, "status": report.status, "checkStarted": started}
 
 
-def _signed(config: UsageReportConfig, event: dict, instance_id: str, times: list[str]) -> int:
-    """The report's sequence if the enrolled controller agent signed it; counted and refused otherwise."""
+def _signed(config: UsageReportConfig, event: dict, instance_id: str, times: list[str]) -> tuple[int, str]:
+    """(the report's sequence, the signing key's fingerprint) if the enrolled controller agent signed it;
+    counted and refused otherwise."""
+    enrollment = enrollment_store.get_enrollment(config.state_table, config.cluster_name, instance_id)
     try:
-        return check_signed_report(
-            event["detail"], enrollment_store.get_enrollment(config.state_table, config.cluster_name, instance_id),
-            config.cluster_name, instance_id, "controller", datetime.now(timezone.utc), times)
+        sequence = check_signed_report(event["detail"], enrollment, config.cluster_name, instance_id, "controller",
+                                       datetime.now(timezone.utc), times)
+        return sequence, enrollment.fingerprint
     except (NodeChannelError, NodeProofError) as error:
         metrics.add_metric(name="SignedReportRefused", unit=MetricUnit.Count, value=1)
         logger.warning("controller report refused", extra={"instanceId": instance_id, "error": type(error).__name__,
@@ -87,7 +90,7 @@ def _instance_groups(cluster: str) -> list[dict]:
 
 def _record_holds_report(config: UsageReportConfig, event: dict, report: dict) -> dict:
     """The controller agent's holds report: same origin rule as usage; kept only when newer."""
-    sequence = _signed(config, event, report["instanceId"], [report["reportedAt"]])
+    sequence, _ = _signed(config, event, report["instanceId"], [report["reportedAt"]])
     origin = check_usage_origin(origin_view(report), config.cluster_name, config.controller_group,
                                 describe_node(config.cluster_name, report["instanceId"]))
     if not origin.accepted:

@@ -15,6 +15,7 @@ from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from hpops_core.common.observability import handler_tools
+from hpops_core.budget_guard import hold_state, usage_store
 from hpops_core.cluster.login_group import describe_node
 from hpops_core.common.errors import HpopsError, TransientAwsError
 from hpops_core.node_channel import (
@@ -27,6 +28,7 @@ from hpops_core.node_channel import (
     user_sessions,
 )
 from hpops_core.node_channel.config import NodeChannelConfig
+from hpops_core.node_channel.contract import USAGE_RECOLLECT_MAX_WINDOWS, USAGE_WINDOW_SECONDS
 from hpops_core.node_channel.enrollment import (
     DOCUMENT,
     EnrollmentConflictError,
@@ -95,11 +97,34 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
         # the node's per-user session items with it.
         dropped = report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
         user_sessions.forget_node(config.state_table, config.cluster_name, record.instance_id, dropped)
+        if existing.role == "controller":
+            record = discard_usage(config, existing, record, now)
+            log["recollectFrom"] = record.recollect_from
     if record.via == DOCUMENT and decision.outcome != "already":
         enrollment_store.record_documents_seen(config.state_table, config.cluster_name, record.enrolled_at)
     logger.info("enrolled", extra=log)
-    return {"ok": True, "status": record.status, "instanceId": record.instance_id, "fingerprint": record.fingerprint,
-            "role": record.role, "group": record.group, "via": record.via}
+    answer = {"ok": True, "status": record.status, "instanceId": record.instance_id, "fingerprint": record.fingerprint,
+              "role": record.role, "group": record.group, "via": record.via}
+    if record.recollect_from:  # asked again every ENROLL_RECHECK_SECONDS: the agent pulls it like desired state
+        answer["recollectFrom"] = record.recollect_from
+    return answer
+
+
+def discard_usage(config: NodeChannelConfig, replaced, record, now: datetime):
+    """The replaced controller key's usage windows, from the first it wrote (at most
+    USAGE_RECOLLECT_MAX_WINDOWS back), count for nothing from this moment (one write every sweep reads),
+    its holds report goes, and the new key's agent is told to re-collect those hours from Slurm
+    accounting. The record, with recollect_from set when there is anything to re-collect."""
+    since = now - timedelta(seconds=USAGE_WINDOW_SECONDS * USAGE_RECOLLECT_MAX_WINDOWS)
+    first = usage_store.first_window_written(config.state_table, config.cluster_name, replaced.fingerprint, since, now)
+    hold_state.forget_agent_report(config.state_table, config.cluster_name)
+    if first is None:
+        return record
+    usage_store.void_writer(config.state_table, config.cluster_name, replaced.fingerprint, first, int(now.timestamp()))
+    if enrollment_store.set_recollect_from(config.state_table, config.cluster_name, record.instance_id,
+                                           record.fingerprint, first):
+        return replace(record, recollect_from=first)
+    return record
 
 
 # action -> handler(config, request, now) -> answer

@@ -821,7 +821,9 @@ class NodeAgent:
             outcome.windows_sent += int(sent)
             return sent
 
-        outcome.reports = self.usage_collector().run_once(ship)
+        # The stack's word, in this agent's own enroll answer, that a replaced key's windows were voided.
+        recollect = self.proof.state.get("recollectFrom") if self.proof is not None else None
+        outcome.reports = self.usage_collector().run_once(ship, recollect)
         for report in outcome.reports:
             log("usage-collected", windowStart=report["windowStart"], final=report["final"],
                 status=report["status"], reason=report["reason"], records=len(report["records"]),

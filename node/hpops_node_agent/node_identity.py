@@ -119,6 +119,11 @@ class AgentIdentity:
             self.state["enrolledFingerprint"] = answer.get("fingerprint")
             self.state["role"] = answer.get("role")
             self.state["via"] = answer.get("via")
+            # The stack voided a replaced key's usage windows from this one on: re-collect (usage.py).
+            if isinstance(answer.get("recollectFrom"), str):
+                self.state["recollectFrom"] = answer["recollectFrom"]
+            else:
+                self.state.pop("recollectFrom", None)
             self.state.pop("refusal", None)
             self.log("enrolled", instanceId=instance_id, fingerprint=answer.get("fingerprint"), via=answer.get("via"))
         else:

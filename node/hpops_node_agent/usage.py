@@ -106,14 +106,20 @@ def window_start_of(epoch: float, window_seconds: int = contract.USAGE_WINDOW_SE
 
 def due_windows(now: float, final_through: Optional[int], window_seconds: int = contract.USAGE_WINDOW_SECONDS,
                 max_ended: int = MAX_ENDED_WINDOWS_PER_RUN,
-                max_backlog: int = MAX_BACKLOG_WINDOWS) -> Tuple[List[int], int]:
+                max_backlog: int = MAX_BACKLOG_WINDOWS, recollect_from: Optional[int] = None) -> Tuple[List[int], int]:
     """(window starts to read this run, oldest first, ending with the current window; windows dropped).
 
     ``final_through`` is the end of the last window shipped as final (None on a fresh node: start
     with the previous window). Ended windows not yet final (settle delay) are read every run.
+    ``recollect_from``: the stack voided windows from there on (``final_through`` was moved back to it):
+    they are read again however old (up to contract.USAGE_RECOLLECT_MAX_WINDOWS), never dropped as an
+    outage's backlog would be.
     """
     current = window_start_of(now, window_seconds)
     first = current - window_seconds if final_through is None else window_start_of(final_through, window_seconds)
+    if recollect_from is not None:
+        max_backlog = max(max_backlog, min(contract.USAGE_RECOLLECT_MAX_WINDOWS,
+                                           (current - window_start_of(recollect_from, window_seconds)) // window_seconds))
     oldest_kept = current - max_backlog * window_seconds
     dropped = max(0, (oldest_kept - first) // window_seconds)
     first = max(first, oldest_kept)
@@ -552,28 +558,57 @@ class UsageCollector:
 
     # ------------------------------------------------------------------ state
 
-    def _final_through(self) -> Optional[int]:
+    def _state(self) -> Dict[str, Any]:
         if not self.state_path:
-            return None
+            return {}
         try:
             with open(self.state_path, "r", encoding="utf-8") as handle:
-                value = json.load(handle).get("finalThrough")
+                state = json.load(handle)
         except FileNotFoundError:
-            return None
-        except (OSError, ValueError, AttributeError) as error:
+            return {}
+        except (OSError, ValueError) as error:
             self.log("usage-state-unreadable", path=self.state_path, reason=type(error).__name__)
-            return None
+            return {}
+        return state if isinstance(state, dict) else {}
+
+    def _final_through(self) -> Optional[int]:
+        value = self._state().get("finalThrough")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    def _save_final_through(self, epoch: int) -> None:
+    def _recollecting(self, marker: Optional[str]) -> Optional[int]:
+        """The epoch to re-collect from: a new marker from the stack (the enroll answer's "recollectFrom")
+        is obeyed once, and kept until every window from it was shipped final again."""
+        state = self._state()
+        since = state.get("recollectFrom")
+        if marker and marker != state.get("recollectMarker"):
+            try:
+                since = parse_time(marker[:-1]) if marker.endswith("Z") else None
+            except SkippedLine:
+                since = None
+            if since is None:
+                self.log("usage-recollect-ignored", reason="not an ISO UTC time")
+                return None
+            self.log("usage-recollect", windowStart=iso(since), reason="the stack voided a replaced key's windows")
+            final = self._final_through()
+            self._save_final_through(since if final is None else min(final, window_start_of(since)),
+                                     recollectFrom=since, recollectMarker=marker)
+            return since
+        if not isinstance(since, int) or isinstance(since, bool):
+            return None
+        final = self._final_through()
+        return since if final is None or final <= window_start_of(self.clock()) else None
+
+    def _save_final_through(self, epoch: int, **recollect: Any) -> None:
         if not self.state_path:
             return
         directory = os.path.dirname(self.state_path)
         temporary = self.state_path + ".tmp"
+        kept = {key: value for key, value in self._state().items() if key in ("recollectFrom", "recollectMarker")}
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump({"finalThrough": epoch, "finalThroughTime": iso(epoch)}, handle, sort_keys=True)
+                json.dump(dict(kept, finalThrough=epoch, finalThroughTime=iso(epoch), **recollect), handle,
+                          sort_keys=True)
             os.chmod(temporary, 0o600)
             os.replace(temporary, self.state_path)
         except OSError as error:
@@ -581,15 +616,18 @@ class UsageCollector:
 
     # ------------------------------------------------------------------ one run
 
-    def run_once(self, ship: Callable[[List[Dict[str, Any]]], bool]) -> List[Dict[str, Any]]:
+    def run_once(self, ship: Callable[[List[Dict[str, Any]]], bool],
+                 recollect: Optional[str] = None) -> List[Dict[str, Any]]:
         """Collect every due window and ship each (as parts); returns the reports collected.
 
         A window becomes final-and-shipped (state advances past it) only after ``ship`` accepted it.
         When sacct cannot answer, one status report (for the current window) is shipped and the
-        state stays where it is, so the windows are read once accounting answers again."""
+        state stays where it is, so the windows are read once accounting answers again.
+        ``recollect``: the stack's "recollectFrom" marker (ISO UTC), obeyed once (_recollecting)."""
         now = self.clock()
         sacct = find_sacct(self.sacct_cmd)
-        starts, dropped = due_windows(now, self._final_through())
+        recollect_from = self._recollecting(recollect)  # first: obeying a new marker moves finalThrough back
+        starts, dropped = due_windows(now, self._final_through(), recollect_from=recollect_from)
         if dropped:
             self.log("usage-windows-dropped", windows=dropped, reason="backlog older than {} h".format(
                 MAX_BACKLOG_WINDOWS * contract.USAGE_WINDOW_SECONDS // 3600))

@@ -63,3 +63,21 @@ def test_an_older_holds_report_is_refused_the_same_one_again_changes_nothing(tab
         store_agent_report(table, report, "2026-11-26T12:00:03Z", sequence=19)
     with pytest.raises(ReportReplayError):
         store_agent_report(table, report | {"reportedAt": "2026-11-26T11:00:00Z"}, "x", sequence=21)
+
+
+def test_the_recollect_marker_is_set_only_for_the_key_still_enrolled_and_read_back(table):
+    assert enrollment_store.put_first(table, record("SHA256:agent"))
+    assert not enrollment_store.set_recollect_from(table, CLUSTER, ID, "SHA256:impostor", "2026-11-01T00:00:00Z")
+    assert enrollment_store.get_enrollment(table, CLUSTER, ID).recollect_from == ""
+    assert enrollment_store.set_recollect_from(table, CLUSTER, ID, "SHA256:agent", "2026-11-01T00:00:00Z")
+    assert enrollment_store.get_enrollment(table, CLUSTER, ID).recollect_from == "2026-11-01T00:00:00Z"
+
+
+def test_a_replaced_controller_keys_holds_report_goes(table):
+    from hpops_core.budget_guard.hold_state import forget_agent_report, read_agent_report
+
+    store_agent_report(table, {"cluster": CLUSTER, "instanceId": ID, "reportedAt": "2026-11-26T12:00:00Z",
+                               "version": 3, "enforced": True, "users": []}, "2026-11-26T12:00:01Z", 10**15)
+    assert read_agent_report(table, CLUSTER) is not None
+    forget_agent_report(table, CLUSTER)
+    assert read_agent_report(table, CLUSTER) is None

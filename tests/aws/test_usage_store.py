@@ -17,9 +17,12 @@ from hpops_core.budget_guard.usage_reports import UsageRecord, parse_usage_event
 from hpops_core.budget_guard.usage_store import (
     USAGE_TTL_SECONDS,
     collector_status,
+    first_window_written,
     month_totals,
     month_usage,
     store_usage,
+    void_writer,
+    voided_writers,
 )
 from hpops_core.budget_guard.user_spend import fold_windows
 from hpops_core.common import clients
@@ -358,3 +361,40 @@ def test_a_repeated_part_a_new_collection_or_a_late_window_of_a_settled_hour_sti
     assert _per_user(usage) == _per_user(fold_windows(month_usage(table, CLUSTER, "2026-11"), now))
     # Kept again: the next sweep needs no re-read.
     assert month_totals(table, CLUSTER, "2026-11", now, "sweep-3")[1]["reread"] is False
+
+
+# --------------------------------------------------------------------------- a replaced key's windows
+
+IMPOSTOR, REAL = "SHA256:" + "i" * 43, "SHA256:" + "r" * 43
+
+
+def test_a_replaced_keys_windows_count_for_nothing_from_the_first_it_wrote_and_the_real_agents_resend_counts(table):
+    first = at("2026-11-01T00:00:00")
+    # Hours 0-23 by the real key; hours 24-47 by a key later replaced, charging carol a GPU day each hour.
+    for hour in range(48):
+        start, writer = first + hour * HOUR, REAL if hour < 24 else IMPOSTOR
+        found = totals(alice_gpu=1000) if hour < 24 else totals(carol_gpu=3600)
+        for part in reports(start, start + HOUR, found):
+            store_usage(table, part, now_epoch=W0, instance_groups=ROOMY, sequence=10**15 + hour, writer=writer)
+    now = datetime.datetime.fromtimestamp(first + 48 * HOUR, datetime.timezone.utc)
+    usage, _ = month_totals(table, CLUSTER, "2026-11", now, "sweep-1")
+    assert usage.users["carol"]["gpu"][0] == 24 * 3600
+
+    since = now - datetime.timedelta(days=62)
+    assert first_window_written(table, CLUSTER, IMPOSTOR, since, now) == "2026-11-02T00:00:00Z"
+    assert first_window_written(table, CLUSTER, "SHA256:" + "n" * 43, since, now) is None
+    void_writer(table, CLUSTER, IMPOSTOR, "2026-11-02T00:00:00Z", W0)
+    assert voided_writers(table, CLUSTER) == {IMPOSTOR: "2026-11-02T00:00:00Z"}
+    # The very next read, the kept running total included, counts none of it; the real key's hours stay.
+    usage, outcome = month_totals(table, CLUSTER, "2026-11", now, "sweep-2")
+    assert outcome["reread"] is True and "carol" not in usage.users
+    assert usage.users["alice"]["gpu"][0] == 24 * 1000
+    assert "carol" not in {r.user for w in month_usage(table, CLUSTER, "2026-11") for r in w.records}
+
+    # The real agent re-sends hour 30 with a lower sequence than the replaced key's part: it is kept
+    # (sequences are one key's count), and counts.
+    start = first + 30 * HOUR
+    for part in reports(start, start + HOUR + 60, totals(alice_gpu=900)):
+        assert store_usage(table, part, now_epoch=W0, instance_groups=ROOMY, sequence=5, writer=REAL)["window"]
+    usage, _ = month_totals(table, CLUSTER, "2026-11", now, "sweep-3")
+    assert usage.users["alice"]["gpu"][0] == 24 * 1000 + 900 and "carol" not in usage.users

@@ -418,6 +418,33 @@ def test_run_once_ships_due_windows_and_remembers_only_final_shipped_ones(tmp_pa
     assert json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())["finalThrough"] == W0 + HOUR
 
 
+def test_the_stacks_recollect_marker_reads_every_voided_hour_again_once_however_old(tmp_path):
+    """The stack voided a replaced key's windows from 12 days back (older than an outage's 7-day
+    backlog): the agent reads every one of those hours again, 24 a run, drops none, and obeys the
+    same marker only once."""
+    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+    shipped: list = []
+    collector(tmp_path, sacct, NOW).run_once(lambda parts: shipped.append(parts) or True)
+    marker = usage.iso(W0 - 12 * 24 * HOUR)
+    starts: list = []
+    for run in range(20):
+        reports = collector(tmp_path, sacct, NOW).run_once(lambda parts: True, marker)
+        starts += [r["windowStart"] for r in reports if r["final"]]
+        if len(reports) == 1:
+            break
+    expected = [usage.iso(W0 - 12 * 24 * HOUR + hour * HOUR) for hour in range(12 * 24)]
+    assert starts == expected, "every voided hour read again, oldest first, none dropped"
+    assert run == 12  # 288 hours at 24 a run, then only the open window
+    state = json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())
+    assert (state["finalThrough"], state["recollectMarker"]) == (W0, marker)
+    # The same marker again (the enroll answer repeats it every recheck): nothing is read twice.
+    again = collector(tmp_path, sacct, NOW).run_once(lambda parts: True, marker)
+    assert [r["windowStart"] for r in again] == [usage.iso(W0)]
+    # Garbage from the stack moves nothing.
+    assert [r["windowStart"] for r in collector(tmp_path, sacct, NOW).run_once(lambda parts: True, "yesterday")] == [
+        usage.iso(W0)]
+
+
 def test_run_once_without_accounting_sends_one_status_and_keeps_its_place(tmp_path):
     sacct = fake_sacct(tmp_path / "bin", stderr="Slurm accounting storage is disabled\n", code=1)
     shipped = []

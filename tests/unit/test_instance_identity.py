@@ -75,6 +75,22 @@ def test_the_table_holds_a_parseable_rsa_certificate_for_the_regions_hyperpod_ru
     assert identity_certificates.SOURCE.startswith("https://docs.aws.amazon.com/")
 
 
+def test_every_certificate_checked_against_aws_page_still_holds_the_key_that_page_published():
+    import hashlib
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    checked = identity_certificates.CHECKED_AGAINST
+    assert len(checked) >= 31 and set(checked) <= set(identity_certificates.RSA_CERTIFICATES)
+    for region, (section, matched, page_key_sha256) in checked.items():
+        certificate = x509.load_pem_x509_certificate(identity_certificates.RSA_CERTIFICATES[region].encode())
+        key = certificate.public_key().public_bytes(serialization.Encoding.DER,
+                                                    serialization.PublicFormat.SubjectPublicKeyInfo)
+        assert hashlib.sha256(key).hexdigest() == page_key_sha256, (region, section)
+        assert matched in ("certificate", "key")
+
+
 @pytest.mark.parametrize("signature,error", [
     ("not base64!", MalformedNodeChannelRequest),
     ("QUJD", IdentityDocumentRefusedError),  # base64, but no signature of this document

@@ -486,6 +486,16 @@ def test_footprint_table(bench, readme):
         assert f"<= {target}" in targets, f"no bench target <= {target}"
 
 
+def test_demo_cost(bench):
+    text = section("The local twin")
+    cpu, beat = claim(text, r"`make demo` \(`hpops demo \[--json FILE\]`\) runs the real thing without AWS, in about "
+                            r"(\d+) s of CPU warm .* a line at least every (\d+) s while a step works")
+    assert near(float(cpu), bench["demo"]["cpu_seconds"]) and bench["demo"]["exit_status"] == 0
+    from hpops_twin.demo import HEARTBEAT_SECONDS
+
+    assert float(beat) == HEARTBEAT_SECONDS
+
+
 def test_session_limits_cost(bench):
     text = section("Session limits per user")
     sessions, users = claim(text, r"`make bench`, ([\d,]+) active sessions of (\d+) users")

@@ -18,6 +18,8 @@ VPN and routed paths, the NLB's target choice modelled on the target group the t
 Session-limit bound (hpops_twin/session_bound_bench.py): agent polls from an SSH login over the
 cluster-wide limit to the session ended, on a simulated clock.
 Admission (hpops_twin/admission_bench.py): load-aware admission's scheduled run, a move out and back, the floor.
+Flood (hpops_twin/flood_bench.py): NodeChannel refusals sent as a cluster user with the node role, each
+kind's time, log bytes and AWS calls, priced an hour at NodeFacingConcurrency.
 
 Progress goes to stderr, flushed: one line when a section starts, one with its seconds when it ends.
 The tables (stdout) are unchanged. `--json FILE` also records each section's seconds and the machine,
@@ -319,6 +321,11 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
     with progress.section("sessions at scale: 4 / 12 / 50 login nodes, 200 / 2,000 / 10,000 users, functions fed stored data"):
         scale_rows, scale_verdicts = scale_sessions_bench.scale_sessions_section()
     verdicts |= scale_verdicts
+    from hpops_twin import flood_bench
+
+    with progress.section("flood: NodeChannel refusals as a cluster user, priced an hour at NodeFacingConcurrency"):
+        flood_rows, flood_verdicts = flood_bench.flood_section()
+    verdicts |= flood_verdicts
     from hpops_twin.demo_bench import KEY as DEMO_KEY, demo_section
 
     with progress.section("demo: `make demo` warm, its CPU seconds and longest silence"):
@@ -345,7 +352,8 @@ def _run_bench(json_path: str | None, sizes: tuple[int, ...]) -> int:
                        BALANCE_KEY: [asdict(r) for r in balance_rows], ADMISSION_KEY: admission_record,
                        SCALE_BUDGET_KEY: [asdict(r) for r in scale_budget_rows],
                        scale_sessions_bench.KEY: scale_sessions_bench.record(scale_rows),
-                       DEMO_KEY: asdict(demo_run), **({SUITE_KEY: suite_summary} if suite_summary else {}),
+                       DEMO_KEY: asdict(demo_run), flood_bench.KEY: flood_bench.record(flood_rows),
+                       **({SUITE_KEY: suite_summary} if suite_summary else {}),
                        "config": {"login_nodes": LOGIN_NODES, "cluster_sizes": list(sizes),
                                   "session_users": session_bench.USERS, "active_sessions": session_bench.SESSIONS},
                        "run": _run_record(progress)}, handle, indent=2)

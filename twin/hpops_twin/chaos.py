@@ -1093,6 +1093,8 @@ def render(parts: list[dict]) -> str:
             lines += ["", f"{'attacks by a user with the node role (part 4)':<84} {'refused':>8}"]
             for attack in p["attacks"]:
                 lines.append(f"{attack['what'][:84]:<84} {attack['error'] or 'ACCEPTED':>8}"[:120])
+            if "restore" in p:
+                lines.append(f"{p['restore']['what'][:84]:<84} {'restored' if not p['restore']['findings'] else 'NOT':>8}")
         if "injected" in p:
             lines += ["", f"{'injected faults (part 2)':<28} {'throttle':>9} {'500':>6} {'503':>6} {'requests':>9}"]
             for service, kinds in sorted(p["injected"].items()):

@@ -299,10 +299,68 @@ def part_attacker(progress: Callable[[str], None] = lambda _: None) -> dict:
                                 f"stored items changed: {changed}")
         if world.target_ips() != admitted:
             findings.append(f"the target group changed: {admitted} -> {world.target_ips()}")
+        restore = controller_race_restored(world, attacker)
+        progress(f"{'ok  ' if not restore['findings'] else 'MISS'} attacker: {restore['what']}")
+        findings += restore["findings"]
     return {"part": "4 attacker with the node role", "tried": len(outcomes), "survived": sum(o.survived for o in outcomes),
             "side_effects": sum(sum(o.mutating.values()) for o in outcomes),
             "seconds": round(time.perf_counter() - began, 1), "findings": findings,
-            "attacks": [asdict(o) for o in outcomes], "ok": not findings}
+            "attacks": [asdict(o) for o in outcomes], "restore": restore, "ok": not findings}
+
+
+def controller_race_restored(world: TwinWorld, attacker: Attacker) -> dict:
+    """The controller race lost, then the operator's approval: a new controller's id enrolled by the
+    attacker and left uncontested past its window (its real agent came late), a usage window charging
+    bob 1,000 node-hours kept on its word; the operator approves the real agent's key. That window must
+    count for nothing from the approval on, and the real agent must be told to re-collect from it and
+    send it again under its own key."""
+    from hpops.enrollments import approve
+    from hpops_core.budget_guard import usage_store
+
+    findings: list[str] = []
+    table, dynamodb = world.resolver.physical_ids["SyncStateTable"], world.aws.client("dynamodb")
+    before = {n.instance_id for n in world.sim.nodes(world.cluster_name, CONTROLLER_GROUP)}
+    world.sim.scale_group(world.cluster_name, CONTROLLER_GROUP, len(before) + 1)
+    world.sim.finish_provisioning(world.cluster_name)
+    node = next(n for n in world.sim.nodes(world.cluster_name, CONTROLLER_GROUP) if n.instance_id not in before)
+    attacker.enroll(node.instance_id, node.ip)
+    dynamodb.update_item(TableName=table, Key={"pk": {"S": f"enroll#{world.cluster_name}"},
+                                               "sk": {"S": f"node#{node.instance_id}"}},
+                         UpdateExpression="SET windowEndsAt = :past", ExpressionAttributeValues={":past": {"S": iso(
+                             dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=1))}})
+    now = dt.datetime.now(dt.timezone.utc)
+    start, end = (now - dt.timedelta(hours=2)).replace(minute=0, second=0, microsecond=0), \
+        (now - dt.timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+    window, month = iso(start), f"{start:%Y-%m}"
+    attacker.put_report(USAGE, {
+        "format": "hpops.node.usage.v1", "cluster": world.cluster_name, "instanceId": node.instance_id,
+        "agentVersion": "1.0.0", "windowStart": window, "windowEnd": iso(end), "final": True, "status": "ok",
+        "reason": "", "collectedAt": iso(end), "partitionGroups": {"gpu": world.worker_group}, "part": 1, "parts": 1,
+        "records": [{"key": f"{world.cluster_name}/{window}/bob/gpu", "user": "bob", "partition": "gpu",
+                     "nodeSeconds": 3600, "cpuSeconds": 0, "gpuSeconds": 0, "jobs": 1}]})
+
+    def bob_charged() -> bool:
+        return any(r.user == "bob" for w in usage_store.month_usage(table, world.cluster_name, month, dynamodb)
+                   if w.window_start == window for r in w.records)
+
+    if not bob_charged():
+        findings.append("the proven impostor's usage window was not kept: the scenario did not happen")
+    real = ControllerNode(world, node.instance_id, [], {"gpu": world.worker_group})
+    approve(dynamodb, world.aws.client("sagemaker"), table, world.cluster_name, world.login_group, CONTROLLER_GROUP,
+            node.instance_id, real.agent.proof.fingerprint())
+    if not real.agent.proof.ensure_enrolled(node.instance_id, node.ip, force=True):
+        findings.append(f"the approved real key did not enroll: {real.agent.proof.state.get('refusal')}")
+    if real.agent.proof.state.get("recollectFrom") != window:
+        findings.append(f"the real agent was told to re-collect from {real.agent.proof.state.get('recollectFrom')}, "
+                        f"not from the impostor's first window {window}")
+    if bob_charged():
+        findings.append("after the approval the impostor's window still charges bob")
+    real.run_agent(now)
+    kept = [w for w in usage_store.month_usage(table, world.cluster_name, month, dynamodb) if w.window_start == window]
+    if not kept or any(r.user == "bob" for r in kept[0].records):
+        findings.append("the real agent's re-collected window did not replace the impostor's")
+    return {"what": "controller race lost past the window, then approved: the impostor's window voided, "
+                    "re-collected by the real agent", "window": window, "findings": findings}
 
 
 def _alarm(world: Any, call: Any) -> bool:

@@ -149,6 +149,14 @@ def store_agent_report(table: str, report: Mapping[str, Any], received_at: str, 
     return True
 
 
+def forget_agent_report(table: str, cluster: str) -> None:
+    """Drop the controller agent's holds report and its sequence: its key was replaced (an operator's
+    approval, a verified document), and what that key said counts for nothing."""
+    with transient_errors_named("dynamodb:DeleteItem"):
+        client("dynamodb").delete_item(TableName=table,
+                                       Key={"pk": {"S": status_key(cluster)}, "sk": {"S": AGENT_REPORT_SK}})
+
+
 def check_holds(config: Any, report: SpendReport, now: dt.datetime, owner: str, stack: str,
                 items: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Decide, publish, remember; the step's output: each decision with its reason, and the alerts.

@@ -11,12 +11,20 @@ Beside a window's parts, sk ``total#<windowStart>`` sums what its newest collect
 (usage_capacity.WindowTotal). A part and the total it makes are written in one transaction, the
 total conditional on the version read: two parts of a window arriving at once cannot both add to
 the same sum, and a part that would take the window over the groups' capacity is refused whole.
+
+Each part records its writer (the enrolled key's fingerprint). When an operator's approval or a
+verified document replaces the controller's key, that key's parts from the first window it wrote
+(at most USAGE_RECOLLECT_MAX_WINDOWS back) are void: sk ``voided`` under pk ``usage#<cluster>`` maps
+each such fingerprint to that window, one write that every later read honours (a part of a voided
+writer from that window on counts for nothing), and the agent re-collects the same hours from Slurm
+(the enroll answer's "recollectFrom"), whose newer collections then replace them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -73,14 +81,20 @@ class CollectorStatus:
 
 
 def _newer_condition(item: dict[str, Any], collected_at: str, sequence: int | None) -> dict[str, Any]:
-    """A Put of ``item`` unless the kept item is newer (collection time; with a sequence, also the sequence)."""
+    """A Put of ``item`` unless the kept item is newer (collection time; with a sequence, also the
+    sequence, compared only with a part the same key wrote: sequences are one key's count)."""
     condition, values = "attribute_not_exists(pk) OR collectedAt <= :collected", {":collected": {"S": collected_at}}
     put: dict[str, Any] = {"Item": item}
     if sequence is not None:
         put["Item"] = dict(item, sequence={"N": str(sequence)})
-        condition = f"({condition}) AND (attribute_not_exists(#sequence) OR #sequence <= :sequence)"
+        same_writer = "attribute_not_exists(#sequence) OR #sequence <= :sequence"
+        names = {"#sequence": "sequence"}
+        if "writer" in item:
+            same_writer += " OR attribute_not_exists(#writer) OR #writer <> :writer"
+            values[":writer"], names["#writer"] = item["writer"], "writer"
+        condition = f"({condition}) AND ({same_writer})"
         values[":sequence"] = {"N": str(sequence)}
-        put["ExpressionAttributeNames"] = {"#sequence": "sequence"}
+        put["ExpressionAttributeNames"] = names
     return dict(put, ConditionExpression=condition, ExpressionAttributeValues=values)
 
 
@@ -160,7 +174,7 @@ def _store_window(table: str, item: dict[str, Any], report: UsageReport, instanc
 
 
 def store_usage(table: str, report: UsageReport, now_epoch: int, instance_groups: list[dict[str, Any]],
-                sequence: int | None = None) -> dict[str, bool]:
+                sequence: int | None = None, writer: str = "") -> dict[str, bool]:
     """Conditional writes: the window part with its window's total (``instance_groups``: DescribeCluster's,
     the capacity the total must fit), then the collector's status. Re-sending changes nothing.
 
@@ -180,6 +194,8 @@ def store_usage(table: str, report: UsageReport, now_epoch: int, instance_groups
         "partitionGroups": {"S": json.dumps(report.partition_groups, sort_keys=True)},
         "ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)},
     }
+    if writer:
+        window["writer"] = {"S": writer}
     status = {
         "pk": {"S": status_key(report.cluster)}, "sk": {"S": "status"},
         "collectedAt": {"S": report.collected_at}, "status": {"S": report.status},
@@ -192,7 +208,17 @@ def store_usage(table: str, report: UsageReport, now_epoch: int, instance_groups
     return {"window": stored, "status": _put_if_newer(table, status, report.collected_at)}
 
 
-def _window_of(items: list[dict[str, Any]]) -> StoredWindow:
+def _counted(items: list[dict[str, Any]], voided: dict[str, str]) -> list[dict[str, Any]]:
+    """The parts that count: not written by a voided writer at or after the window it was voided from."""
+    return [item for item in items if not (
+        item.get("writer", {}).get("S") in voided and item["sk"]["S"].split("#")[1] >= voided[item["writer"]["S"]])]
+
+
+def _window_of(items: list[dict[str, Any]], voided: dict[str, str] | None = None) -> StoredWindow | None:
+    """The window as its newest counted collection says; None when no part counts."""
+    items = _counted(items, voided) if voided else items
+    if not items:
+        return None
     newest = max(item["collectedAt"]["S"] for item in items)
     current = [item for item in items if item["collectedAt"]["S"] == newest]
     records: list[UsageRecord] = []
@@ -212,6 +238,7 @@ def month_usage(table: str, cluster: str, month: str, dynamodb: Any = None) -> l
 
     ``dynamodb``: a client of the stack's region (the operator CLI's session); the Lambda's own by default."""
     by_window: dict[str, list[dict[str, Any]]] = {}
+    voided = voided_writers(table, cluster, dynamodb)
     paginator = (dynamodb or client("dynamodb")).get_paginator("query")
     with transient_errors_named("dynamodb:Query"):
         for page in paginator.paginate(
@@ -220,7 +247,8 @@ def month_usage(table: str, cluster: str, month: str, dynamodb: Any = None) -> l
         ):
             for item in page.get("Items", []):
                 by_window.setdefault(item["sk"]["S"].split("#")[1], []).append(item)
-    return [_window_of(items) for _, items in sorted(by_window.items())]
+    windows = (_window_of(items, voided) for _, items in sorted(by_window.items()))
+    return [window for window in windows if window is not None]
 
 
 RUNNING_TOTAL = "running-total"
@@ -243,16 +271,16 @@ def _window_items(table: str, cluster: str, month: str, dynamodb: Any, after: st
             yield from page.get("Items", [])
 
 
-def _windows(items) -> Any:
+def _windows(items, voided: dict[str, str]) -> Any:
     """Items in key order -> StoredWindow one at a time (only one window's parts held at once)."""
     current: list[dict[str, Any]] = []
     for item in items:
         if current and item["sk"]["S"].split("#")[1] != current[0]["sk"]["S"].split("#")[1]:
-            yield _window_of(current)
+            yield from filter(None, [_window_of(current, voided)])
             current = []
         current.append(item)
     if current:
-        yield _window_of(current)
+        yield from filter(None, [_window_of(current, voided)])
 
 
 def _total_versions(table: str, cluster: str, month: str, dynamodb: Any) -> dict[str, int]:
@@ -280,10 +308,13 @@ def month_totals(table: str, cluster: str, month: str, now: Any, writer: str = "
         header = dynamodb.get_item(TableName=table, ConsistentRead=True, Key={
             "pk": {"S": month_key(cluster, month)}, "sk": {"S": RUNNING_TOTAL}}).get("Item")
     versions = _total_versions(table, cluster, month, dynamodb)
+    voided = voided_writers(table, cluster, dynamodb)
     summed: dict[str, int | None] = json.loads(header["windows"]["S"]) if header else {}
-    # A summed window's total moved, or a window before the last summed one arrived late (catching up).
+    # A summed window's total moved, or a window before the last summed one arrived late (catching up),
+    # or a writer was voided since the kept sum: sum again.
     stale = [w for w, version in summed.items() if versions.get(w) != version] + \
-        [w for w in versions if summed and w < max(summed) and w not in summed]
+        [w for w in versions if summed and w < max(summed) and w not in summed] + \
+        (["voided"] if header and json.loads(header.get("voided", {}).get("S", "{}")) != voided else [])
     outcome = {"kept": len(summed), "folded": 0, "reread": bool(stale), "recent": 0, "saved": False}
     if header and not stale:
         usage = MonthUsage.from_rows(read_pages(table, month_key(cluster, month), header["prefix"]["S"],
@@ -292,20 +323,22 @@ def month_totals(table: str, cluster: str, month: str, now: Any, writer: str = "
         after = max(summed) + "~" if summed else None
     else:  # first sweep of the month, or a settled window changed: sum the settled windows again
         usage, summed, after = MonthUsage(), {}, None
-    for window in _windows(_window_items(table, cluster, month, dynamodb, after, f"{settled_before}")):
+    for window in _windows(_window_items(table, cluster, month, dynamodb, after, f"{settled_before}"), voided):
         usage.add(window, recent=False)
         summed[window.window_start] = versions.get(window.window_start)
         outcome["folded"] += 1
     if save and outcome["folded"]:
-        outcome["saved"] = _save_running_total(table, cluster, month, usage, summed, header, writer, now, dynamodb)
-    for window in _windows(_window_items(table, cluster, month, dynamodb, settled_before)):
+        outcome["saved"] = _save_running_total(table, cluster, month, usage, summed, header, writer, now, dynamodb,
+                                               voided)
+    for window in _windows(_window_items(table, cluster, month, dynamodb, settled_before), voided):
         usage.add(window, recent=True)
         outcome["recent"] += 1
     return usage, outcome
 
 
 def _save_running_total(table: str, cluster: str, month: str, usage: MonthUsage, summed: dict[str, int | None],
-                        header: dict[str, Any] | None, writer: str, now: Any, dynamodb: Any) -> bool:
+                        header: dict[str, Any] | None, writer: str, now: Any, dynamodb: Any,
+                        voided: dict[str, str]) -> bool:
     """Pages, then the header conditional on the one read; False when another sweep kept one first (its
     sum is as good: nothing lost)."""
     revision = int(header["revision"]["N"]) + 1 if header else 1
@@ -316,6 +349,7 @@ def _save_running_total(table: str, cluster: str, month: str, usage: MonthUsage,
             "pages": {"N": str(pages)}, "users": {"N": str(len(usage.users))},
             "windows": {"S": json.dumps(summed, sort_keys=True, separators=(",", ":"))},
             "partitionGroups": {"S": json.dumps(usage.partition_groups, sort_keys=True)},
+            "voided": {"S": json.dumps(voided, sort_keys=True)},
             "ttl": {"N": str(int(now.timestamp()) + USAGE_TTL_SECONDS)}}
     return put_header(table, item, header["revision"]["N"] if header else None, dynamodb)
 
@@ -346,3 +380,52 @@ def collector_status(table: str, cluster: str, dynamodb: Any = None,
         return None
     return CollectorStatus(item["status"]["S"], item.get("reason", {}).get("S", ""), item["collectedAt"]["S"],
                            item["windowStart"]["S"], item["instanceId"]["S"])
+
+
+VOIDED_SK = "voided"
+VOIDED_PREFIX = "writer#"  # one attribute per voided fingerprint: one UpdateItem adds one
+
+
+def voided_writers(table: str, cluster: str, dynamodb: Any = None) -> dict[str, str]:
+    """Fingerprint -> the first window (ISO) from which that key's parts count for nothing."""
+    with transient_errors_named("dynamodb:GetItem"):
+        item = (dynamodb or client("dynamodb")).get_item(
+            TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": VOIDED_SK}}, ConsistentRead=True,
+        ).get("Item") or {}
+    return {name[len(VOIDED_PREFIX):]: value["S"] for name, value in item.items() if name.startswith(VOIDED_PREFIX)}
+
+
+def first_window_written(table: str, cluster: str, fingerprint: str, since: datetime, now: datetime,
+                         dynamodb: Any = None) -> str | None:
+    """The earliest window start at or after ``since`` holding a part ``fingerprint`` wrote; None if none.
+    One Query per month from ``since`` to ``now`` (a filter on the writer; windows' keys only)."""
+    dynamodb = dynamodb or client("dynamodb")
+    low = since.strftime("%Y-%m-%dT%H:00:00Z")
+    month = since.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    while month <= now:
+        paginator = dynamodb.get_paginator("query")
+        with transient_errors_named("dynamodb:Query"):
+            for page in paginator.paginate(
+                TableName=table, KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
+                FilterExpression="writer = :writer", ProjectionExpression="sk",
+                ExpressionAttributeValues={":pk": {"S": month_key(cluster, f"{month:%Y-%m}")},
+                                           ":low": {"S": f"window#{low}"}, ":high": {"S": "window#~"},
+                                           ":writer": {"S": fingerprint}},
+            ):
+                starts = [item["sk"]["S"].split("#")[1] for item in page.get("Items", [])]
+                if starts:
+                    return min(starts)  # key order: the month's first page with one holds the earliest
+        month = (month + timedelta(days=32)).replace(day=1)
+    return None
+
+
+def void_writer(table: str, cluster: str, fingerprint: str, from_window: str, now_epoch: int,
+                dynamodb: Any = None) -> None:
+    """From ``from_window`` on, ``fingerprint``'s parts count for nothing: one UpdateItem, honoured by
+    every read after it (month_usage, month_totals)."""
+    with transient_errors_named("dynamodb:UpdateItem"):
+        (dynamodb or client("dynamodb")).update_item(
+            TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": VOIDED_SK}},
+            UpdateExpression="SET #writer = :from, #ttl = :ttl",
+            ExpressionAttributeNames={"#writer": VOIDED_PREFIX + fingerprint, "#ttl": "ttl"},
+            ExpressionAttributeValues={":from": {"S": from_window}, ":ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)}})

@@ -133,6 +133,9 @@ USAGE_WINDOW_SECONDS = 3600
 # a window is re-read for this long after it ends before its report is final.
 USAGE_SETTLE_SECONDS = 600
 DEFAULT_USAGE_SECONDS = 900
+# How far back the controller's agent re-collects when the stack discards a replaced key's windows
+# (the enroll answer's "recollectFrom"): this month and the last one's charge-back, whatever the date.
+USAGE_RECOLLECT_MAX_WINDOWS = 62 * 24
 USAGE_OK = "ok"
 USAGE_NOT_ENABLED = "accounting not enabled"
 USAGE_SLURM_NOT_FOUND = "slurm not found"

@@ -121,6 +121,9 @@ class Enrollment:
     # The cluster's agents were seen with verified documents when this one enrolled without: its
     # login reports wait for its window to end, as its secrets do.
     expect_document: bool = False
+    # The controller's usage windows a replaced key wrote from this window on were voided: the agent
+    # re-collects them from Slurm accounting (usage_store.void_writer; "": nothing to re-collect).
+    recollect_from: str = ""
 
     @property
     def usable(self) -> bool:

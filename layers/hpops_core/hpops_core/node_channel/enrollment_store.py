@@ -3,7 +3,7 @@
     enroll#<cluster>   sk "node#<instance id>"      the enrollment (enrollment.Enrollment): key, fingerprint,
                                                     AWS's group and role, IP, status enrolled|contested,
                                                     enrolledAt, via, contestedBy (at most MAX_CONTESTED_BY),
-                                                    windowEndsAt, expectDocument
+                                                    windowEndsAt, expectDocument, recollectFrom
     enroll#<cluster>   sk "documents"               present once an agent of the cluster enrolled with a
                                                     verified instance identity document (documentsSince)
     approval#<cluster> sk "approval#<instance id>"  an operator's single-use approval of one key
@@ -50,6 +50,8 @@ def enrollment_item(record: Enrollment) -> dict:
         item["windowEndsAt"] = {"S": record.window_ends_at}
     if record.expect_document:
         item["expectDocument"] = {"BOOL": True}
+    if record.recollect_from:
+        item["recollectFrom"] = {"S": record.recollect_from}
     return item
 
 
@@ -61,7 +63,8 @@ def enrollment_from_item(cluster: str, item: dict | None) -> Enrollment | None:
     contested_by = tuple(entry["S"] for entry in item.get("contestedBy", {}).get("L", []))
     return Enrollment(cluster, text["instanceId"], text["publicKey"], text["fingerprint"], text["group"],
                       text["role"], text["ip"], text["status"], text["enrolledAt"], text["via"], contested_by,
-                      item.get("windowEndsAt", {}).get("S", ""), bool(item.get("expectDocument", {}).get("BOOL")))
+                      item.get("windowEndsAt", {}).get("S", ""), bool(item.get("expectDocument", {}).get("BOOL")),
+                      item.get("recollectFrom", {}).get("S", ""))
 
 
 def _get(table: str, key: dict, dynamodb: Any = None) -> dict | None:
@@ -185,3 +188,12 @@ def read_enrollments(table: str, cluster: str, dynamodb: Any = None,
                     elif sk == DOCUMENTS_SK:
                         documents = True
     return enrollments, approvals, documents
+
+
+def set_recollect_from(table: str, cluster: str, instance_id: str, fingerprint: str, window: str) -> bool:
+    """The controller's agent re-collects from ``window`` (its answer says so), only while ``fingerprint``
+    is still the enrolled key. False when another key was enrolled meanwhile."""
+    return _conditional("dynamodb:UpdateItem", lambda: client("dynamodb").update_item(
+        TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id), UpdateExpression="SET recollectFrom = :window",
+        ConditionExpression="fingerprint = :fingerprint",
+        ExpressionAttributeValues={":window": {"S": window}, ":fingerprint": {"S": fingerprint}}))

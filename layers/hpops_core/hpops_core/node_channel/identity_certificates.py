@@ -5,6 +5,11 @@ https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/regions-certs.html (the "RSA
 Region; the procedure that uses it: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/verify-signature.html).
 Public data, copied as published; a Region missing here is refused by name (instance_identity.py).
 To add a Region or follow a rotation, copy its "RSA" certificate from that page.
+
+Where each was checked: CHECKED_AGAINST (end of this module) names, for each Region checked, the
+section of AWS's own page source it was compared with and the SHA-256 of that page's public key; a
+test holds every checked certificate to it. Regions absent from CHECKED_AGAINST were not on the
+page version we could read (they opened after it) and are kept as copied, unchecked.
 """
 
 from __future__ import annotations
@@ -717,4 +722,51 @@ z7PzFdheQQ1NLjsHH9mSR1SyC4m9ja6BsejH5nLBWyCdjfdP3muZM4O5+r7vUa1O
 dWU+hP/T7DUrPAIVMOE7mpYa+WPWJrN6BlRwQkKQ7twm9kDalA==
 -----END CERTIFICATE-----
 """,
+}
+
+CHECKED_PAGE = (
+    "AWS's source of the EC2 User Guide page 'Use the base64-encoded signature to verify the instance "
+    "identity document' (github.com/awsdocs/amazon-ec2-user-guide, doc_source/verify-signature.md at "
+    "d289961, 2023-05-11: the per-Region RSA certificates before they moved to regions-certs)"
+)
+
+# Region -> (section of CHECKED_PAGE, what matched, SHA-256 of the page's SubjectPublicKeyInfo DER).
+# "certificate": byte for byte the page's certificate. "key": the same RSA public key, in a certificate
+# AWS re-issued after that page (new validity dates); a signature verifies with the key alone, so that
+# is the check that matters. None differed, so none was removed. Spot checks against today's
+# regions-certs page (only the openings of its stored copies could be read): us-east-1's serial
+# (docs.aws.amazon.com/zh_cn/.../regions-certs.html) and cn-north-1's serial
+# (docs.amazonaws.cn/AWSEC2/latest/DeveloperGuide/regions-certs.html) match the certificates above.
+CHECKED_AGAINST: dict[str, tuple[str, str, str]] = {
+    "af-south-1": ("Africa (Cape Town)", "certificate", "e73741745153ac5fb6adae3ad3b441653a2b32cdab487ecf5b1d02ffd32ed068"),
+    "ap-east-1": ("Asia Pacific (Hong Kong)", "certificate", "57be7783af6914b9bd7ad1e2c39f3121ae65039b721564992f66fd295faacf69"),
+    "ap-northeast-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "ap-northeast-2": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "ap-northeast-3": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "ap-south-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "ap-south-2": ("Asia Pacific (Hyderabad)", "certificate", "d2bdbca6763cae6647e41bc3df69e411e7eed4c8543f5d05d36e6667d1e97bca"),
+    "ap-southeast-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "ap-southeast-2": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "ap-southeast-3": ("Asia Pacific (Jakarta)", "certificate", "6b3c5156ae0fc92ddfaa684906ea59e29963ee97c8084c4fcadb07b0b6a16cc4"),
+    "ap-southeast-4": ("Asia Pacific (Melbourne)", "certificate", "e456ebfd7e0d10a046ec615b8bb00ea20fd7d5a22fd63eefaaacd0a991ddc244"),
+    "ca-central-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "cn-north-1": ("China", "key", "74e4213b9a788e1aa468038caa61e072a5f855cca3613935259fc439176f4466"),
+    "cn-northwest-1": ("China", "key", "74e4213b9a788e1aa468038caa61e072a5f855cca3613935259fc439176f4466"),
+    "eu-central-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "eu-central-2": ("Europe (Zurich)", "certificate", "a7d558f4b579bce9ee13c156cff0febd41ec622b67e4586f54511548234526b6"),
+    "eu-north-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "eu-south-1": ("Europe (Milan)", "certificate", "c4cb89b26b4be7df0a36f62db4d9722877ae6cd91656d5cdd12365525c1220d9"),
+    "eu-south-2": ("Europe (Spain)", "certificate", "0ff278ad8359c1304c537ab3616bc93ea29ec7be5d5fe2ef6aee74cb97ac0c3d"),
+    "eu-west-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "eu-west-2": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "eu-west-3": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "me-central-1": ("Middle East (UAE)", "certificate", "7a00894ea1bb56e1a502da64c3b6d86db81118864406ec46306c35d9b19a8963"),
+    "me-south-1": ("Middle East (Bahrain)", "certificate", "76d676e0b1fdafded401c2b8ab9b1cb35100cb084a9b2157e0ef38bd7d2635c4"),
+    "sa-east-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "us-east-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "us-east-2": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "us-gov-east-1": ("AWS GovCloud (US)", "key", "76c996c58e8acf1ffe8dca1358c47d05bd5f1fb02776bc964e2278399ca205a3"),
+    "us-gov-west-1": ("AWS GovCloud (US)", "key", "76c996c58e8acf1ffe8dca1358c47d05bd5f1fb02776bc964e2278399ca205a3"),
+    "us-west-1": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
+    "us-west-2": ("Other AWS Regions", "key", "8a61ba393a4aa067e73b9b5e75851ea4345aa5e6dab02538e8c1acd435b1f93f"),
 }
