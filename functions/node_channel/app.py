@@ -64,6 +64,10 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
             statement, fingerprint, describe_node(config.cluster_name, statement.instance_id), existing, approval,
             now, config.cluster_name, config.login_group, config.controller_group,
             timedelta(minutes=config.enrollment_window_minutes), document, config.region, seen)
+    if decision.resets and existing is not None and existing.fingerprint != decision.record.fingerprint:
+        # Stored with the record: if this call fails before the old key's leftovers are gone, the agent's
+        # next enroll call ("already") finishes the discard.
+        decision = replace(decision, record=replace(decision.record, replaced_key=existing.fingerprint))
     log = {"instanceId": statement.instance_id, "fingerprint": fingerprint, "outcome": decision.outcome,
            "reason": decision.reason}
     if decision.outcome == "enroll" and not enrollment_store.put_first(config.state_table, decision.record):
@@ -92,14 +96,9 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
     if not decision.accepted:
         raise EnrollmentRefusedError(decision.reason)
     record = decision.record
-    if decision.resets and existing is not None and existing.fingerprint != record.fingerprint:
-        # Whatever the replaced key left counts for nothing: its stored report (and sequence) goes, and
-        # the node's per-user session items with it.
-        dropped = report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
-        user_sessions.forget_node(config.state_table, config.cluster_name, record.instance_id, dropped)
-        if existing.role == "controller":
-            record = discard_usage(config, existing, record, now)
-            log["recollectFrom"] = record.recollect_from
+    if record.replaced_key:
+        record = discard_replaced(config, record, now)
+        log["recollectFrom"] = record.recollect_from
     if record.via == DOCUMENT and decision.outcome != "already":
         enrollment_store.record_documents_seen(config.state_table, config.cluster_name, record.enrolled_at)
     logger.info("enrolled", extra=log)
@@ -110,21 +109,30 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
     return answer
 
 
-def discard_usage(config: NodeChannelConfig, replaced, record, now: datetime):
-    """The replaced controller key's usage windows, from the first it wrote (at most
-    USAGE_RECOLLECT_MAX_WINDOWS back), count for nothing from this moment (one write every sweep reads),
+def discard_replaced(config: NodeChannelConfig, record, now: datetime):
+    """Whatever the key ``record.replaced_key`` left counts for nothing: its stored report (and
+    sequence) goes with the node's per-user session items; on a controller, its usage windows from the
+    first it wrote (at most USAGE_RECOLLECT_MAX_WINDOWS back) are voided (one write every sweep reads),
     its holds report goes, and the new key's agent is told to re-collect those hours from Slurm
-    accounting. The record, with recollect_from set when there is anything to re-collect."""
-    since = now - timedelta(seconds=USAGE_WINDOW_SECONDS * USAGE_RECOLLECT_MAX_WINDOWS)
-    first = usage_store.first_window_written(config.state_table, config.cluster_name, replaced.fingerprint, since, now)
-    hold_state.forget_agent_report(config.state_table, config.cluster_name)
-    if first is None:
-        return record
-    usage_store.void_writer(config.state_table, config.cluster_name, replaced.fingerprint, first, int(now.timestamp()))
-    if enrollment_store.set_recollect_from(config.state_table, config.cluster_name, record.instance_id,
-                                           record.fingerprint, first):
-        return replace(record, recollect_from=first)
-    return record
+    accounting. Every step can run again: the record keeps replaced_key until the last one is done, so
+    a call that fails half way is finished by the agent's next enroll call; a retry at most drops a
+    report the new key sent meanwhile (sent again at its next poll). Returns the record with
+    replaced_key cleared and recollect_from set when there is anything to re-collect."""
+    dropped = report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
+    user_sessions.forget_node(config.state_table, config.cluster_name, record.instance_id, dropped)
+    first = None
+    if record.role == "controller":
+        since = now - timedelta(seconds=USAGE_WINDOW_SECONDS * USAGE_RECOLLECT_MAX_WINDOWS)
+        first = usage_store.first_window_written(config.state_table, config.cluster_name, record.replaced_key,
+                                                 since, now)
+        hold_state.forget_agent_report(config.state_table, config.cluster_name)
+        if first is not None:
+            usage_store.void_writer(config.state_table, config.cluster_name, record.replaced_key, first,
+                                    int(now.timestamp()))
+    if not enrollment_store.finish_replacement(config.state_table, config.cluster_name, record.instance_id,
+                                               record.fingerprint, first or ""):
+        return record  # another key was enrolled meanwhile: its own call answers for it
+    return replace(record, replaced_key="", recollect_from=first or record.recollect_from)
 
 
 # action -> handler(config, request, now) -> answer

@@ -65,12 +65,16 @@ def test_an_older_holds_report_is_refused_the_same_one_again_changes_nothing(tab
         store_agent_report(table, report | {"reportedAt": "2026-11-26T11:00:00Z"}, "x", sequence=21)
 
 
-def test_the_recollect_marker_is_set_only_for_the_key_still_enrolled_and_read_back(table):
-    assert enrollment_store.put_first(table, record("SHA256:agent"))
-    assert not enrollment_store.set_recollect_from(table, CLUSTER, ID, "SHA256:impostor", "2026-11-01T00:00:00Z")
+def test_finishing_a_replacement_sets_the_recollect_marker_only_for_the_key_still_enrolled(table):
+    from dataclasses import replace
+
+    assert enrollment_store.put_first(table, replace(record("SHA256:agent"), replaced_key="SHA256:impostor"))
+    assert enrollment_store.get_enrollment(table, CLUSTER, ID).replaced_key == "SHA256:impostor"
+    assert not enrollment_store.finish_replacement(table, CLUSTER, ID, "SHA256:impostor", "2026-11-01T00:00:00Z")
     assert enrollment_store.get_enrollment(table, CLUSTER, ID).recollect_from == ""
-    assert enrollment_store.set_recollect_from(table, CLUSTER, ID, "SHA256:agent", "2026-11-01T00:00:00Z")
-    assert enrollment_store.get_enrollment(table, CLUSTER, ID).recollect_from == "2026-11-01T00:00:00Z"
+    assert enrollment_store.finish_replacement(table, CLUSTER, ID, "SHA256:agent", "2026-11-01T00:00:00Z")
+    stored = enrollment_store.get_enrollment(table, CLUSTER, ID)
+    assert (stored.recollect_from, stored.replaced_key) == ("2026-11-01T00:00:00Z", "")
 
 
 def test_a_replaced_controller_keys_holds_report_goes(table):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from unittest import mock
 
 import pytest
 
+from hpops_core.common.errors import TransientAwsError
+from hpops_core.node_channel import report_store
 from hpops_twin.attacker import Attacker, far_future
 
 REPORT = "HyperPod Login Node Report"
@@ -304,7 +307,17 @@ def test_where_imds_serves_no_document_a_lost_race_takes_no_working_node_out_and
             agent = world.hosts.agents[node.instance_id]
             approve(world.aws.client("dynamodb"), world.aws.client("sagemaker"), table, world.cluster_name,
                     world.login_group, "controller-machine", node.instance_id, agent.proof.fingerprint())
+            if node.instance_id == new.instance_id:
+                # NodeChannel fails after storing the approved key, before the impostor's report is dropped:
+                # the record names the key it replaced, and the agent's next enroll call finishes the discard.
+                throttled = TransientAwsError("dynamodb:DeleteItem throttled")
+                with mock.patch.object(report_store, "forget_report", side_effect=throttled), \
+                        pytest.raises(Exception):
+                    agent.proof.ensure_enrolled(node.instance_id, node.ip, force=True)
+                assert enrollments(world)[new.instance_id].replaced_key == attacker.fingerprint
+                assert new.instance_id in node_reports(world)
             assert agent.proof.ensure_enrolled(node.instance_id, node.ip, force=True)
+        assert not any(r.replaced_key for r in enrollments(world).values())
         assert {(r.status, r.via) for r in enrollments(world).values()} == {("enrolled", "approval")}
         assert new.instance_id not in node_reports(world), "what the impostor left was dropped"
         world.agents_poll()

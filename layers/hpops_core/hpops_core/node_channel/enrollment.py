@@ -124,6 +124,10 @@ class Enrollment:
     # The controller's usage windows a replaced key wrote from this window on were voided: the agent
     # re-collects them from Slurm accounting (usage_store.void_writer; "": nothing to re-collect).
     recollect_from: str = ""
+    # The key this record replaced, while what it left (stored report, usage windows) is still being
+    # discarded: stored with the record, so a call that fails half way is finished by the agent's next
+    # enroll call ("": nothing left to discard).
+    replaced_key: str = ""
 
     @property
     def usable(self) -> bool:

@@ -3,7 +3,8 @@
     enroll#<cluster>   sk "node#<instance id>"      the enrollment (enrollment.Enrollment): key, fingerprint,
                                                     AWS's group and role, IP, status enrolled|contested,
                                                     enrolledAt, via, contestedBy (at most MAX_CONTESTED_BY),
-                                                    windowEndsAt, expectDocument, recollectFrom
+                                                    windowEndsAt, expectDocument, recollectFrom,
+                                                    replacedKey (while a replaced key's leftovers go)
     enroll#<cluster>   sk "documents"               present once an agent of the cluster enrolled with a
                                                     verified instance identity document (documentsSince)
     approval#<cluster> sk "approval#<instance id>"  an operator's single-use approval of one key
@@ -52,6 +53,8 @@ def enrollment_item(record: Enrollment) -> dict:
         item["expectDocument"] = {"BOOL": True}
     if record.recollect_from:
         item["recollectFrom"] = {"S": record.recollect_from}
+    if record.replaced_key:
+        item["replacedKey"] = {"S": record.replaced_key}
     return item
 
 
@@ -64,7 +67,7 @@ def enrollment_from_item(cluster: str, item: dict | None) -> Enrollment | None:
     return Enrollment(cluster, text["instanceId"], text["publicKey"], text["fingerprint"], text["group"],
                       text["role"], text["ip"], text["status"], text["enrolledAt"], text["via"], contested_by,
                       item.get("windowEndsAt", {}).get("S", ""), bool(item.get("expectDocument", {}).get("BOOL")),
-                      item.get("recollectFrom", {}).get("S", ""))
+                      item.get("recollectFrom", {}).get("S", ""), item.get("replacedKey", {}).get("S", ""))
 
 
 def _get(table: str, key: dict, dynamodb: Any = None) -> dict | None:
@@ -190,10 +193,13 @@ def read_enrollments(table: str, cluster: str, dynamodb: Any = None,
     return enrollments, approvals, documents
 
 
-def set_recollect_from(table: str, cluster: str, instance_id: str, fingerprint: str, window: str) -> bool:
-    """The controller's agent re-collects from ``window`` (its answer says so), only while ``fingerprint``
-    is still the enrolled key. False when another key was enrolled meanwhile."""
+def finish_replacement(table: str, cluster: str, instance_id: str, fingerprint: str, recollect_from: str) -> bool:
+    """What the replaced key left is gone: forget which key it was, and (when ``recollect_from`` is given)
+    have the controller's agent re-collect from that window (its answer says so), only while
+    ``fingerprint`` is still the enrolled key. False when another key was enrolled meanwhile."""
+    update, values = "REMOVE replacedKey", {":fingerprint": {"S": fingerprint}}
+    if recollect_from:
+        update, values = "SET recollectFrom = :window REMOVE replacedKey", values | {":window": {"S": recollect_from}}
     return _conditional("dynamodb:UpdateItem", lambda: client("dynamodb").update_item(
-        TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id), UpdateExpression="SET recollectFrom = :window",
-        ConditionExpression="fingerprint = :fingerprint",
-        ExpressionAttributeValues={":window": {"S": window}, ":fingerprint": {"S": fingerprint}}))
+        TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id), UpdateExpression=update,
+        ConditionExpression="fingerprint = :fingerprint", ExpressionAttributeValues=values))
