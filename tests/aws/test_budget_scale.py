@@ -184,6 +184,6 @@ def test_a_sweep_that_read_an_older_header_keeps_nothing_of_its_own():
         month = f"{MONTH_END:%Y-%m}"
         kept, _ = usage_store.month_totals(TABLE, CLUSTER, month, MONTH_END, save=False)
         assert not usage_store._save_running_total(TABLE, CLUSTER, month, MonthUsage(), {}, None,
-                                                   "arn:execution:two", MONTH_END, boto3.client("dynamodb"))
+                                                   "arn:execution:two", MONTH_END, boto3.client("dynamodb"), {})
         again, _ = usage_store.month_totals(TABLE, CLUSTER, month, MONTH_END, save=False)
         assert again.users == kept.users and set(again.users) == set(names)

@@ -311,7 +311,7 @@ def seed_month(names: list[str], now: dt.datetime, active: int, windows: int = 2
     settled_through = now - dt.timedelta(hours=26)
     hour = settled_through.replace(minute=0, second=0, microsecond=0)
     usage_store._save_running_total(TABLE, CLUSTER, f"{now:%Y-%m}", earlier, {f"{hour:%Y-%m-%dT%H:%M:%SZ}": None},
-                                    None, "seed", now, boto3.client("dynamodb"))
+                                    None, "seed", now, boto3.client("dynamodb"), {})
     groups = [{"InstanceGroupName": GROUP, "InstanceType": INSTANCE_TYPE, "CurrentCount": NODES}]
     stored = 0
     for step in range(1, windows + 1):
