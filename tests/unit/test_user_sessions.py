@@ -15,7 +15,7 @@ from moto import mock_aws
 from hpops_core.common import clients
 from hpops_core.node_channel import contract, report_store, user_sessions
 from hpops_core.node_channel.reports import parse_report_event
-from hpops_core.node_channel.session_changes import announcement
+from hpops_core.node_channel.session_changes import announcement, sessions_change
 from hpops_core.session_limits import node_sessions, report_check
 from hpops_core.session_limits.policy import LimitPolicy
 
@@ -295,3 +295,22 @@ def test_a_change_that_grew_nobody_reads_the_presence_alone(table):
     table.calls.clear()
     decided, state, presence = check([])
     assert not decided.start and table.calls == [("Query", f"node-sessions#{CLUSTER}")]
+
+
+def test_a_session_a_busy_node_only_counts_is_announced_and_checked(table):
+    """Past the listing limit a node lists carol's newest and oldest sessions and counts the rest: her
+    third session shows only in that count, and still reaches the check by name."""
+    nodes = busy_tier()
+    listed = others(2) + [entry(70, "carol")]
+    nodes[2].reports(listed, {"carol": 1})
+    previous = report_store.latest_report("t", CLUSTER, NODES[2]) | {"eventId": f"e-{NODES[2]}-{nodes[2].sequence}"}
+    sent = report(NODES[2], listed, {"carol": 2})
+    sync = nodes[2].reports(listed, {"carol": 2})
+    change = sessions_change(previous, sent, f"e-{NODES[2]}-{nodes[2].sequence}", sync.grew)
+    assert change.changed and "new unlisted session" in change.reason
+    assert user_sessions.announced_users(sync) == ["carol"]
+    decided, _, _ = check(user_sessions.announced_users(sync))
+    assert decided.start and decided.users == ("carol",) and "carol: 3 session(s), limit 2" in decided.reason
+    # The same count again (a heartbeat) is no change.
+    assert not sessions_change(report_store.latest_report("t", CLUSTER, NODES[2]) | {"eventId": "e-x"}, sent, "e-y",
+                               nodes[2].reports(listed, {"carol": 2}).grew).changed
