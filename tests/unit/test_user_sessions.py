@@ -1,6 +1,7 @@
 """Each user's sessions kept per user and node (node_channel/user_sessions.py), so that a session change
 reads only the users whose sessions grew (session_limits/node_sessions.read_users_state): what is
-written per report, what the check reads, a node that leaves, a redelivered or reordered report."""
+written per report, what the check reads, a node that leaves, a redelivered or reordered report, two
+reports of one node in flight at once (tombstones), a full rewrite that finds users through the node's user list."""
 
 from __future__ import annotations
 
