@@ -55,11 +55,12 @@ PYTEST := $(BIN)/pytest -q -n $(WORKERS) --dist loadgroup $(PYTEST_ARGS)
 # checks (sam validate --lint, cfn-lint, checkov with its venv) run beside the tests, which read
 # nothing they write and wait on moto's threads and real daemons as much as they compute; their
 # output follows the tests'. The summary names the 20 slowest tests, then each directory's share
-# and each worker's CPU and peak memory (bench-results/suite-times.json keeps them).
+# and each worker's CPU and peak memory (--suite-times: bench-results/suite-times.json keeps them; a pytest
+# that a test runs inside the suite is not given the option, so it cannot overwrite them).
 test: $(STAMP) build
 	@began=$$(date +%s); mkdir -p bench-results; \
 	$(MAKE) --no-print-directory lint checkov > bench-results/checks.log 2>&1 & checks=$$!; \
-	HPOPS_SUITE_TIMES=bench-results/suite-times.json $(PYTEST) --durations=20; tested=$$?; \
+	$(PYTEST) --durations=20 --suite-times=bench-results/suite-times.json; tested=$$?; \
 	wait $$checks; checked=$$?; \
 	echo "make lint checkov (beside the tests), exit $$checked:"; cat bench-results/checks.log; \
 	echo "make test: tests exit $$tested, checks exit $$checked, $$(( $$(date +%s) - began )) s after sam build"; \

@@ -13,6 +13,13 @@ from real_tools import SHARED_RESOURCE_GROUPS
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 SLOWEST_KEPT = 20  # as --durations=20 prints them; `make bench`'s suite section reads them from the file
 
+def pytest_addoption(parser):
+    # An option, not an environment variable: a pytest that a test runs inside the suite inherits the
+    # suite's environment but not its arguments, so only the run `make test` starts writes the record.
+    parser.addoption("--suite-times", metavar="PATH", default=None,
+                     help="write what the run cost and where (tests/README.md) to PATH as JSON")
+
+
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
         config.pluginmanager.register(WorkerOutput(config), "hpops-worker-output")
@@ -167,7 +174,7 @@ class SuiteRecord:
         for usage in sorted(processes, key=lambda u: u["worker"]):
             write(f"  {usage['worker']:<6} cpu {usage['cpu_seconds']:>7.1f} s (+{usage['child_cpu_seconds']:.1f} s "
                   f"in programs it ran), peak memory {usage['peak_rss_mb']} MB")
-        path = os.environ.get("HPOPS_SUITE_TIMES")
+        path = self.config.getoption("suite_times")
         if path:  # `make test` keeps it in bench-results/suite-times.json
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps({

@@ -220,9 +220,10 @@ def test_tests_folder_holds_tests_and_their_doubles_only():
     # unit_seccomp.py: that unit's system-call settings, a seccomp filter loaded before the agent starts.
     # channel_stand_in.py: NodeChannel's Invoke API on loopback for real-process agents (checks their signatures).
     # xdist_group_probe.py: tests run only by test_suite_layout.py's own pytest, to see which worker each went to.
+    # nested_run_probe.py: a test run only by test_suite_record.py's own pytest, that runs pytest inside it.
     allowed_helpers = {"conftest.py", "fake_session_directory.py", "real_tools.py", "operator_policy.py", "__init__.py",
                        "unit_sandbox.py", "unit_seccomp.py", "channel_stand_in.py",
-                       "xdist_group_probe.py"}
+                       "xdist_group_probe.py", "nested_run_probe.py"}
     strays = [p.relative_to(REPO_ROOT) for p in (REPO_ROOT / "tests").rglob("*.py")
               if not p.name.startswith("test_") and p.name not in allowed_helpers]
     assert not strays
