@@ -3,12 +3,19 @@ once, an older report is refused while the same one delivered again changes noth
 
 from __future__ import annotations
 
+import json
+from contextlib import contextmanager
+
 import boto3
 import pytest
+from botocore.awsrequest import AWSResponse
+from botocore.retries import standard as standard_retries
 from moto import mock_aws
+from moto.core.botocore_stubber import BotocoreStubber, MockRawResponse
 
 from hpops_core.budget_guard.hold_state import store_agent_report
 from hpops_core.common import clients
+from hpops_core.common.errors import TransientAwsError
 from hpops_core.node_channel import enrollment_store
 from hpops_core.node_channel.enrollment import Enrollment
 from hpops_core.node_channel.report_proof import ReportReplayError
@@ -53,6 +60,67 @@ def test_first_presenter_wins_and_an_approval_is_used_once(table):
     assert not enrollment_store.put_approved(table, record("SHA256:agent", "approval")), "single use"
     records, approvals = enrollment_store.list_enrollments(table, CLUSTER)
     assert [(r.status, r.via) for r in records] == [("enrolled", "approval")] and approvals == []
+
+
+THROTTLED = {  # DynamoDB's answers to a write it did not carry out: the call throttled, or the transaction
+    "call": (("PutItem", "TransactWriteItems"), "ThrottlingException",
+             {"message": "Rate of requests exceeds the allowed throughput."}),
+    "transaction": (("TransactWriteItems",), "TransactionCanceledException", {
+        "Message": "Transaction cancelled, please refer cancellation reasons for specific reasons [None, ThrottlingError]",
+        "CancellationReasons": [{"Code": "None"}, {"Code": "ThrottlingError",
+                                                   "Message": "Throughput exceeds the current capacity of your table"}]}),
+}
+
+
+@contextmanager
+def enrollment_writes_throttled(how: str, monkeypatch):
+    """Every request that would write an enrollment (its partition in a PutItem or a transaction) is answered
+    as DynamoDB answers a throttled one and never reaches moto (botocore calls every before-send handler, so
+    moto's own is wrapped, as the twin's ChaosTransport does); botocore retries as it would, without waits."""
+    operations, code, body = THROTTLED[how]
+    answered = []
+    moto_answers = BotocoreStubber.__call__
+
+    def answer(stubber, event_name, request, **kwargs):
+        text = request.body.decode() if isinstance(request.body, bytes) else str(request.body or "")
+        operation = event_name.rsplit(".", 1)[-1]
+        if operation in operations and f'"enroll#{CLUSTER}"' in text:
+            answered.append(operation)
+            return AWSResponse(request.url, 400, {"Content-Type": "application/x-amz-json-1.0", "x-amzn-ErrorType": code},
+                               MockRawResponse(json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}"} | body)))
+        return moto_answers(stubber, event_name, request, **kwargs)
+
+    monkeypatch.setattr(standard_retries.ExponentialBackoff, "delay_amount", lambda *_: 0)
+    with monkeypatch.context() as patched:
+        patched.setattr(BotocoreStubber, "__call__", answer)
+        yield answered
+
+
+def stored(table):
+    """The node's enrollment and the pending approvals, as the operator's listing shows them."""
+    return enrollment_store.get_enrollment(table, CLUSTER, ID), enrollment_store.list_enrollments(table, CLUSTER, with_approvals=True)[1]
+
+
+@pytest.mark.parametrize("how", sorted(THROTTLED))
+def test_an_approved_key_is_stored_with_its_approval_used_or_neither_and_a_retry_succeeds(table, how, monkeypatch):
+    """The approval is used and the key stored in one write: a write DynamoDB cancels (another key's
+    approval, or throttled) leaves the approval and the impostor's enrollment as they were."""
+    enrollment_store.put_first(table, record("SHA256:impostor"))
+    enrollment_store.mark_contested(table, CLUSTER, ID, "SHA256:agent")
+    enrollment_store.put_approval(table, CLUSTER, ID, "SHA256:agent", "2026-11-26T12:05:00Z", 1_800_000_000)
+    before = stored(table)
+    assert before[0].fingerprint == "SHA256:impostor" and [a["fingerprint"] for a in before[1]] == ["SHA256:agent"]
+
+    assert not enrollment_store.put_approved(table, record("SHA256:other", "approval")), "not the approved key"
+    assert stored(table) == before
+    with enrollment_writes_throttled(how, monkeypatch) as answered, pytest.raises(TransientAwsError):
+        enrollment_store.put_approved(table, record("SHA256:agent", "approval"))
+    assert answered, "the write was throttled"
+    assert stored(table) == before, "the approval is still there for the retry, and the old state untouched"
+
+    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"))  # the agent's retry
+    enrolled, approvals = stored(table)
+    assert (enrolled.fingerprint, enrolled.status, enrolled.via, approvals) == ("SHA256:agent", "enrolled", "approval", [])
 
 
 def test_an_older_holds_report_is_refused_the_same_one_again_changes_nothing(table):

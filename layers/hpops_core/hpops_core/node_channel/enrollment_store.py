@@ -27,6 +27,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
+from hpops_core.common.errors import TransientAwsError
 from hpops_core.common.state_table import approval_partition, enrollment_partition
 from hpops_core.node_channel.enrollment import CONTESTED, KEEP, MAX_CONTESTED_BY, REPLACED_KEY_USAGE, Approval, Enrollment
 
@@ -35,6 +36,9 @@ APPROVAL_PREFIX = "approval#"
 DOCUMENTS_SK = "documents"
 # An approval is for a planned re-enrollment within the day; an unused one should not linger.
 APPROVAL_TTL_SECONDS = 24 * 3600
+# A transaction cancelled for these wrote nothing and may be sent again (DynamoDB's TransactWriteItems
+# CancellationReasons codes): throttled, or an item held by another transaction in flight.
+TRANSIENT_CANCELLATIONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded", "TransactionConflict"})
 
 
 def _key(cluster: str, prefix: str, instance_id: str) -> dict:
@@ -117,17 +121,28 @@ def put_first(table: str, record: Enrollment) -> bool:
 
 
 def put_approved(table: str, record: Enrollment) -> bool:
-    """Use the operator's approval once (deleted only if it still names this fingerprint), then store
-    the record over whatever was there. False if the approval was gone (used or replaced meanwhile)."""
-    dynamodb = client("dynamodb")
-    used = _conditional("dynamodb:DeleteItem", lambda: dynamodb.delete_item(
-        TableName=table, Key=_key(record.cluster, APPROVAL_PREFIX, record.instance_id),
-        ConditionExpression="fingerprint = :fingerprint",
-        ExpressionAttributeValues={":fingerprint": {"S": record.fingerprint}}))
-    if used:
-        with transient_errors_named("dynamodb:PutItem"):
-            dynamodb.put_item(TableName=table, Item=enrollment_item(record))
-    return used
+    """Use the operator's approval once and store the record over whatever was there, in one transaction:
+    the approval is deleted only if it still names this fingerprint, and the record is put only with it
+    (a failure between two writes would leave the approval used and the old key stored, and the agent's
+    retry refused). False if the approval was gone (used or replaced meanwhile); TransientAwsError,
+    with nothing written, if DynamoDB throttled the transaction or another one held its items."""
+    try:
+        with transient_errors_named("dynamodb:TransactWriteItems"):
+            client("dynamodb").transact_write_items(TransactItems=[
+                {"Delete": {"TableName": table, "Key": _key(record.cluster, APPROVAL_PREFIX, record.instance_id),
+                            "ConditionExpression": "fingerprint = :fingerprint",
+                            "ExpressionAttributeValues": {":fingerprint": {"S": record.fingerprint}}}},
+                {"Put": {"TableName": table, "Item": enrollment_item(record)}}])
+        return True
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+            raise
+        reasons = [reason.get("Code", "None") for reason in error.response.get("CancellationReasons") or []]
+        if reasons[:1] == ["ConditionalCheckFailed"]:
+            return False
+        if TRANSIENT_CANCELLATIONS.intersection(reasons):
+            raise TransientAwsError(f"dynamodb:TransactWriteItems: cancelled ({', '.join(reasons)})") from error
+        raise
 
 
 def put_displacing(table: str, record: Enrollment, displaced: Enrollment) -> bool:
