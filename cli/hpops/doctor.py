@@ -636,19 +636,22 @@ def _decide_execution_role(session: Any, target: Target, groups: Mapping[str, di
     grants = {name: _role_policies(iam, name) for name in names}
     account = next((arn.split(":")[4] for arn in roles.values() if arn.count(":") >= 5), "*")
     region = target.region
-    secrets = {}
+    secrets, absent = {}, {}
     if stack is not None:
         for label, output in (("the canonical host keys", "HostIdentitySecretArn"),
                               ("the host CA", "HostCertificateAuthoritySecretArn")):
             arn = stack.outputs.get(output)
             if arn:
                 secrets[label] = arn
+            elif output == "HostCertificateAuthoritySecretArn":
+                absent[label] = "the stack is in keys mode, which creates no CA secret"
         key = stack.physical_id("HostIdentityKey") or "*"
         key_arn = key if key.startswith("arn:") else f"arn:aws:kms:{region}:{account}:key/{key}"
     else:  # before a deploy: a grant that would cover the stack's secret whatever its name
         secrets["the stack's secrets (any secret)"] = f"arn:aws:secretsmanager:{region}:{account}:secret:hpops-stack-secret"
         key_arn = f"arn:aws:kms:{region}:{account}:key/hpops-stack-key"
-    return checks.decide_execution_role(roles, node_groups, parameter, grants, checks.Guarded(secrets, key_arn))
+    return checks.decide_execution_role(roles, node_groups, parameter, grants,
+                                        checks.Guarded(secrets, key_arn, absent))
 
 
 def _decide_network_acls(session: Any, target: Target, cluster: dict, groups: dict) -> Finding:

@@ -803,6 +803,7 @@ class Guarded:
 
     secrets: Mapping[str, str]  # "the canonical host keys" -> secret ARN
     key_arn: str
+    absent: Mapping[str, str] = field(default_factory=dict)  # a secret this stack does not have -> why
 
 
 def decide_execution_role(roles: Mapping[str, str], node_groups: Sequence[str], role_parameter: str | None,
@@ -840,9 +841,11 @@ def decide_execution_role(roles: Mapping[str, str], node_groups: Sequence[str], 
                        "on them to the operator (hpops iam-policy)")
     shared = {r: g for r, g in groups_of.items() if r in agent_roles and any(x not in node_groups for x in g)}
     said = "; ".join(f"{role} is shared with {', '.join(x for x in g if x not in node_groups)}" for role, g in sorted(shared.items()))
+    skipped = "; ".join(f"{label} not checked: {why}" for label, why in sorted(guarded.absent.items()))
     return Finding("execution-role", OK, f"role{'s' if len(agent_roles) > 1 else ''} {', '.join(agent_roles) or '(none)'} "
                    f"cannot read {' or '.join(sorted(guarded.secrets))}" + (f" ({said}: its users get only the public "
-                   "desired state; the stack trusts the enrolled agent's key, not the role)" if said else ""))
+                   "desired state; the stack trusts the enrolled agent's key, not the role)" if said else "")
+                   + (f" ({skipped})" if skipped else ""))
 
 
 # ---------------------------------------------------------------------------- 11. VPC endpoints

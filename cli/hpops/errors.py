@@ -48,6 +48,15 @@ class CliError(HpopsError):
     """A problem the operator can fix; the message says which and how, in one line."""
 
 
+class NotCertificateMode(CliError):
+    """A host CA command on a stack deployed in keys mode, which has no CA secret to write or read."""
+
+    def __init__(self, stack_name: str) -> None:
+        super().__init__(f"stack {stack_name} is not in certificate mode: it has no host CA secret (output "
+                         "HostCertificateAuthoritySecretArn). Deploy it with --parameter-overrides "
+                         "HostIdentityMode=certificate first, then run hpops host-keys ca-generate")
+
+
 def one_line(text: str, limit: int = MAX_DETAIL) -> str:
     """Whitespace (newlines included) collapsed, cut at ``limit`` characters."""
     flat = " ".join(str(text).split())

@@ -49,7 +49,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from hpops.errors import EXIT_USAGE, CliError, explain
+from hpops.errors import EXIT_USAGE, CliError, NotCertificateMode, explain
 from hpops.event_files import load_event_files
 from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
@@ -464,11 +464,14 @@ def _host_ca(args: argparse.Namespace, outputs: dict, parameters: dict, session:
     from hpops_core.host_identity.keys import generate_ca
     from hpops_core.host_identity.operator import install_certificate_authority
 
+    ca_secret = outputs.get("HostCertificateAuthoritySecretArn")
+    if not ca_secret:  # keys mode creates no CA secret
+        raise NotCertificateMode(args.stack_name)
     table, cluster = outputs["SyncStateTableName"], parameters["ClusterName"]
     if args.action == "ca-generate":
         ca = generate_ca()
         install_certificate_authority(session.client("secretsmanager"), session.client("dynamodb"),
-                                      outputs["HostCertificateAuthoritySecretArn"], table, cluster, ca)
+                                      ca_secret, table, cluster, ca)
         public_line, fingerprint = ca.public_line, ca.fingerprint()
         print("host certificate CA installed. A repair certifies every login node: hpops repair --stack-name",
               args.stack_name)

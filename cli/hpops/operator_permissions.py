@@ -242,6 +242,13 @@ def role_of(words: Sequence[str]) -> str:
     return found[0][1]
 
 
+# Outputs a stack has only with some parameters, and why one is missing (the note says it instead).
+CONDITIONAL_OUTPUTS = {
+    "HostCertificateAuthoritySecretArn": "a stack in keys mode has no host CA (deploy with HostIdentityMode=certificate "
+                                         "to use it)",
+}
+
+
 class MissingStackValue(Exception):
     """A resource template names an output, parameter or resource the stack does not have."""
 
@@ -315,7 +322,9 @@ def operator_policy(stack_id: str, outputs: Mapping[str, str], parameters: Mappi
                     keys = tuple(fill(key) for key in call.leading_keys)
                     found = {(operator, key, tuple(fill(v) for v in values)) for operator, key, values in call.conditions}
                 except MissingStackValue as missing:
-                    notes.append(f"hpops {command}: {call.action} left out: the stack has no {missing}")
+                    why = CONDITIONAL_OUTPUTS.get(str(missing).removeprefix("output "))
+                    notes.append(f"hpops {command}: {call.action} left out: "
+                                 + (why if why else f"the stack has no {missing}"))
                     continue
                 if keys:
                     found.add(("ForAllValues:StringLike", "dynamodb:LeadingKeys", keys))

@@ -81,3 +81,29 @@ def test_ca_generate_stores_the_ca_and_prints_the_one_line_users_trust(stack, ca
     status, shown, _ = run_as_operator(capsys, main, "host-keys", "ca-show", "--stack-name", "hpops-ml", "--region", "us-east-1")
     assert status == 0
     assert line in shown and ca.fingerprint() in shown
+
+
+@pytest.fixture
+def keys_mode_stack(monkeypatch):
+    """A stack deployed with HostIdentityMode=keys (the default): no CA secret, so no output naming one."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    keys_mode = json.loads(json.dumps(STACK))
+    del keys_mode["Outputs"]["HostCertificateAuthoritySecretArn"]
+    keys_mode["Parameters"].pop("CaSecretArn")
+    with mock_aws():
+        boto3.client("cloudformation", region_name="us-east-1").create_stack(
+            StackName="hpops-ml", TemplateBody=json.dumps(keys_mode),
+            Parameters=[{"ParameterKey": "ClusterName", "ParameterValue": "ml-research"},
+                        {"ParameterKey": "HostCertificatePrincipals", "ParameterValue": "login.hpc.example.edu"}])
+        yield
+
+
+@pytest.mark.parametrize("action", ["ca-generate", "ca-show"])
+def test_a_ca_command_on_a_keys_mode_stack_says_to_deploy_certificate_mode_first_and_writes_nothing(
+        keys_mode_stack, capsys, action):
+    status, out, _ = run_as_operator(capsys, main, "host-keys", action, "--stack-name", "hpops-ml", "--region", "us-east-1")
+    assert status != 0
+    assert "is not in certificate mode" in out and "HostIdentityMode=certificate first" in out
+    assert "@cert-authority" not in out
+    assert boto3.client("secretsmanager", region_name="us-east-1").list_secrets()["SecretList"] == []
+    assert boto3.client("dynamodb", region_name="us-east-1").scan(TableName="state")["Items"] == []

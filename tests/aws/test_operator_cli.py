@@ -138,8 +138,8 @@ def test_every_output_and_parameter_the_cli_reads_exists_in_template_yaml():
     outputs_required, outputs_optional = _names_read(source, "outputs")
     parameters_required, parameters_optional = _names_read(source, "parameters")
     assert {"TargetGroupArn", "LoginNodeSyncStateMachineArn", "SyncStateTableName", "HostIdentitySecretArn",
-            "HostCertificateAuthoritySecretArn", "NodeReportBusName"} <= outputs_required
-    assert "LoadBalancerDnsName" in outputs_optional
+            "NodeReportBusName"} <= outputs_required
+    assert {"LoadBalancerDnsName", "HostCertificateAuthoritySecretArn"} <= outputs_optional  # certificate mode only
     assert {"DashboardName", "SessionLimitsStateMachineArn", "BudgetGuardStateMachineArn"} <= outputs_optional
     assert {"ClusterName"} <= parameters_required and {"LoginGroupName", "HostCertificatePrincipals"} <= parameters_optional
     assert outputs_required | outputs_optional <= set(template["Outputs"])

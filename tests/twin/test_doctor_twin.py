@@ -78,6 +78,16 @@ def test_a_working_installation_is_all_ok(account):
         3 if c == "imds-exposure" else 2 if c in PER_GROUP else 1)]
 
 
+def test_on_a_keys_mode_stack_the_execution_role_check_says_it_had_no_host_ca_to_guard(account):
+    """Keys mode (the default) creates no CA secret: doctor checks the host keys' secret and says why not the CA."""
+    finding = next(f for f in account.run() if f.check == "execution-role")
+    assert finding.status == OK and "cannot read the canonical host keys" in finding.message, finding.line()
+    assert "the host CA not checked: the stack is in keys mode, which creates no CA secret" in finding.message
+    # The operator's policy names no CA secret either (the administrator's ca-generate has nothing to write).
+    administrator = str(account.operator_policy("administrator"))
+    assert "HostCertificateAuthoritySecret" not in administrator and "HostIdentitySecret" in administrator
+
+
 def test_without_the_imds_lockdown_every_group_is_a_note_naming_its_nodes_and_what_the_role_allows(account):
     exposure = [f for f in account.run() if f.check == "imds-exposure"]
     assert {f.subject for f in exposure} == {"login", "gpu", "controller-machine"}

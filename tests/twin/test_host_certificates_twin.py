@@ -210,6 +210,42 @@ def test_ca_private_key_never_leaves_its_secret(cert_world):
         assert not [f for f in fragments if f in text], f"CA private key material in {where}"
 
 
+def test_a_keys_mode_stack_has_no_ca_secret_and_its_signer_cannot_read_one(world):
+    """Keys mode (the default) creates no CA secret ($0.40 a month nothing would read) and no output naming one."""
+    secrets = world.aws.client("secretsmanager").list_secrets()["SecretList"]
+    assert [s["ARN"] for s in secrets] == [world.output("HostIdentitySecretArn")]
+    with pytest.raises(KeyError, match="HostCertificateAuthoritySecretArn"):
+        world.output("HostCertificateAuthoritySecretArn")
+    env = world.resolver.resolve(world.template.function_environment("SignHostCertificatesFunction"))
+    assert env["HOST_CA_SECRET_ARN"] == ""
+    actions = json.dumps(world.iam.policies()["function:SignHostCertificatesFunction"])
+    assert "secretsmanager:GetSecretValue" not in actions and "kms:Decrypt" not in actions
+
+
+def test_a_certificate_mode_stack_keeps_its_ca_secret_and_its_signer_reads_only_that(cert_world):
+    arn = cert_world.output("HostCertificateAuthoritySecretArn")
+    names = {s["ARN"] for s in cert_world.aws.client("secretsmanager").list_secrets()["SecretList"]}
+    assert names == {arn, cert_world.output("HostIdentitySecretArn")}
+    env = cert_world.resolver.resolve(cert_world.template.function_environment("SignHostCertificatesFunction"))
+    assert env["HOST_CA_SECRET_ARN"] == arn
+    actions = json.dumps(cert_world.iam.policies()["function:SignHostCertificatesFunction"])
+    assert "secretsmanager:GetSecretValue" in actions and arn in actions
+
+
+def test_deleting_a_certificate_mode_stack_keeps_the_ca_users_trust(cert_world):
+    """`sam delete` (as a parameter change leaving certificate mode would) keeps the CA's secret, CA inside."""
+    world = cert_world
+    world.install_host_certificate_authority(generate_ca())
+    ca_arn, keys_arn = world.output("HostCertificateAuthoritySecretArn"), world.output("HostIdentitySecretArn")
+    stored = world.aws.client("secretsmanager").get_secret_value(SecretId=ca_arn)["SecretString"]
+    world.stack.delete()
+    assert world.retained == ["HostCertificateAuthoritySecret"]
+    secrets = world.aws.client("secretsmanager")
+    assert secrets.get_secret_value(SecretId=ca_arn)["SecretString"] == stored
+    assert [s["ARN"] for s in secrets.list_secrets()["SecretList"]] == [ca_arn]  # the host keys' secret went
+    assert keys_arn != ca_arn
+
+
 def test_renewal_schedule_is_off_in_keys_mode(world):
     assert world.rules["CertificateRenewal"]["enabled"] is False
     with pytest.raises(RuntimeError, match="disabled"):

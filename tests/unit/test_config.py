@@ -55,3 +55,23 @@ def test_node_report_pacing_accepts_exactly_what_the_template_allows(variable, p
     for bad in (low - 1, high + 1):
         with pytest.raises(ConfigurationError, match=variable):
             SyncConfig.from_env(ENV | {variable: str(bad)})
+
+
+HOST_IDENTITY_ENV = {"CLUSTER_NAME": "ml-research", "STATE_TABLE_NAME": "table", "SSH_PORT": "22",
+                     "HOST_IDENTITY_SECRET_ARN": "arn:aws:secretsmanager:us-east-1:123456789012:secret:keys-AbCdEf",
+                     "ALERT_TOPIC_ARN": "arn:aws:sns:us-east-1:123456789012:alerts",
+                     "HOST_CERTIFICATE_PRINCIPALS": "login.example.edu", "HOST_CERTIFICATE_VALIDITY_DAYS": "30",
+                     "HOST_CERTIFICATE_RENEW_DAYS": "7"}
+
+
+def test_keys_mode_has_no_host_ca_and_certificate_mode_needs_one():
+    """template.yaml gives HOST_CA_SECRET_ARN "" in keys mode (no CA secret is created there)."""
+    from hpops_core.host_identity.config import HostIdentityConfig
+
+    keys = HostIdentityConfig.from_env(HOST_IDENTITY_ENV | {"HOST_IDENTITY_MODE": "keys", "HOST_CA_SECRET_ARN": ""})
+    assert (keys.mode, keys.ca_secret_arn, keys.certificate_policy) == ("keys", "", None)
+    with pytest.raises(ConfigurationError, match="HOST_CA_SECRET_ARN"):
+        HostIdentityConfig.from_env(HOST_IDENTITY_ENV | {"HOST_IDENTITY_MODE": "certificate", "HOST_CA_SECRET_ARN": ""})
+    ca = "arn:aws:secretsmanager:us-east-1:123456789012:secret:ca-AbCdEf"
+    certificate = HostIdentityConfig.from_env(HOST_IDENTITY_ENV | {"HOST_IDENTITY_MODE": "certificate", "HOST_CA_SECRET_ARN": ca})
+    assert certificate.ca_secret_arn == ca and certificate.certificate_policy is not None

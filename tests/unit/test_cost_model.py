@@ -124,3 +124,24 @@ def test_the_key_rotates_yearly_by_default_and_its_price_by_year_is_the_models()
     assert [float(q) for q in yearly] == [by_rotation["365"][y] for y in ("1", "2", "3")]
     longest = re.search(r"sets 2,560 \(.*?: \$([\d.]+) a month through year 7\)", text).group(1)
     assert float(longest) == by_rotation["2560"]["3"] == by_rotation["2560"]["1"]
+
+
+def test_each_scale_size_is_priced_from_the_figures_it_stored():
+    """The sessions-at-scale section's month is the cost model's for the figures that section measured, so
+    `python -m hpops_twin.cost_model` refreshes it without measuring again (the section takes minutes)."""
+    from hpops_twin.cost_model import scale_row_cost
+
+    rows = BENCH["scale_sessions"]["rows"]
+    assert [r["login_nodes"] for r in rows] == [4, 12, 50]
+    for row in rows:
+        priced = json.loads(json.dumps(scale_row_cost(row, BENCH)))
+        assert row["cost"] == priced, f"{row['login_nodes']} login nodes: stale: python -m hpops_twin.cost_model"
+        assert row["monthly_usd"] == priced["automation_usd"]
+    # More login nodes and users cost more, by their heartbeats and session changes.
+    assert rows[0]["monthly_usd"] < rows[1]["monthly_usd"] < rows[2]["monthly_usd"]
+
+
+def test_keys_mode_has_one_secret_and_certificate_mode_adds_the_cas():
+    keys, certificate = cost_table(BENCH), cost_table(BENCH, {"HostIdentityMode": "certificate"})
+    assert lines(keys)["Secrets Manager"]["quantity"] == 1 and lines(keys)["Secrets Manager"]["usd"] == 0.40
+    assert lines(certificate)["Secrets Manager"]["quantity"] == 2 and lines(certificate)["Secrets Manager"]["usd"] == 0.80

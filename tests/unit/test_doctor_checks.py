@@ -353,6 +353,12 @@ def test_a_shared_execution_role_passes_unless_it_can_read_the_stacks_secrets():
     assert decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", other)}, guarded).status == "OK"
     unread = decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", {}, ("SiteManaged",))}, guarded)
     assert unread.status == "UNKNOWN" and "exec: SiteManaged" in unread.message
+    # A keys-mode stack has no CA secret: the check says it looked at the keys only, and why.
+    keys_mode = Guarded({"the canonical host keys": SECRET}, KEY, {"the host CA": "the stack is in keys mode"})
+    finding = decide_execution_role(roles, ["login"], "exec", {"exec": RoleGrants("exec", {"NodeAgentPolicy": NODE_AGENT})},
+                                    keys_mode)
+    assert finding.status == "OK" and "cannot read the canonical host keys (" in finding.message
+    assert "the host CA not checked: the stack is in keys mode" in finding.message
 
 
 def _acl(*entries):

@@ -166,6 +166,7 @@ MENTIONS = {
     "hpops cost release": AWS,
     "aws ssm start-session": f"{AWS}: what hpops adopt runs per node",
     "sam delete": AWS,
+    "aws secretsmanager delete-secret": f"{AWS}: removing a CA secret a deletion or a switch to keys mode kept",
     "aws ec2 create-vpc-endpoint": f"{AWS}: doctor's node-network fix (tests/unit/test_doctor_checks.py checks its words)",
     "aws ec2 create-network-acl-entry": f"{AWS}: doctor's network-acl fix (tests/unit/test_doctor_checks.py checks its words)",
 }

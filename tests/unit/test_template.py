@@ -117,8 +117,10 @@ def _statements(logical_id: str) -> list[dict]:
     resource = TEMPLATE.raw["Resources"][logical_id]
     if resource["Type"] in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
         return resource["Properties"]["PolicyDocument"]["Statement"]
-    return [s for policy in resource["Properties"].get("Policies", []) if isinstance(policy, dict)
-            for s in policy.get("Statement", [])]
+    # A policy only some parameters grant (`!If [Condition, policy, !Ref AWS::NoValue]`): its statements too.
+    policies = [p["Fn::If"][1] if isinstance(p, dict) and list(p) == ["Fn::If"] else p
+                for p in resource["Properties"].get("Policies", [])]
+    return [s for policy in policies if isinstance(policy, dict) for s in policy.get("Statement", [])]
 
 
 def _who_may(action: str, resource_ref: str) -> set[str]:
@@ -143,6 +145,67 @@ def test_only_the_signer_reads_the_host_ca_and_only_nodechannel_reads_the_host_k
     verifier = TEMPLATE.raw["Resources"]["VerifyNodeIdentityFunction"]["Properties"]
     # SAM attaches AWSLambdaVPCAccessExecutionRole for VpcConfig; no statement of its own repeats it.
     assert "VpcConfig" in verifier and "Policies" not in verifier, "the verifier reads nothing but the network"
+
+
+def _references(value, target: str, conditions: tuple[str, ...] = ()):
+    """The conditions under which each Ref / GetAtt / Sub naming `target` in `value` is evaluated (the
+    yes-branches of the `Fn::If`s around it)."""
+    if isinstance(value, list):
+        for item in value:
+            yield from _references(item, target, conditions)
+    elif isinstance(value, dict):
+        if list(value) == ["Fn::If"]:
+            condition, yes, no = value["Fn::If"]
+            yield from _references(yes, target, conditions + (condition,))
+            yield from _references(no, target, conditions + ("not " + condition,))
+            return
+        if value.get("Ref") == target or (isinstance(value.get("Fn::GetAtt"), list) and value["Fn::GetAtt"][0] == target):
+            yield conditions
+        for key, item in value.items():
+            if key == "Fn::Sub" and f"${{{target}" in json.dumps(item):
+                yield conditions
+            yield from _references(item, target, conditions)
+    elif isinstance(value, str) and value == target:  # DependsOn
+        yield conditions
+
+
+def test_the_host_ca_exists_only_in_certificate_mode_and_survives_leaving_it():
+    """Keys mode (the default) creates no CA secret ($0.40 a month nothing reads); a switch from certificate
+    mode to keys mode keeps the CA users' known_hosts trust, and nothing refers to it where it does not exist."""
+    raw = TEMPLATE.raw
+    secret = raw["Resources"]["HostCertificateAuthoritySecret"]
+    assert raw["Conditions"]["CertificateMode"] == {"Fn::Equals": [{"Ref": "HostIdentityMode"}, "certificate"]}
+    assert raw["Parameters"]["HostIdentityMode"]["Default"] == "keys"
+    assert secret["Condition"] == "CertificateMode"
+    # Kept by an update that leaves certificate mode and by the stack's deletion; a rollback of the operation
+    # that created it (before any CA could be installed) deletes it.
+    assert (secret["DeletionPolicy"], secret["UpdateReplacePolicy"]) == ("RetainExceptOnCreate", "Retain")
+    assert raw["Outputs"]["HostCertificateAuthoritySecretArn"]["Condition"] == "CertificateMode"
+    assert raw["Globals"]["Function"]["Environment"]["Variables"]["HOST_CA_SECRET_ARN"] == {
+        "Fn::If": ["CertificateMode", {"Ref": "HostCertificateAuthoritySecret"}, ""]}
+    # Every reference, in the template as written and as SAM expands it, is made only in certificate mode.
+    from hpops_twin.iam.principals import expanded_template
+
+    expanded = expanded_template(TEMPLATE)
+    for template in (raw, expanded):
+        seen = 0
+        for section in ("Resources", "Outputs"):
+            for name, body in template[section].items():
+                if name == "HostCertificateAuthoritySecret" and section == "Resources":
+                    continue
+                for conditions in _references(body, "HostCertificateAuthoritySecret"):
+                    seen += 1
+                    assert body.get("Condition") == "CertificateMode" or "CertificateMode" in conditions, (section, name)
+        seen += sum(1 for c in _references(template.get("Globals", {}), "HostCertificateAuthoritySecret")
+                    if c == ("CertificateMode",))
+        assert seen >= 3, "the output, the signer's policy and (as written) the functions' environment refer to it"
+    # The signer's role reads the CA (and decrypts it) only in certificate mode; nothing else of its role does.
+    signer_role = expanded["Resources"]["SignHostCertificatesFunctionRole"]["Properties"]["Policies"]
+    guarded = [p["Fn::If"] for p in signer_role if "Fn::If" in p]
+    assert [(condition, [s["Action"] for s in yes["PolicyDocument"]["Statement"]], no) for condition, yes, no in guarded] == [
+        ("CertificateMode", ["secretsmanager:GetSecretValue", "kms:Decrypt"], {"Ref": "AWS::NoValue"})]
+    unguarded = json.dumps([p for p in signer_role if "Fn::If" not in p])
+    assert "secretsmanager:GetSecretValue" not in unguarded and "kms:Decrypt" not in unguarded
 
 
 def test_certificate_parameters_are_scoped_to_the_clusters_path():

@@ -6,7 +6,8 @@ schedules, times list prices (list_prices.json: us-east-1, with their date and s
 730-hour month and without free tiers. Where the bench does not count something (Lambda
 invocations per execution, log bytes), the line says how it is estimated. `make bench` writes the
 table into docs/bench.json under "cost"; `python -m hpops_twin.cost_model docs/bench.json`
-recomputes only that key from the counts already there.
+recomputes only the costs from the counts already there: that key, and each sessions-at-scale
+size's month (scale_row_cost), without measuring again.
 """
 
 from __future__ import annotations
@@ -387,6 +388,16 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
                                                        * p["nlb_per_nlcu_hour"], 4)}
 
 
+def scale_row_cost(row: dict, bench: dict | None = None, prices: dict | None = None) -> dict:
+    """activity_cost for one size of the sessions-at-scale section (docs/bench.json's scale_sessions rows), from
+    the figures it measured and stored: the month can be priced again without measuring again."""
+    return activity_cost(login_nodes=row["login_nodes"], active_users=row["logged_in"],
+                         mean_item_bytes=row["mean_item_bytes"], max_report_bytes=row["max_report_bytes"],
+                         check_read_units=row["check_read_units"], check_log_bytes=row["check_log_bytes"], bench=bench,
+                         prices=prices, report_extra_units=row["heartbeat_extra_units"],
+                         change_write_units=row["change_write_units"])
+
+
 def budget_sweep_cost(read_units: float, write_units: float, prices: dict | None = None) -> dict:
     """A month of hourly budget sweeps (BudgetSweepSchedule's default) whose check and SendUserAlerts'
     Query take these DynamoDB units each (scale_budget_bench measures them per size: the running total
@@ -454,10 +465,14 @@ def render(table: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Recompute only the "cost" key of a bench JSON file from the counts it already holds."""
+    """Recompute only the costs of a bench JSON file from the counts it already holds: its "cost" key, and
+    each sessions-at-scale size's month (its cost and monthly_usd; that section's measuring takes minutes)."""
     path = Path(argv[0]) if argv else REPO_ROOT / "docs" / "bench.json"
     data = json.loads(path.read_text(encoding="utf-8"))
     data["cost"] = cost_section(data)
+    for row in data.get("scale_sessions", {}).get("rows", []):
+        row["cost"] = json.loads(json.dumps(scale_row_cost(row, data)))
+        row["monthly_usd"] = row["cost"]["automation_usd"]
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     cost = data["cost"]
     print(render(cost["defaults"]))

@@ -298,6 +298,9 @@ class _Outputs(dict):
         except KeyError:
             return default
 
+    def __contains__(self, name: object) -> bool:  # a conditional output is missing where its condition is false
+        return isinstance(name, str) and self.get(name) is not None
+
 
 # ---------------------------------------------------------------------------- breaking it
 

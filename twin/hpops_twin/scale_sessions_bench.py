@@ -229,7 +229,7 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
     from hpops_core.session_limits.cluster_sessions import decide_cluster_wide
     from hpops_core.session_limits.policy import LimitPolicy
     from hpops_node_agent.ssh_sessions import parse_end_sessions, reported_sessions
-    from hpops_twin.cost_model import activity_cost
+    from hpops_twin.cost_model import scale_row_cost
 
     template = TemplateModel()
     default_limit = int(template.parameter_defaults()["MaxSessionsPerUser"])
@@ -289,7 +289,7 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
             lambda: store(0, listed_by_node[nodes[0]], change_calls))
         report_bytes.append(size)
         event_bytes.append(len(json.dumps(event)))
-        change = session_changes.sessions_change(previous, report, event["id"])
+        change = session_changes.sessions_change(previous, report, event["id"], sync.grew)
         busiest_listed = len(report.sessions.list)
         items = ddb.query(TableName="state", KeyConditionExpression="pk = :pk",
                           ExpressionAttributeValues={":pk": {"S": node_report_partition(CLUSTER)}})["Items"]
@@ -351,18 +351,18 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
     log_bytes = len(logs.getvalue().encode())
     heartbeat_units = {"read": heartbeat.read_units, "write": heartbeat.write_units}
     change_units = change_calls.write_units - heartbeat.write_units  # the users' items, beyond the presence
-    cost = activity_cost(login_nodes=login_nodes, active_users=logged_in, mean_item_bytes=sum(item_sizes) / len(item_sizes),
-                         max_report_bytes=max(report_bytes), check_read_units=calls.read_units, check_log_bytes=log_bytes,
-                         report_extra_units=heartbeat_units, change_write_units=change_units)
-    return ScaleRow(
+    row = ScaleRow(
         login_nodes, users, logged_in, sum(len(v) for v in placed.values()) + 1, len(listed_by_node[nodes[0]]),
         busiest_listed, max(report_bytes), max(event_bytes), max(item_sizes), round(sum(item_sizes) / len(item_sizes)),
         check_calls, calls.read_units, calls.items_read, calls.bytes_read, before_units, len(items), sum(item_sizes),
         change_units, {k: v for k, v in sorted(change_calls.counts.items())}, heartbeat_units,
         bool(checked["start"] and checked["users"] == [OVER_USER] and checked["read"] == [OVER_USER]),
         ended, ended_right, targets_right,
-        {name: round(baseline_mb[name] + peaks[name], 1) for name in FUNCTIONS}, memory, log_bytes,
-        cost["automation_usd"], cost)
+        {name: round(baseline_mb[name] + peaks[name], 1) for name in FUNCTIONS}, memory, log_bytes, 0.0, {})
+    # Priced from the stored figures alone, as `python -m hpops_twin.cost_model` prices them again.
+    row.cost = scale_row_cost(asdict(row))
+    row.monthly_usd = row.cost["automation_usd"]
+    return row
 
 
 def _targets_right(login_nodes: int) -> bool:

@@ -121,7 +121,7 @@ class SamDeploy:
                 world.create_stack_resources()
         except Exception as failure:
             with acting_as(SERVICE_ROLE):
-                world.delete_stack_resources()
+                world.delete_stack_resources(rollback=True)
             self._cloudformation("DescribeStackEvents", StackName=stack)
             raise StackRolledBack(f"{stack}: ROLLBACK_COMPLETE after {failure}") from failure
         self._cloudformation("DescribeStackEvents", StackName=stack)

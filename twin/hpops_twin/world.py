@@ -438,6 +438,7 @@ class TwinWorld:
         self.stack_name = STACK_NAME
         # What CloudFormation would delete, newest first: (what, how), as each resource is created.
         self._undo: list[tuple[str, Callable[[], Any]]] = []
+        self.retained: list[str] = []  # logical ids a deletion left in the account (their DeletionPolicy)
         self._check_identity()
 
     @property
@@ -694,11 +695,16 @@ class TwinWorld:
         self.iam.forget_policies()
         self.stack.update()
 
-    def delete_stack_resources(self) -> None:
-        """CloudFormation deleting what it made, newest first (a deletion, or a failed creation's rollback;
-        the caller acts as the service role)."""
+    def delete_stack_resources(self, rollback: bool = False) -> None:
+        """CloudFormation deleting what it made, newest first (a deletion, or with ``rollback`` a failed
+        creation's rollback; the caller acts as the service role). A resource whose DeletionPolicy is Retain,
+        or RetainExceptOnCreate outside the rollback of its creation, stays in the account (`retained`)."""
         while self._undo:
-            _, delete = self._undo.pop()
+            logical_id, delete = self._undo.pop()
+            policy = self.template.resources.get(logical_id, {}).get("DeletionPolicy")
+            if policy == "Retain" or (policy == "RetainExceptOnCreate" and not rollback):
+                self.retained.append(logical_id)
+                continue
             delete()
         self.routes.clear()  # the executions ended with their state machines
         self.state_machine_arns.clear()
@@ -909,8 +915,11 @@ class TwinWorld:
 
     # ------------------------------------------------------------------ EventBridge, as the twin plays it
     def output(self, name: str) -> Any:
-        """A stack output, resolved from template.yaml's Outputs."""
+        """A stack output, resolved from template.yaml's Outputs. KeyError for one its Condition leaves out
+        (the host CA's in keys mode), as DescribeStacks would not list it."""
         spec = self.template.raw["Outputs"][name]
+        if "Condition" in spec and not self.resolver.condition(spec["Condition"]):
+            raise KeyError(f"the stack has no output {name}: its condition {spec['Condition']} is false")
         return self.resolver.resolve(spec["Value"])
 
     def publish(self, events: list[dict]) -> list[str]:

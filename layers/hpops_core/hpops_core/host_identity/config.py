@@ -34,7 +34,7 @@ class HostIdentityConfig:
     secret_arn: str
     alert_topic_arn: str
     mode: str  # keys | certificate | off
-    ca_secret_arn: str
+    ca_secret_arn: str  # certificate mode only: keys mode creates no CA secret ("")
     certificate_policy: CertificatePolicy | None  # certificate mode only
 
     @classmethod
@@ -49,7 +49,7 @@ class HostIdentityConfig:
             secret_arn=env_str(env, "HOST_IDENTITY_SECRET_ARN"),
             alert_topic_arn=env_str(env, "ALERT_TOPIC_ARN"),
             mode=mode,
-            ca_secret_arn=env_str(env, "HOST_CA_SECRET_ARN"),
+            ca_secret_arn=env_str(env, "HOST_CA_SECRET_ARN") if mode == "certificate" else env.get("HOST_CA_SECRET_ARN", "").strip(),
             certificate_policy=policy,
         )
 
