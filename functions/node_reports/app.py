@@ -47,9 +47,9 @@ def record_node_report(event: dict, context: LambdaContext) -> dict:
     with _counted_refusal(report.instanceId):
         previous = report_store.store_report(config.state_table, config.cluster_name, report, received_at,
                                              int(time.time()), event_id, sequence)
-    change = session_changes.sessions_change(previous, report, event_id)
     sync = user_sessions.keep_user_sessions(config.state_table, config.cluster_name, report, previous, received_at,
                                             int(time.time()), event_id, sequence)
+    change = session_changes.sessions_change(previous, report, event_id, sync.grew)
     if change.changed:
         # No metric of its own (one more custom metric a month): the log line below carries it.
         session_changes.announce(session_changes.announcement(config.cluster_name, report, received_at,

@@ -1,6 +1,7 @@
 """Each user's sessions kept per user and node (node_channel/user_sessions.py), so that a session change
 reads only the users whose sessions grew (session_limits/node_sessions.read_users_state): what is
-written per report, what the check reads, a node that leaves, a redelivered or reordered report."""
+written per report, what the check reads, a node that leaves, a redelivered or reordered report, two
+reports of one node in flight at once (tombstones), a full rewrite that finds users through the node's user list."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from moto import mock_aws
 from hpops_core.common import clients
 from hpops_core.node_channel import contract, report_store, user_sessions
 from hpops_core.node_channel.reports import parse_report_event
-from hpops_core.node_channel.session_changes import announcement
+from hpops_core.node_channel.session_changes import announcement, sessions_change
 from hpops_core.session_limits import node_sessions, report_check
 from hpops_core.session_limits.policy import LimitPolicy
 
@@ -265,7 +266,12 @@ def test_a_per_user_item_holds_one_users_sessions_on_one_node(table):
 def test_a_replaced_agent_key_leaves_no_session_of_the_node_counted_and_the_next_report_writes_all(table):
     nodes = busy_tier()
     dropped = report_store.forget_report("t", CLUSTER, NODES[1])  # NodeChannel, the node's key displaced
-    assert user_sessions.forget_node("t", CLUSTER, NODES[1], dropped) == OTHERS + 2  # its users' items and the presence
+    listed = user_sessions.listed_users("t", CLUSTER, NODES[1])
+    assert listed == {f"user1x{k:02d}" for k in range(OTHERS)} | {"alice"}
+    pages = len({user_sessions.user_list_page(user) for user in listed})
+    # Its users' items, its user list's pages and the presence.
+    assert user_sessions.forget_node("t", CLUSTER, NODES[1], dropped) == OTHERS + 1 + pages + 1
+    assert user_sessions.listed_users("t", CLUSTER, NODES[1]) == set()
     decided, state, presence = check(["alice"])
     assert NODES[1] not in presence.fresh and [s.instance_id for s in state.nodes.ssh] == [NODES[0]]
     # The new key's first report (a lower sequence than the old key's, even) is written in full.
@@ -295,3 +301,158 @@ def test_a_change_that_grew_nobody_reads_the_presence_alone(table):
     table.calls.clear()
     decided, state, presence = check([])
     assert not decided.start and table.calls == [("Query", f"node-sessions#{CLUSTER}")]
+
+
+def test_a_session_a_busy_node_only_counts_is_announced_and_checked(table):
+    """Past the listing limit a node lists carol's newest and oldest sessions and counts the rest: her
+    third session shows only in that count, and still reaches the check by name."""
+    nodes = busy_tier()
+    listed = others(2) + [entry(70, "carol")]
+    nodes[2].reports(listed, {"carol": 1})
+    previous = report_store.latest_report("t", CLUSTER, NODES[2]) | {"eventId": f"e-{NODES[2]}-{nodes[2].sequence}"}
+    sent = report(NODES[2], listed, {"carol": 2})
+    sync = nodes[2].reports(listed, {"carol": 2})
+    change = sessions_change(previous, sent, f"e-{NODES[2]}-{nodes[2].sequence}", sync.grew)
+    assert change.changed and "new unlisted session" in change.reason
+    assert user_sessions.announced_users(sync) == ["carol"]
+    decided, _, _ = check(user_sessions.announced_users(sync))
+    assert decided.start and decided.users == ("carol",) and "carol: 3 session(s), limit 2" in decided.reason
+    # The same count again (a heartbeat) is no change.
+    assert not sessions_change(report_store.latest_report("t", CLUSTER, NODES[2]) | {"eventId": "e-x"}, sent, "e-y",
+                               nodes[2].reports(listed, {"carol": 2}).grew).changed
+
+
+def _slow_report(node: _Node, entries: list[dict]) -> tuple[user_sessions.UserSync, int, str]:
+    """A report stored and planned whose function then stalls before writing (apply_user_sync later)."""
+    node.sequence += 1
+    event_id = f"e-{node.instance}-{node.sequence}"
+    sent = report(node.instance, entries)
+    previous = report_store.store_report("t", CLUSTER, sent, RECEIVED, 1_764_000_000, event_id, node.sequence)
+    plan = user_sessions.plan_user_sync(previous, user_sessions.presence_of("t", CLUSTER, node.instance),
+                                        sent.sessions, event_id)
+    return plan, node.sequence, event_id
+
+
+def _user_items(user: str) -> dict[str, dict]:
+    items = clients.client("dynamodb").query(
+        TableName="t", KeyConditionExpression="pk = :pk", ConsistentRead=True,
+        ExpressionAttributeValues={":pk": {"S": f"user-sessions#{CLUSTER}#{user}"}})["Items"]
+    return {i["sk"]["S"]: i for i in items}
+
+
+def _counted(user: str) -> dict[str, int]:
+    """node -> the sessions the check would count for ``user`` there."""
+    presence = node_sessions.read_node_presence("t", CLUSTER, NOW)
+    state = node_sessions.read_users_state("t", CLUSTER, [user], NOW, presence)
+    counts = Counter(s.instance_id for s in state.nodes.ssh if s.user == user)
+    for node, unlisted in state.nodes.unlisted.items():
+        counts[node] += unlisted.get(user, 0)
+    return dict(counts)
+
+
+def test_a_slower_older_report_never_brings_back_a_user_a_newer_one_removed(table):
+    """Report 1002 (alice opens a second session) is stored and planned, then its function stalls; 1003
+    (alice gone) completes; 1002's writes land last. Nothing of alice's may stay on the node."""
+    node, other = _Node(NODES[0]), _Node(NODES[1])
+    node.reports([entry(1, "alice"), entry(3, "carol")])
+    slow, slow_sequence, slow_event = _slow_report(node, [entry(1, "alice"), entry(2, "alice"), entry(3, "carol")])
+    node.reports([entry(3, "carol")])
+    done = user_sessions.apply_user_sync("t", CLUSTER, NODES[0], slow, RECEIVED, 1_764_000_000, slow_event,
+                                         slow_sequence)
+    assert done["put"] == 0, "every write of the slower report is older than what the node now says"
+    node.reports([entry(3, "carol")])
+    node.reports([entry(3, "carol"), entry(4, "carol")])
+    other.sequence = 2_000
+    other.reports([entry(50, "alice")])
+
+    assert _counted("alice") == {NODES[1]: 1}
+    decided, _, _ = check(["alice"])
+    assert not decided.start, decided.reason
+
+
+def test_a_slower_older_report_never_brings_back_a_user_a_newer_full_rewrite_removed(table):
+    node = _Node(NODES[0])
+    node.reports([entry(1, "alice"), entry(3, "carol")])
+    slow, slow_sequence, slow_event = _slow_report(node, [entry(1, "alice"), entry(2, "alice"), entry(3, "carol")])
+    # The newer report finds the node's items not brought up to its previous report (the slow one): full.
+    assert node.reports([entry(3, "carol")]).full
+    user_sessions.apply_user_sync("t", CLUSTER, NODES[0], slow, RECEIVED, 1_764_000_000, slow_event, slow_sequence)
+    node.reports([entry(3, "carol"), entry(4, "carol")])
+    assert _counted("alice") == {} and _counted("carol") == {NODES[0]: 2}
+
+
+def test_a_full_rewrite_removes_users_its_previous_report_no_longer_names(table):
+    """The node's previous report is gone (its TTL, or a forget that stopped half way): the full rewrite
+    still finds alice's item through the node's user list."""
+    node = _Node(NODES[0])
+    node.reports([entry(1, "alice"), entry(3, "carol")])
+    report_store.forget_report("t", CLUSTER, NODES[0])
+    sync = node.reports([entry(3, "carol")])
+    assert sync.full and sync.delete == ("alice",)
+    assert _counted("alice") == {} and user_sessions.listed_users("t", CLUSTER, NODES[0]) == {"carol"}
+    assert user_sessions.is_tombstone(_user_items("alice")[NODES[0]])
+
+
+def test_a_redelivery_after_a_removal_that_never_ran_removes_the_user(table):
+    node = _Node(NODES[0])
+    node.reports([entry(1, "alice"), entry(3, "carol")])
+    node.reports([entry(3, "carol")], event_id="e-again", sync=False)  # stored, then the function stopped
+    sync = node.reports([entry(3, "carol")], event_id="e-again", sequence=node.sequence)  # EventBridge's redelivery
+    assert sync.full and sync.delete == ("alice",) and _counted("alice") == {}
+
+
+def test_a_forget_that_stopped_half_way_is_finished_by_running_it_again(table, monkeypatch):
+    nodes = busy_tier()
+    dropped = report_store.forget_report("t", CLUSTER, NODES[0])
+    real = clients.client("dynamodb").delete_item
+    calls = []
+
+    def failing(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 3:
+            raise RuntimeError("the function timed out")
+        return real(**kwargs)
+    monkeypatch.setattr(clients.client("dynamodb"), "delete_item", failing)
+    with pytest.raises(RuntimeError):
+        user_sessions.forget_node("t", CLUSTER, NODES[0], dropped)
+    monkeypatch.setattr(clients.client("dynamodb"), "delete_item", real)
+    # Run again (the agent's next enroll call), the dropped report already gone.
+    user_sessions.forget_node("t", CLUSTER, NODES[0], None)
+    assert user_sessions.listed_users("t", CLUSTER, NODES[0]) == set()
+    assert _counted("alice") == {NODES[1]: 1} and NODES[0] not in _user_items("user0x05")
+    # The new key's first report (a lower sequence) writes its users: nothing of the old key's blocks it.
+    nodes[0].reports([entry(90, "alice"), entry(95, "alice")], sequence=3)
+    assert _counted("alice") == {NODES[0]: 2, NODES[1]: 1}
+
+
+def test_a_users_first_login_on_a_node_names_them_on_one_page_of_its_list(table):
+    nodes = busy_tier()
+    table.calls.clear()
+    nodes[2].reports(others(2) + [entry(90, "alice")])
+    assert [c for c in table.calls if c[0] in ("PutItem", "UpdateItem", "DeleteItem")
+            and not c[1].startswith("node-report#")] == [
+        ("UpdateItem", f"node-users#{CLUSTER}"), ("PutItem", f"user-sessions#{CLUSTER}#alice"),
+        ("PutItem", f"node-sessions#{CLUSTER}")]
+    table.calls.clear()
+    nodes[2].reports(others(2))  # and her last logout: a tombstone, then off the list
+    assert [c for c in table.calls if c[0] in ("PutItem", "UpdateItem", "DeleteItem")
+            and not c[1].startswith("node-report#")] == [
+        ("PutItem", f"user-sessions#{CLUSTER}#alice"), ("UpdateItem", f"node-users#{CLUSTER}"),
+        ("PutItem", f"node-sessions#{CLUSTER}")]
+    assert "alice" not in user_sessions.listed_users("t", CLUSTER, NODES[2])
+
+
+def test_a_nodes_user_list_page_stays_small_with_every_user_on_one_node(table):
+    """2,000 users of 32-character names on one node (more than a report of 200 KB can name: about 880
+    listed): each page of the list, and so each write that adds or removes a name, stays small."""
+    users = [f"{n:04d}" + "u" * 28 for n in range(2_000)]
+    sync = user_sessions.plan_user_sync(None, None, {"list": [], "omittedByUser": {u: 1 for u in users}}, "e-1")
+    done = user_sessions.apply_user_sync("t", CLUSTER, NODES[0], sync, RECEIVED, 1_764_000_000, "e-1", 1_001)
+    assert done["list"] <= user_sessions.USER_LIST_PAGES * 3  # a first report names everyone in batches
+    pages = clients.client("dynamodb").query(
+        TableName="t", KeyConditionExpression="pk = :pk",
+        ExpressionAttributeValues={":pk": {"S": f"node-users#{CLUSTER}"}})["Items"]
+    sizes = [sum(len(name) + len(value["N"]) for name, value in page.items() if name.startswith("u#")) for page in pages]
+    assert len(pages) == user_sessions.USER_LIST_PAGES and sum(len(p) - 2 for p in pages) == 2_000
+    assert max(sizes) < 4 * 1024, sizes  # a few write units a change, far from DynamoDB's 400 KB item
+    print(f"2,000 users of 32 characters: largest page {max(sizes)} bytes, mean {sum(sizes) // len(sizes)}")

@@ -289,7 +289,7 @@ def measure_size(login_nodes: int, users: int, logged_in: int, baseline_mb: dict
             lambda: store(0, listed_by_node[nodes[0]], change_calls))
         report_bytes.append(size)
         event_bytes.append(len(json.dumps(event)))
-        change = session_changes.sessions_change(previous, report, event["id"])
+        change = session_changes.sessions_change(previous, report, event["id"], sync.grew)
         busiest_listed = len(report.sessions.list)
         items = ddb.query(TableName="state", KeyConditionExpression="pk = :pk",
                           ExpressionAttributeValues={":pk": {"S": node_report_partition(CLUSTER)}})["Items"]

@@ -47,6 +47,12 @@ def node_sessions_partition(cluster: str) -> str:
     return f"node-sessions#{cluster}"
 
 
+def node_users_partition(cluster: str) -> str:
+    """Which users may hold a per-user session item on each login node (sk = "<instance id>#<page>";
+    node_channel/user_sessions.py): how a full rewrite finds the items of users it does not know by name."""
+    return f"node-users#{cluster}"
+
+
 def enrollment_partition(cluster: str) -> str:
     """Which agent key speaks for each login/controller instance (node_channel/enrollment_store.py)."""
     return f"enroll#{cluster}"

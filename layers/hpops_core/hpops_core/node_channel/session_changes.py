@@ -4,7 +4,8 @@ next sweep. The decision is pure; the announcement is one PutEvents on the accou
 where node agents have no permission to put anything (their own bus is the node-report bus).
 
 Only a change is announced: an agent's heartbeat repeats its list, and a list that did not change
-cannot put anyone over a limit. A redelivery of the event that brought the stored report is
+cannot put anyone over a limit. A busy node lists each user's newest and oldest sessions and counts the
+rest (``omittedByUser``): a session that shows only in that count is a change too. A redelivery of the event that brought the stored report is
 announced again (its first announcement may be what failed); the reader is idempotent.
 """
 
@@ -31,8 +32,11 @@ def _listed(entries: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
     return {(str(e.get("path")), str(e.get("user")), str(e.get("handle"))) for e in entries}
 
 
-def sessions_change(previous: Mapping[str, Any] | None, report: NodeReport, event_id: str | None) -> SessionsChange:
-    """Pure: does this accepted report list other sessions than the node's previous stored report?
+def sessions_change(previous: Mapping[str, Any] | None, report: NodeReport, event_id: str | None,
+                    grew: Iterable[str] = ()) -> SessionsChange:
+    """Pure: does this accepted report list other sessions than the node's previous stored report, or
+    did a user gain a session there (``grew``: user_sessions.plan_user_sync's, which also sees a session
+    the node only counted)?
 
     ``previous``: report_store.store_report's return (the replaced report with its eventId), or None."""
     if report.sessions is None:
@@ -44,6 +48,9 @@ def sessions_change(previous: Mapping[str, Any] | None, report: NodeReport, even
         return SessionsChange(True, "the same report delivered again; its announcement may have failed")
     before = _listed(((previous.get("sessions") or {}).get("list") or []))
     if now == before:
+        grown = sorted(set(grew))
+        if grown:
+            return SessionsChange(True, f"same sessions listed, {len(grown)} user(s) with a new unlisted session")
         return SessionsChange(False, "same sessions as the node's previous report")
     return SessionsChange(True, f"{len(now - before)} session(s) new, {len(before - now)} gone")
 

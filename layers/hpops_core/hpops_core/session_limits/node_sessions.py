@@ -24,6 +24,7 @@ from hpops_core.common.state_table import (node_report_partition, node_sessions_
                                            user_sessions_partition)
 from hpops_core.node_channel import contract, instructions
 from hpops_core.node_channel.report_store import SK_PREFIX
+from hpops_core.node_channel.user_sessions import is_tombstone
 
 from . import ledger
 from .policy import ActiveSession
@@ -160,7 +161,7 @@ def read_users_state(table: str, cluster: str, users: Iterable[str], now: dateti
     for user in users:
         for item in _partition(ddb, table, user_sessions_partition(cluster, user), None, {}):
             instance = item["sk"]["S"]
-            if instance not in presence.fresh:
+            if instance not in presence.fresh or is_tombstone(item):  # a removed user's tombstone counts nothing
                 continue
             entries = [dict(e, user=user) for e in json.loads(item.get("sessions", {}).get("S") or "[]")]
             ssh.extend(ssh_sessions_of_report(instance, entries))
