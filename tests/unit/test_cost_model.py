@@ -90,15 +90,30 @@ def test_the_goals_hold_at_the_defaults_with_every_feature_on_and_with_the_optio
     assert cost_table(BENCH, LEAN)["automation_usd"] <= GOAL_LEAN_USD
 
 
-def test_only_the_metrics_an_alarm_of_the_stack_watches_are_billed():
+def test_only_the_metrics_an_alarm_of_the_stack_watches_are_billed_and_a_healthy_month_sends_no_failure_metric():
     keys, certificate = cost_table(BENCH), cost_table(BENCH, {"HostIdentityMode": "certificate"})
-    # Renewals cannot fail outside certificate mode; LoginImbalance exists only with load-aware admission,
-    # LeaveNoticesFailed only with leave notices on.
-    assert lines(keys)["CloudWatch custom metrics"]["quantity"] == 5
-    assert lines(certificate)["CloudWatch custom metrics"]["quantity"] == 6
-    assert lines(cost_table(BENCH, {"LoadAwareAdmission": "off"}))["CloudWatch custom metrics"]["quantity"] == 4
-    assert lines(cost_table(BENCH, {"LeaveNoticeMinutes": "off"}))["CloudWatch custom metrics"]["quantity"] == 4
+    admission_off = cost_table(BENCH, {"LoadAwareAdmission": "off"})
+    notices_off = cost_table(BENCH, {"LeaveNoticeMinutes": "off"})
+    # The upper bound, every alarm's metric sent all month: renewals cannot fail outside certificate mode;
+    # LoginImbalance exists only with load-aware admission, LeaveNoticesFailed only with leave notices on.
+    assert [t["every_alarm_all_month"]["metrics"] for t in (keys, certificate, admission_off, notices_off)] == [5, 6, 4, 4]
+    # A healthy month: only LoginImbalance (admission's dry-run reports imbalance in normal operation), all month.
+    healthy = [lines(t)["CloudWatch custom metrics"] for t in (keys, certificate, admission_off, notices_off)]
+    assert [line["quantity"] for line in healthy] == [1, 1, 0, 1]
+    assert [line["usd"] for line in healthy] == [0.30, 0.30, 0.0, 0.30]
+    assert "LoginImbalance all month" in healthy[0]["how"] and "$1.50" in healthy[0]["how"]
+    # The two totals differ by exactly the failure metrics priced all month ($0.30 each).
+    for table, failures in ((keys, 4), (certificate, 5), (admission_off, 4), (notices_off, 3)):
+        assert table["every_alarm_all_month"]["automation_usd"] == pytest.approx(table["automation_usd"] + 0.30 * failures)
     assert len(keys["metrics"]) > 40, "every figure a handler counts is still listed, as a log line"
+
+
+def test_every_alarmed_metric_is_priced_as_normal_operation_or_as_a_failure():
+    from hpops_core.common.observability import ALARMED_METRICS
+    from hpops_twin.cost_model import SENT_IN_A_HEALTHY_MONTH, SENT_ONLY_ON_FAILURE
+
+    assert SENT_IN_A_HEALTHY_MONTH | SENT_ONLY_ON_FAILURE == ALARMED_METRICS
+    assert not SENT_IN_A_HEALTHY_MONTH & SENT_ONLY_ON_FAILURE
 
 
 def test_each_line_shows_its_figure_before_the_cost_work():
@@ -124,6 +139,24 @@ def test_the_key_rotates_yearly_by_default_and_its_price_by_year_is_the_models()
     assert [float(q) for q in yearly] == [by_rotation["365"][y] for y in ("1", "2", "3")]
     longest = re.search(r"sets 2,560 \(.*?: \$([\d.]+) a month through year 7\)", text).group(1)
     assert float(longest) == by_rotation["2560"]["3"] == by_rotation["2560"]["1"]
+    paged = next(r for r in BENCH["scale_sessions"]["rows"] if r["login_nodes"] == 4)["cost"]["every_alarm_all_month_by_year_usd"]
+    upper = re.search(r"a month of pages\) the same years cost \$(\d+\.\d\d), \$(\d+\.\d\d) and \$(\d+\.\d\d)", text).groups()
+    assert [float(q) for q in upper] == [paged[y] for y in ("1", "2", "3")]
+
+
+def test_the_goals_at_a_real_clusters_size_hold_in_a_healthy_month_from_the_keys_third_year():
+    """At most $10 at the defaults with 100 users logged in and $20 at 12 login nodes and 2,000 users, the key's
+    two yearly rotations counted, in a healthy month; the upper bound (every alarm all month) is its month plus
+    the failure metrics, and stays beside it."""
+    from hpops_twin.cost_model import GOAL_100_USERS_USD, GOAL_2000_USERS_USD
+
+    rows = {r["logged_in"]: r["cost"] for r in BENCH["scale_sessions"]["rows"]}
+    assert rows[100]["automation_by_year_usd"]["3"] <= GOAL_100_USERS_USD == 10.0
+    assert rows[500]["automation_by_year_usd"]["3"] <= GOAL_2000_USERS_USD == 20.0
+    failures = BENCH["cost"]["defaults"]["every_alarm_all_month"]["automation_usd"] - BENCH["cost"]["defaults"]["automation_usd"]
+    for cost in rows.values():
+        for year, healthy in cost["automation_by_year_usd"].items():
+            assert cost["every_alarm_all_month_by_year_usd"][year] == pytest.approx(healthy + failures, abs=0.011)
 
 
 def test_each_scale_size_is_priced_from_the_figures_it_stored():

@@ -626,6 +626,17 @@ def test_cost_table(bench):
     assert (float(goal_every), float(goal_lean)) == (cost["goals"]["every_feature_usd"], cost["goals"]["lean_usd"])
     assert every["automation_usd"] <= cost["goals"]["every_feature_usd"] and defaults["automation_usd"] <= cost["goals"]["every_feature_usd"]
     assert lean["automation_usd"] <= cost["goals"]["lean_usd"]
+    # The table is a healthy month; the upper bound (every alarm's metric sent all month) is stated beside the goals.
+    upper = claim(text, r"Every alarm's metric sent all month \(a month of pages, the upper bound\): \$([\d.]+) alone and "
+                        r"\$([\d.]+) with the load balancer at the defaults, \$([\d.]+) and \$(\d+\.\d\d) with every feature on")
+    paged = [defaults["every_alarm_all_month"], every["every_alarm_all_month"]]
+    assert [float(q) for q in upper] == [t[k] for t in paged for k in ("automation_usd", "with_load_balancer_usd")]
+    metrics = next(line for line in defaults["lines"] if line["item"] == "CloudWatch custom metrics")
+    before, now, bound, count = claim(text, r"\*\*Custom metrics, \$([\d.]+) → \$([\d.]+)\.\*\*.*?the upper bound, is "
+                                            r"\$([\d.]+) \((\d+) metrics\) at the defaults")
+    assert (float(before), float(now)) == (metrics["before_usd"], metrics["usd"])
+    assert float(bound) == round(defaults["every_alarm_all_month"]["metrics"] * 0.30, 2)
+    assert int(count) == defaults["every_alarm_all_month"]["metrics"]
 
 
 # ---------------------------------------------------------------- the front door and the guide
@@ -673,6 +684,8 @@ def test_readme_cost_summary(bench):
     alone, with_lb = claim(text, r"about \*\*\$([\d.]+)\*\* a month for the automation alone, \*\*\$([\d.]+)\*\* with the load balancer")
     defaults = bench["cost"]["defaults"]
     assert (float(alone), float(with_lb)) == (defaults["automation_usd"], defaults["with_load_balancer_usd"])
+    (paged,) = claim(text, r"\$([\d.]+) alone with every alarm's metric sent all month")
+    assert float(paged) == defaults["every_alarm_all_month"]["automation_usd"]
 
 
 def test_hold_bound(bench):
@@ -772,4 +785,17 @@ def test_sessions_at_scale(bench):
                          r"\$([\d.]+) at 50.*?each logged-in user \$([\d.]+) a month")
     assert [float(q) for q in quoted[:3]] == [c["per_1000_session_changes_usd"] for c in costs]
     assert float(quoted[3]) == costs[0]["per_active_user_usd"]
+    # The goals, in a healthy month from the key's year 3, each with its upper bound (every alarm all month).
+    mid, mid_paged = claim(text, r"at 12 login nodes and 2,000 users holds: \$([\d.]+) \(\$([\d.]+) with every alarm's metric")
+    assert (float(mid), float(mid_paged)) == (costs[1]["automation_by_year_usd"]["3"],
+                                              costs[1]["every_alarm_all_month_by_year_usd"]["3"])
+    years = claim(text, r"holds in a healthy month: \$([\d.]+) in year 1, \$([\d.]+) in year 2 and \$([\d.]+) from year 3")
+    assert [float(q) for q in years] == [costs[0]["automation_by_year_usd"][y] for y in ("1", "2", "3")]
+    paged = claim(text, r"a month of pages\) \$([\d.]+), \$([\d.]+) and \$(\d+\.\d\d)")
+    assert [float(q) for q in paged] == [costs[0]["every_alarm_all_month_by_year_usd"][y] for y in ("1", "2", "3")]
+    (longest,) = claim(text, r"Rotated every 2,560 days a healthy month stays \$([\d.]+) through year 7")
+    longest_rotation = costs[0]["automation_by_rotation_usd"]["2560"]  # no rotation before year 8
+    assert float(longest) == longest_rotation["1"] == longest_rotation["3"]
+    with_lb = claim(text, r"\$([\d.]+), \$([\d.]+) and \$([\d.]+) a month with the load balancer at the three")
+    assert [float(q) for q in with_lb] == [c["with_load_balancer_usd"] for c in costs]
 

@@ -118,6 +118,18 @@ BEFORE = {
 }
 # The goals: every feature on (dashboard, per-user spend, session limits, certificates) and the optional parts off.
 GOAL_EVERY_FEATURE_USD, GOAL_LEAN_USD = 10.0, 5.0
+# At a real cluster's size (activity_cost), from the KMS key's year 3 on, in a healthy month: the defaults with
+# 100 users logged in, and 12 login nodes with 2,000 users (500 logged in).
+GOAL_100_USERS_USD, GOAL_2000_USERS_USD = 10.0, 20.0
+
+# A metric is billed only for the hours it is sent, and sent only when non-zero (ALARMED_METRICS). Sent in normal
+# operation, so priced all month in a healthy month: LoginImbalance, which load-aware admission's default dry-run
+# reports whenever the nodes' load is uneven (conservatively: all month). The others are failures: a month one of
+# them is sent is a month the operator is paged, so a healthy month has none; "every alarm all month" (the upper
+# bound) prices every one of them all month as well.
+SENT_IN_A_HEALTHY_MONTH = frozenset({"LoginImbalance"})
+SENT_ONLY_ON_FAILURE = frozenset({"HostIdentityRejected", "LoginLimitsPushFailed", "SafetyGuardTripped",
+                                  "LeaveNoticesFailed", "HostCertificateRenewalFailed"})
 
 
 def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None = None) -> dict:
@@ -190,6 +202,9 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
     # A metric is published only when ALARMED_METRICS names it, and billed only where an alarm of this stack
     # can want it: HostCertificateRenewalFailed is never non-zero outside certificate mode.
     published = [m for m in metrics if m[1] in ALARMED_METRICS and m in watched]
+    healthy = [m for m in published if m[1] in SENT_IN_A_HEALTHY_MONTH]
+    failures = sorted(name for _, name in published if name in SENT_ONLY_ON_FAILURE)
+    metric_usd = p["cloudwatch_metric_per_month"]
     dashboards = _resources(template, "AWS::CloudWatch::Dashboard", defaults)
     keys = _resources(template, "AWS::KMS::Key", defaults)
     secrets = _resources(template, "AWS::SecretsManager::Secret", defaults)
@@ -218,10 +233,13 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
              (heartbeats + usage_runs) / 1e6 * p["eventbridge_custom_per_1m_events"],
              f"{LOGIN_NODES} login-node agents report every 10 minutes; the controller ships usage every 15 minutes; "
              "scheduled rules are free"),
-        Line("CloudWatch custom metrics", len(published), "metrics", len(published) * p["cloudwatch_metric_per_month"],
-             f"only the metrics an alarm watches, sent only when non-zero (an upper bound: billed by the hour they are "
-             f"sent, $0 in a month with nothing to alarm on); the other {len(metrics) - len(published)} figures are "
-             "one log line per invocation, which the dashboard queries"),
+        Line("CloudWatch custom metrics", len(healthy), "metrics", len(healthy) * metric_usd,
+             f"only the metrics an alarm watches, sent only when non-zero and billed by the hours they are sent: "
+             + (f"{', '.join(n for _, n in healthy)} all month (normal operation); " if healthy else "")
+             + (f"{', '.join(failures)} $0 in a healthy month (one sent pages the operator; every alarm all month: "
+                f"{len(published)} metrics, ${len(published) * metric_usd:.2f}); " if failures else "")
+             + f"the other {len(metrics) - len(published)} figures are one log line per invocation, which the dashboard "
+             "queries"),
         Line("CloudWatch alarms", len(alarms), "alarms", len(alarms) * p["cloudwatch_standard_alarm_per_month"],
              "the template's alarms at its defaults"),
         Line("CloudWatch dashboard", len(dashboards), "dashboards", len(dashboards) * p["cloudwatch_dashboard_per_month"],
@@ -243,6 +261,7 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
              "standard parameters and standard-throughput calls are free"),
     ]
     automation = sum(line.usd for line in lines)
+    every_alarm = automation + (len(published) - len(healthy)) * metric_usd  # the failure metrics sent all month
     lb = [Line("Network Load Balancer", len(nlb) * HOURS_PER_MONTH, "hours",
                len(nlb) * HOURS_PER_MONTH * (p["nlb_per_hour"] + NLCU_PER_HOUR * p["nlb_per_nlcu_hour"]),
                f"hourly charge plus {NLCU_PER_HOUR} NLCU an hour (estimate for SSH traffic); none with ExistingTargetGroupArn")]
@@ -252,6 +271,9 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
             "metrics": [f"{service}/{name}" for service, name in metrics],
             "automation_usd": round(automation, 2),
             "with_load_balancer_usd": round(automation + lb[0].usd, 2),
+            # The upper bound: every alarmed metric sent all month (a month of pages).
+            "every_alarm_all_month": {"metrics": len(published), "automation_usd": round(every_alarm, 2),
+                                      "with_load_balancer_usd": round(every_alarm + lb[0].usd, 2)},
             "login_nodes": LOGIN_NODES, "hours_per_month": HOURS_PER_MONTH,
             "prices_recorded": recorded["recorded"], "region": recorded["region"]}
 
@@ -353,7 +375,7 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
     nlcu = max(ssh_gb_hours, NLCU_PER_HOUR)  # TCP: 1 GB an hour per NLCU (connections and flows stay far below theirs)
     lines = [
         Line("the default table, less 4 login nodes' heartbeats", 1, "month", base["automation_usd"] - base_heartbeats * per_heartbeat_base,
-             "cost_table at the defaults"),
+             "cost_table at the defaults, a healthy month"),
         Line("login-node heartbeats", heartbeats, "reports", report(heartbeats),
              f"{login_nodes} agents every {HEARTBEAT_SECONDS} s: event ({chunks} x 64 KB), RecordNodeReport, "
              f"{_write_units(mean_item_bytes)} write units (mean item {mean_item_bytes / 1024:.1f} KB) and the node's "
@@ -371,12 +393,16 @@ def activity_cost(login_nodes: int, active_users: int, mean_item_bytes: float, m
              f"+${kms_by_year[3]:.0f} in year 3, +${kms_by_year[10]:.0f} in year 10 (the first two rotations add $1 a month each)"),
     ]
     automation = sum(line.usd for line in lines)
+    # The upper bound: the default table's failure metrics sent all month too.
+    paged = base["every_alarm_all_month"]["automation_usd"] - base["automation_usd"]
     lb = Line("Network Load Balancer", HOURS_PER_MONTH, "hours",
               HOURS_PER_MONTH * (p["nlb_per_hour"] + nlcu * p["nlb_per_nlcu_hour"]),
               f"hourly charge plus {nlcu:.2f} NLCU an hour: {active_users} users x {SSH_MB_PER_ACTIVE_USER_HOUR} MB an hour (assumed)")
     return {"lines": [asdict(line) | {"usd": round(line.usd, 2)} for line in lines + [lb]],
             "automation_usd": round(automation, 2),
             "automation_by_year_usd": {str(y): round(automation - kms_by_year[3] + kms_by_year[y], 2) for y in kms_by_year},
+            "every_alarm_all_month_by_year_usd": {str(y): round(automation + paged - kms_by_year[3] + kms_by_year[y], 2)
+                                                  for y in kms_by_year},
             # The same month with the key rotated at KMS's shortest default (a year) and its longest period.
             "automation_by_rotation_usd": {str(days): {str(y): round(automation - kms_by_year[3] + usd, 2)
                                                       for y, usd in kms_rotation_by_year(days, p).items()}
@@ -443,12 +469,13 @@ def with_before(table: dict, before: dict) -> dict:
 def cost_section(bench: dict) -> dict:
     """The defaults, each optional part switched off alone, all of them off, and every feature on."""
     def totals(table: dict) -> dict:
-        return {k: table[k] for k in ("parameters", "automation_usd", "with_load_balancer_usd")}
+        return {k: table[k] for k in ("parameters", "automation_usd", "with_load_balancer_usd", "every_alarm_all_month")}
     return {"defaults": with_before(cost_table(bench), BEFORE["defaults"]),
             "switches": [totals(cost_table(bench, s)) for s in SWITCHES],
             "lean": with_before(cost_table(bench, LEAN), BEFORE["lean"]),
             "every_feature": totals(cost_table(bench, EVERY_FEATURE)),
-            "goals": {"every_feature_usd": GOAL_EVERY_FEATURE_USD, "lean_usd": GOAL_LEAN_USD}}
+            "goals": {"every_feature_usd": GOAL_EVERY_FEATURE_USD, "lean_usd": GOAL_LEAN_USD,
+                      "100_users_usd": GOAL_100_USERS_USD, "2000_users_usd": GOAL_2000_USERS_USD}}
 
 
 def render(table: dict) -> str:
@@ -476,12 +503,23 @@ def main(argv: list[str]) -> int:
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     cost = data["cost"]
     print(render(cost["defaults"]))
+    upper = cost["defaults"]["every_alarm_all_month"]
+    print(f"(a healthy month; every alarm's metric sent all month, the upper bound: ${upper['automation_usd']:.2f} alone, "
+          f"${upper['with_load_balancer_usd']:.2f} with the load balancer)")
     print(f"\nwith {', '.join(f'{k}={v}' for k, v in LEAN.items())} (goal: at most ${GOAL_LEAN_USD:.2f})")
     print(render(cost["lean"]))
     every = cost["every_feature"]
     print(f"\nevery feature on ({', '.join(f'{k}={v}' for k, v in EVERY_FEATURE.items())}): ${every['automation_usd']:.2f} "
           f"alone, ${every['with_load_balancer_usd']:.2f} with the load balancer (goal: at most ${GOAL_EVERY_FEATURE_USD:.2f})")
-    return 0
+    met = True
+    for row in data.get("scale_sessions", {}).get("rows", []):
+        goal = {100: GOAL_100_USERS_USD, 500: GOAL_2000_USERS_USD}.get(row["logged_in"])
+        healthy, paged = row["cost"]["automation_by_year_usd"]["3"], row["cost"]["every_alarm_all_month_by_year_usd"]["3"]
+        verdict = "" if goal is None else f" (goal: at most ${goal:.2f}: {'met' if healthy <= goal else 'MISSED'})"
+        met = met and (goal is None or healthy <= goal)
+        print(f"{row['login_nodes']} login nodes, {row['logged_in']:,} users logged in, from the key's year 3: "
+              f"${healthy:.2f} a healthy month{verdict}; every alarm all month ${paged:.2f}")
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
