@@ -456,3 +456,37 @@ def test_a_nodes_user_list_page_stays_small_with_every_user_on_one_node(table):
     assert len(pages) == user_sessions.USER_LIST_PAGES and sum(len(p) - 2 for p in pages) == 2_000
     assert max(sizes) < 4 * 1024, sizes  # a few write units a change, far from DynamoDB's 400 KB item
     print(f"2,000 users of 32 characters: largest page {max(sizes)} bytes, mean {sum(sizes) // len(sizes)}")
+
+
+def test_on_a_node_past_the_listing_limit_a_user_the_report_only_counts_is_announced_by_name(table):
+    """The agent's own listing (hpops_node_agent.ssh_sessions.reported_sessions) on a node with more
+    users than a report lists: zoe, last by name, has no session listed there at all, so her second
+    login there changes nothing but her count; with her listed session on another node she is over,
+    and that login is still announced, naming her, and starts a check."""
+    from hpops_node_agent.ssh_sessions import NodeSession, reported_sessions
+
+    base = 1_764_000_000.0
+    crowd = [NodeSession(f"5eed0b07:{10_000 + n}:{n}", f"u{n:04d}", "ssh", True, base + n) for n in range(1_100)]
+    zoe = [NodeSession(f"5eed0b07:{90_000 + k}:{k}", "zoe", "ssh", True, base - 600 + k) for k in range(2)]
+    node = _Node(NODES[0])
+    _Node(NODES[1]).reports([entry(5, "zoe")])
+
+    def send(sessions):
+        section = reported_sessions(sorted(sessions, key=lambda s: (s.started_at, s.handle)))
+        assert not [e for e in section["list"] if e["user"] == "zoe"], "zoe's sessions are counted, not listed"
+        event_id = f"e-{node.sequence + 1}"
+        previous = report_store.latest_report("t", CLUSTER, NODES[0])
+        if previous is not None:
+            previous["eventId"] = f"e-{node.sequence}"
+        sync = node.reports(section["list"], section["omittedByUser"], event_id=event_id)
+        return section, sync, sessions_change(previous, report(NODES[0], section["list"], section["omittedByUser"]),
+                                              event_id, sync.grew)
+
+    _, _, first = send(crowd + zoe[:1])
+    assert first.changed and not check(["zoe"])[0].start
+    after, sync, change = send(crowd + zoe)
+
+    assert after["omittedByUser"]["zoe"] == 2 and change.changed, change.reason
+    assert user_sessions.announced_users(sync) == ["zoe"]
+    decided, _, _ = check(["zoe"])
+    assert decided.start and decided.users == ("zoe",) and "zoe: 3 session(s), limit 2" in decided.reason
