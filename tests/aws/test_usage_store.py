@@ -451,3 +451,42 @@ def test_a_second_replacement_before_the_first_discard_finished_still_voids_the_
     usage_now, _ = month_totals(table, CLUSTER, "2026-11", now, "sweep-1")
     assert "carol" not in usage_now.users
     assert usage_now.users.get("alice", {}).get("gpu", [0])[0] == (24 * 1000 if kept else 0)
+
+
+def test_a_replaced_keys_first_window_is_read_from_its_marker_and_only_parts_from_before_markers_are_queried(table):
+    """NodeChannel has 15 s: at 10,000 users 62 days of window parts are ~190 one-MB Query pages. Each
+    key's first window is kept when its first part is stored, so once every part in reach has a marker,
+    finding it is two GetItems and no Query; parts stored by a release without markers (before
+    `writers-since`) are still found, by a Query of those windows only."""
+    from hpops_core.budget_guard.usage_store import WRITER_PREFIX, WRITERS_SINCE_SK, status_key
+
+    legacy = "SHA256:" + "l" * 43
+    first = at("2026-11-01T00:00:00")
+    for part in reports(first, first + HOUR, totals(carol_gpu=3600)):
+        store_usage(table, part, now_epoch=first + HOUR, instance_groups=ROOMY, sequence=10**15, writer=legacy)
+    for sk in (WRITER_PREFIX + legacy, WRITERS_SINCE_SK):  # as a release without markers stored it
+        boto3.client("dynamodb").delete_item(TableName=table, Key={"pk": {"S": status_key(CLUSTER)}, "sk": {"S": sk}})
+    for hour in range(1, 48):
+        start = first + hour * HOUR
+        for part in reports(start, start + HOUR, totals(carol_gpu=3600)):
+            store_usage(table, part, now_epoch=start + HOUR, instance_groups=ROOMY, sequence=10**15 + hour,
+                        writer=IMPOSTOR)
+    dynamodb, calls = boto3.client("dynamodb"), []
+    dynamodb.meta.events.register("before-call.dynamodb.*", lambda model, **_: calls.append(model.name))
+
+    def first_of(key, now):
+        calls.clear()
+        now = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+        return first_window_written(table, CLUSTER, key, now - datetime.timedelta(days=62), now, dynamodb)
+
+    now = first + 48 * HOUR
+    assert first_of(IMPOSTOR, now) == "2026-11-01T01:00:00Z"
+    assert first_of(legacy, now) == "2026-11-01T00:00:00Z" and "Query" in calls  # before markers: queried
+    # 62 days on, every part in reach has its marker: two reads, no Query, whatever the key.
+    later = first + 70 * 24 * HOUR
+    assert first_of(IMPOSTOR, later) == "2026-11-09T00:00:00Z" and calls == ["GetItem", "GetItem"]
+    assert first_of("SHA256:" + "n" * 43, later) is None and calls == ["GetItem", "GetItem"]
+    # Re-collected earlier windows move a key's marker back; later ones leave it.
+    for part in reports(first - 5 * HOUR, first - 4 * HOUR, totals(alice_gpu=60)):
+        store_usage(table, part, now_epoch=now, instance_groups=ROOMY, sequence=10**16, writer=IMPOSTOR)
+    assert first_of(IMPOSTOR, now) == "2026-10-31T19:00:00Z"

@@ -163,8 +163,9 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
                       if admission_fn in _resources(template, "AWS::Serverless::Function", defaults) else 0)
     admission_idle = bench["admission"]["rows"][0]
     # Each usage part is written with its window's running total in one transaction (twice the write units
-    # of each item, by size: 1 KB a unit), then the collector's status: per run, over its parts.
-    usage_part_writes = usage["events"] * (2 * (math.ceil(usage["bytes_shipped"] / usage["events"] / 1024) + 1) + 1)
+    # of each item, by size: 1 KB a unit), then the collector's status, and before it its writer's
+    # first-window marker (a conditional Put: a unit even when it writes nothing): per run, over its parts.
+    usage_part_writes = usage["events"] * (2 * (math.ceil(usage["bytes_shipped"] / usage["events"] / 1024) + 1) + 2)
     user_tasks = 0 if user_spend else 2  # CheckUserSpend, PublishUserSpendAlert
 
     # Certificate mode adds its daily check of every registered node (measured with nothing due).
@@ -225,7 +226,7 @@ def cost_table(bench: dict, overrides: dict | None = None, prices: dict | None =
              f"measured seconds per sweep in the twin x {memory_gb * 1024:.0f} MB; reports 0.1 s each (estimate)"),
         Line("DynamoDB on-demand writes", ddb_writes, "write units", ddb_writes / 1e6 * p["dynamodb_on_demand_per_1m_write_units"],
              "measured per sweep; one per node report; per usage part, its item and its window's total in a "
-             "transaction (2x) and the collector's status"
+             "transaction (2x), the collector's status and its writer's first-window marker"
              + ("; one per admission run" if admission_runs else "")),
         Line("DynamoDB on-demand reads", ddb_reads, "read units", ddb_reads / 1e6 * p["dynamodb_on_demand_per_1m_read_units"],
              "measured per sweep" + (" and admission run" if admission_runs else "")),

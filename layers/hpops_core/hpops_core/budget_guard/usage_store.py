@@ -12,7 +12,9 @@ Beside a window's parts, sk ``total#<windowStart>`` sums what its newest collect
 total conditional on the version read: two parts of a window arriving at once cannot both add to
 the same sum, and a part that would take the window over the groups' capacity is refused whole.
 
-Each part records its writer (the enrolled key's fingerprint). When an operator's approval or a
+Each part records its writer (the enrolled key's fingerprint), and sk ``writer#<fingerprint>`` under
+pk ``usage#<cluster>`` the first window that key's parts were stored for (``writers-since``: from
+which window on every part has one). When an operator's approval or a
 verified document replaces the controller's key, that key's parts from the first window it wrote
 (at most USAGE_RECOLLECT_MAX_WINDOWS back) are void: sk ``voided`` under pk ``usage#<cluster>`` maps
 each such fingerprint to that window, one write that every later read honours (a part of a voided
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -203,6 +205,10 @@ def store_usage(table: str, report: UsageReport, now_epoch: int, instance_groups
         "instanceId": {"S": report.instance_id},
         "ttl": {"N": str(now_epoch + USAGE_TTL_SECONDS)},
     }
+    if writer and report.status == USAGE_OK:
+        # Before the part: a marker that claims a window whose part is then refused voids nothing real,
+        # a part stored without its marker could escape a void.
+        _mark_writer(table, report.cluster, writer, report.window_start, now_epoch)
     stored = report.status == USAGE_OK and _store_window(table, window, report, instance_groups, sequence,
                                                          now_epoch + USAGE_TTL_SECONDS)
     return {"window": stored, "status": _put_if_newer(table, status, report.collected_at)}
@@ -395,21 +401,77 @@ def voided_writers(table: str, cluster: str, dynamodb: Any = None) -> dict[str, 
     return {name[len(VOIDED_PREFIX):]: value["S"] for name, value in item.items() if name.startswith(VOIDED_PREFIX)}
 
 
+WRITER_PREFIX = "writer#"  # sk under usage#<cluster>: the first window a key's parts were stored for
+WRITERS_SINCE_SK = "writers-since"  # the window from which every stored part has its writer's marker
+
+
+def _put_unless(table: str, item: dict[str, Any], condition: str, values: dict[str, Any] | None = None) -> bool:
+    """A conditional Put; False (nothing written) when its condition does not hold."""
+    try:
+        with transient_errors_named("dynamodb:PutItem"):
+            client("dynamodb").put_item(TableName=table, Item=item, ConditionExpression=condition,
+                                        **({"ExpressionAttributeValues": values} if values else {}))
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
+
+
+def _mark_writer(table: str, cluster: str, writer: str, window_start: str, now_epoch: int) -> None:
+    """Keep ``writer``'s earliest window (a small item per key, no TTL: a key's parts outlive any TTL it
+    could take), so a replaced key's windows are found with one read, not a Query of 62 days of parts
+    (first_window_written). One conditional Put; it writes only for a key's first part or an earlier
+    window, and the first write ever records since when markers are kept."""
+    pk = {"S": status_key(cluster)}
+    if _put_unless(table, {"pk": pk, "sk": {"S": WRITER_PREFIX + writer}, "firstWindow": {"S": window_start}},
+                   "attribute_not_exists(firstWindow) OR firstWindow > :window", {":window": {"S": window_start}}):
+        since = datetime.fromtimestamp(now_epoch, timezone.utc).strftime("%Y-%m-%dT%H:00:00Z")
+        _put_unless(table, {"pk": pk, "sk": {"S": WRITERS_SINCE_SK}, "since": {"S": since}}, "attribute_not_exists(pk)")
+
+
 def first_window_written(table: str, cluster: str, fingerprint: str, since: datetime, now: datetime,
                          dynamodb: Any = None) -> str | None:
     """The earliest window start at or after ``since`` holding a part ``fingerprint`` wrote; None if none.
-    One Query per month from ``since`` to ``now`` (a filter on the writer; windows' keys only)."""
+
+    Two reads: the key's marker (_mark_writer) and since when markers are kept. Only windows before
+    that (parts stored by a release without markers, at most 62 days back and fewer every day) are
+    found by a Query per month (a filter on the writer; windows' keys only). A marker older than
+    ``since`` answers ``since``'s window."""
     dynamodb = dynamodb or client("dynamodb")
     low = since.strftime("%Y-%m-%dT%H:00:00Z")
+
+    def read(sk: str) -> dict[str, Any]:
+        with transient_errors_named("dynamodb:GetItem"):
+            return dynamodb.get_item(TableName=table, Key={"pk": {"S": status_key(cluster)}, "sk": {"S": sk}},
+                                     ConsistentRead=True).get("Item") or {}
+
+    marked = read(WRITER_PREFIX + fingerprint).get("firstWindow", {}).get("S")
+    kept_since = read(WRITERS_SINCE_SK).get("since", {}).get("S")
+    found = [max(marked, low)] if marked else []
+    if kept_since is None or kept_since > low:
+        before = datetime.strptime(kept_since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc) \
+            if kept_since else now
+        scanned = _first_part_before(dynamodb, table, cluster, fingerprint, since, min(before, now), kept_since)
+        found += [scanned] if scanned else []
+    return min(found) if found else None
+
+
+def _first_part_before(dynamodb: Any, table: str, cluster: str, fingerprint: str, since: datetime, until: datetime,
+                       before: str | None) -> str | None:
+    """The earliest window from ``since`` (and before the window ``before``, if given) with a part of
+    ``fingerprint``: one Query per month, filtered on the writer, keys only."""
+    low = since.strftime("%Y-%m-%dT%H:00:00Z")
+    high = f"window#{before}" if before else "window#~"  # a part's sk "window#<start>#<part>" sorts after "window#<start>"
     month = since.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    while month <= now:
+    while month <= until:
         paginator = dynamodb.get_paginator("query")
         with transient_errors_named("dynamodb:Query"):
             for page in paginator.paginate(
                 TableName=table, KeyConditionExpression="pk = :pk AND sk BETWEEN :low AND :high",
                 FilterExpression="writer = :writer", ProjectionExpression="sk",
                 ExpressionAttributeValues={":pk": {"S": month_key(cluster, f"{month:%Y-%m}")},
-                                           ":low": {"S": f"window#{low}"}, ":high": {"S": "window#~"},
+                                           ":low": {"S": f"window#{low}"}, ":high": {"S": high},
                                            ":writer": {"S": fingerprint}},
             ):
                 starts = [item["sk"]["S"].split("#")[1] for item in page.get("Items", [])]
