@@ -5,8 +5,10 @@ runs as `python -m hpops_node_agent` with AWS_ENDPOINT_URL pointing at a moto se
 process; the test plays the stack (secret, desired-state parameters, the signer) and reads the
 agent's reports from an SQS queue behind a rule on the report bus.
 
-The tests share one node, one agent process and one moto account, and run in file order: each
-one starts from the state the previous one left (as a node's life goes).
+Each test builds its own node, agent process and moto account (a fresh node that presents the
+cluster's keys, or one still on its first-boot keys for the first test); they share only the key
+bundles, which no test changes. Each ends by checking that nothing its agent wrote or sent carries
+private key material, so any order runs.
 
 Needs /usr/sbin/sshd, ssh and ssh-keygen. Skips without them, except under CI=true where a
 missing tool is a failure.
@@ -34,8 +36,7 @@ from real_tools import MotoServer, free_port
 from hpops_core.host_identity import keys, verifier
 from hpops_core.node_channel import contract
 
-# In file order, even in a shuffled run: each test starts from the node the previous one left.
-pytestmark = [pytest.mark.realssh, pytest.mark.random_order(disabled=True)]
+pytestmark = pytest.mark.realssh
 
 SSHD = "/usr/sbin/sshd"
 SSH = "/usr/bin/ssh"
@@ -48,7 +49,8 @@ POLL_SECONDS = 2
 OUTAGE_SECONDS = 65
 KEY_NAMES = ("ed25519", "ecdsa", "rsa")
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing"}
-MEASURED: dict[str, float] = {}
+# An agent applies a new desired state within this many seconds (3 polls of POLL_SECONDS +-20 %, and a margin).
+APPLY_SECONDS = 3 * POLL_SECONDS * 1.2 + 10
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -200,11 +202,11 @@ def stop_process(process: subprocess.Popen | None) -> None:
 
 @pytest.fixture(scope="module")
 def bundles() -> dict[str, keys.HostKeyBundle]:
-    """own: the node's first-boot keys; v1: the cluster's keys; v2, v3: rotations."""
+    """own: the node's first-boot keys; v1: the cluster's keys; v2, v3: rotations. Read only."""
     return {name: keys.generate_bundle() for name in ("own", "v1", "v2", "v3")}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stack():
     stack = Stack(free_port())
     try:
@@ -213,9 +215,9 @@ def stack():
         stack.close()
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, bundles):
-    node = LoginNode(tmp_path_factory.mktemp("login-node"), free_port())
+@pytest.fixture
+def node(tmp_path, bundles):
+    node = LoginNode(tmp_path / "login-node", free_port())
     node.prepare(bundles["own"])
     node.start()
     try:
@@ -232,11 +234,12 @@ class AgentProcess:
         return self.stdout.read_text(errors="replace") + self.stderr.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory, stack, node, bundles):
-    # The cluster's keys are published before the node exists, as for a node HyperPod adds later.
+@pytest.fixture
+def agent(tmp_path, stack, node, bundles):
+    """The agent started on a fresh node, the cluster's keys (v1) published before, as for a node HyperPod adds later."""
     stack.publish_keys(bundles["v1"], "v1")
-    work = tmp_path_factory.mktemp("agent")
+    work = tmp_path / "agent"
+    work.mkdir()
     config = work / "node-agent.json"
     config.write_text(json.dumps({
         "cluster": CLUSTER, "region": REGION, "reportBus": BUS, "pollSeconds": POLL_SECONDS,
@@ -260,7 +263,15 @@ def agent(tmp_path_factory, stack, node, bundles):
         stop_process(process)
         channel.close()
         print(f"\nagent output (tail):\n{stdout.read_text()[-3000:]}\n{stderr.read_text()[-2000:]}")
-        print(f"measured: {json.dumps(MEASURED)}")
+
+
+@pytest.fixture
+def settled(stack, node, agent, bundles):
+    """A node whose agent has started and presents the cluster's keys (v1), its start report sent."""
+    assert node.wait_presenting(bundles["v1"].public_fingerprints(), 30) == bundles["v1"].public_fingerprints(), \
+        agent.output()[-2000:]
+    assert stack.wait_for_report(lambda d: d["trigger"] == "start", 15) is not None, agent.output()[-2000:]
+    return node
 
 
 def ssh_host_check(port: int, known_hosts: Path) -> tuple[bool | None, str]:
@@ -277,108 +288,7 @@ def ssh_host_check(port: int, known_hosts: Path) -> tuple[bool | None, str]:
     return None, result.stderr
 
 
-# --------------------------------------------------------------------------- (1) .. (7)
-
-
-def test_1_fresh_node_ends_up_presenting_the_cluster_keys(stack, node, agent, bundles):
-    assert node.presented() == bundles["own"].public_fingerprints()  # before: its own first-boot keys
-    assert node.wait_presenting(bundles["v1"].public_fingerprints(), 30) == bundles["v1"].public_fingerprints()
-    start = stack.wait_for_report(lambda d: d["trigger"] == "start", 15)
-    assert start is not None and start["instanceId"] == INSTANCE_ID and start["cluster"] == CLUSTER
-    assert start["hostIdentity"]["version"] == "v1" and start["hostIdentity"]["result"] in ("changed", "unchanged")
-    assert agent.process.poll() is None
-
-
-def test_2_rotation_is_applied_within_a_few_poll_intervals(stack, node, agent, bundles):
-    expected = bundles["v2"].public_fingerprints()
-    published = time.monotonic()
-    stack.publish_keys(bundles["v2"], "v2")
-    presented = node.wait_presenting(expected, 3 * POLL_SECONDS * 1.2 + 10)
-    MEASURED["rotation_publish_to_presented_seconds"] = round(time.monotonic() - published, 2)
-    print(f"\nrotation: desired state published -> new keys presented in "
-          f"{MEASURED['rotation_publish_to_presented_seconds']} s (poll {POLL_SECONDS} s +-20%)")
-    assert presented == expected
-    report = stack.wait_for_report(lambda d: d["hostIdentity"]["version"] == "v2", 10)
-    assert report is not None and report["trigger"] == "change" and report["hostIdentity"]["result"] == "changed"
-    assert report["hostIdentity"]["fingerprints"] == expected
-
-
-def test_3_sshd_t_failure_keeps_the_last_good_keys_and_reports_failed(stack, node, agent, bundles):
-    good_config = node.config.read_text()
-    node.config.write_text(good_config + "NoSuchDirective yes\n")  # sshd -t now rejects the node's config
-    try:
-        stack.publish_keys(bundles["v3"], "v3")
-        report = stack.wait_for_report(lambda d: d["hostIdentity"]["version"] == "v3", 3 * POLL_SECONDS * 1.2 + 10)
-        assert report is not None, "no report for v3"
-        assert report["hostIdentity"]["result"] == "failed"
-        assert report["hostIdentity"]["reason"].startswith("sshd -t failed")
-        assert report["hostIdentity"]["fingerprints"] == bundles["v2"].public_fingerprints()
-        assert node.presented() == bundles["v2"].public_fingerprints()
-        assert node.process.poll() is None
-        on_disk = (node.ssh_dir / "ssh_host_ed25519_key").read_text()
-        assert on_disk == bundles["v2"].ed25519.private_openssh
-    finally:
-        node.config.write_text(good_config)
-
-
-def test_4_certificate_mode_signed_from_the_reported_public_keys(stack, node, agent, tmp_path):
-    ca = keys.generate_ca()
-    stack.put(contract.host_identity_parameter(CLUSTER), {
-        "format": contract.HOST_IDENTITY_FORMAT, "mode": "certificate", "version": "c1",
-        "caFingerprint": ca.fingerprint()})
-    asking = stack.wait_for_report(lambda d: d["hostIdentity"]["mode"] == "certificate", 3 * POLL_SECONDS * 1.2 + 10)
-    assert asking is not None and asking["hostIdentity"]["result"] == "waiting"
-    public_keys = asking["hostIdentity"]["publicKeys"]
-    assert sorted(public_keys) == sorted(KEY_NAMES)
-
-    # The signer: certify exactly what the node reported, leave it in the node's parameter.
-    now = int(time.time())
-    bundle = keys.certify_host_keys(ca, public_keys, ["127.0.0.1"], f"{CLUSTER}/{INSTANCE_ID}", now - 300, now + 3600)
-    version = stack.put(contract.certificate_parameter(CLUSTER, INSTANCE_ID), bundle.to_json())
-    installed = stack.wait_for_report(lambda d: d["hostIdentity"].get("certificateVersion") == version,
-                                      3 * POLL_SECONDS * 1.2 + 10)
-    assert installed is not None and installed["hostIdentity"]["result"] == "changed"
-
-    known_hosts = tmp_path / "known_hosts"
-    known_hosts.write_text(ca.known_hosts_line(f"[127.0.0.1]:{node.port}") + "\n")
-    ok, stderr = wait_until(lambda: (lambda r: r if r[0] else None)(ssh_host_check(node.port, known_hosts)), 10) \
-        or ssh_host_check(node.port, known_hosts)
-    assert ok, stderr[-1500:]
-    assert "-CERT" in stderr  # the client really verified a host certificate
-    # Control: the same client without the CA line refuses the node.
-    known_hosts.write_text("")
-    assert ssh_host_check(node.port, known_hosts)[0] is False
-
-
-def test_5_maxlogins_lands_in_the_limits_file(stack, node, agent):
-    stack.put(contract.login_limits_parameter(CLUSTER), {
-        "format": contract.LOGIN_LIMITS_FORMAT, "version": "l1",
-        "limits": {"default": 3, "overrides": {"alice": 5}, "exempt": ["ops"]}})
-    path = node.root / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf"
-    assert wait_until(path.exists, 3 * POLL_SECONDS * 1.2 + 10)
-    text = path.read_text()
-    assert "*  hard  maxlogins  3" in text and "alice  hard  maxlogins  5" in text and "ops  hard  maxlogins" in text
-    report = stack.wait_for_report(lambda d: (d.get("loginLimits") or {}).get("version") == "l1", 10)
-    assert report is not None and report["loginLimits"]["result"] == "changed"
-
-
-def test_6_agent_survives_a_minute_without_the_endpoint(stack, node, agent):
-    pid = agent.process.pid
-    log_lines_before = agent.stdout.read_text().count("poll-failed")
-    stack.stop()
-    try:
-        time.sleep(OUTAGE_SECONDS)
-        assert agent.process.poll() is None, agent.output()[-2000:]
-        assert agent.stdout.read_text().count("poll-failed") > log_lines_before  # it noticed, and kept going
-    finally:
-        stack.restart()
-    stack.put(contract.login_limits_parameter(CLUSTER), {
-        "format": contract.LOGIN_LIMITS_FORMAT, "version": "l2", "limits": {"default": 7}})
-    path = node.root / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf"
-    assert wait_until(lambda: "*  hard  maxlogins  7" in path.read_text(), 3 * POLL_SECONDS * 1.2 + 15)
-    report = stack.wait_for_report(lambda d: (d.get("loginLimits") or {}).get("version") == "l2", 15)
-    assert report is not None
-    assert agent.process.poll() is None and agent.process.pid == pid
+# --------------------------------------------------------------------------- what no test's agent may leak
 
 
 def secret_values(pair: keys.HostKeyPair) -> list[bytes]:
@@ -431,30 +341,145 @@ def private_key_fragments(bundle: keys.HostKeyBundle) -> set[str]:
     return fragments
 
 
-def test_7_no_private_key_material_in_output_or_reports(stack, agent, bundles):
+@pytest.fixture(scope="module")
+def secret_fragments(bundles) -> dict[str, set[str]]:
+    """Each bundle's private key fragments (private_key_fragments), computed once. Read only."""
+    fragments = {name: private_key_fragments(bundle) for name, bundle in bundles.items()}
+    for name, found in fragments.items():
+        # Control: the detector does find the material in the secret itself.
+        assert sum(fragment in bundles[name].to_secret_json() for fragment in found) > 20, name
+    return fragments
+
+
+def assert_nothing_secret_sent_or_written(stack, agent, secret_fragments) -> None:
+    """No private key material in what the agent wrote or in any report it sent; every line it wrote
+    is one JSON object (journald-friendly), and every report is well-formed."""
+    from hpops_core.node_channel.report_proof import unsigned_event
+    from hpops_core.node_channel.reports import parse_report_event
+
     stack.drain()
-    assert len(stack.events) >= 5  # start, rotation, failure, certificate, limits...
+    assert stack.events, "the agent sent no report"
     sent = json.dumps(stack.events)
     output = agent.output()
     assert "PRIVATE KEY" not in output and "PRIVATE KEY" not in sent
-    for name in ("own", "v1", "v2", "v3"):
-        fragments = private_key_fragments(bundles[name])
-        # Control: the detector does find the material in the secret itself.
-        assert sum(fragment in bundles[name].to_secret_json() for fragment in fragments) > 20
+    for name, fragments in secret_fragments.items():
         for fragment in fragments:
             assert fragment not in output, f"{name} private key material in agent output"
             assert fragment not in sent, f"{name} private key material in a report"
-    # Every line the agent wrote is one JSON object (journald-friendly), and every report is well-formed.
     for line in agent.stdout.read_text().splitlines():
         assert isinstance(json.loads(line), dict)
-    from hpops_core.node_channel.report_proof import unsigned_event
-    from hpops_core.node_channel.reports import parse_report_event
     for event in stack.events:
         parse_report_event(unsigned_event(event)[0])
-    assert re.fullmatch(r"i-[a-f0-9]{17}", INSTANCE_ID)
 
 
-def test_sigterm_stops_the_agent_cleanly(agent):
+# --------------------------------------------------------------------------- a node's life, a step per test
+
+
+def test_a_fresh_node_ends_up_presenting_the_cluster_keys(stack, node, agent, bundles, secret_fragments):
+    assert node.presented() == bundles["own"].public_fingerprints()  # before: its own first-boot keys
+    assert node.wait_presenting(bundles["v1"].public_fingerprints(), 30) == bundles["v1"].public_fingerprints()
+    start = stack.wait_for_report(lambda d: d["trigger"] == "start", 15)
+    assert start is not None and start["instanceId"] == INSTANCE_ID and start["cluster"] == CLUSTER
+    assert start["hostIdentity"]["version"] == "v1" and start["hostIdentity"]["result"] in ("changed", "unchanged")
+    assert agent.process.poll() is None
+    assert re.fullmatch(r"i-[a-f0-9]{17}", start["instanceId"])
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)
+
+
+def test_a_rotation_is_applied_within_a_few_poll_intervals(stack, settled, agent, bundles, secret_fragments):
+    node, expected = settled, bundles["v2"].public_fingerprints()
+    published = time.monotonic()
+    stack.publish_keys(bundles["v2"], "v2")
+    presented = node.wait_presenting(expected, APPLY_SECONDS)
+    print(f"\nrotation: desired state published -> new keys presented in "
+          f"{round(time.monotonic() - published, 2)} s (poll {POLL_SECONDS} s +-20%)")
+    assert presented == expected
+    report = stack.wait_for_report(lambda d: d["hostIdentity"]["version"] == "v2", 10)
+    assert report is not None and report["trigger"] == "change" and report["hostIdentity"]["result"] == "changed"
+    assert report["hostIdentity"]["fingerprints"] == expected
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)
+
+
+def test_an_sshd_t_failure_keeps_the_last_good_keys_and_reports_failed(stack, settled, agent, bundles,
+                                                                       secret_fragments):
+    node, last_good = settled, bundles["v1"]
+    node.config.write_text(node.config.read_text() + "NoSuchDirective yes\n")  # sshd -t now rejects the node's config
+    stack.publish_keys(bundles["v3"], "v3")
+    report = stack.wait_for_report(lambda d: d["hostIdentity"]["version"] == "v3", APPLY_SECONDS)
+    assert report is not None, "no report for v3"
+    assert report["hostIdentity"]["result"] == "failed"
+    assert report["hostIdentity"]["reason"].startswith("sshd -t failed")
+    assert report["hostIdentity"]["fingerprints"] == last_good.public_fingerprints()
+    assert node.presented() == last_good.public_fingerprints()
+    assert node.process.poll() is None
+    assert (node.ssh_dir / "ssh_host_ed25519_key").read_text() == last_good.ed25519.private_openssh
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)
+
+
+def test_certificate_mode_signed_from_the_reported_public_keys(stack, settled, agent, tmp_path, secret_fragments):
+    node, ca = settled, keys.generate_ca()
+    stack.put(contract.host_identity_parameter(CLUSTER), {
+        "format": contract.HOST_IDENTITY_FORMAT, "mode": "certificate", "version": "c1",
+        "caFingerprint": ca.fingerprint()})
+    asking = stack.wait_for_report(lambda d: d["hostIdentity"]["mode"] == "certificate", APPLY_SECONDS)
+    assert asking is not None and asking["hostIdentity"]["result"] == "waiting"
+    public_keys = asking["hostIdentity"]["publicKeys"]
+    assert sorted(public_keys) == sorted(KEY_NAMES)
+
+    # The signer: certify exactly what the node reported, leave it in the node's parameter.
+    now = int(time.time())
+    bundle = keys.certify_host_keys(ca, public_keys, ["127.0.0.1"], f"{CLUSTER}/{INSTANCE_ID}", now - 300, now + 3600)
+    version = stack.put(contract.certificate_parameter(CLUSTER, INSTANCE_ID), bundle.to_json())
+    installed = stack.wait_for_report(lambda d: d["hostIdentity"].get("certificateVersion") == version, APPLY_SECONDS)
+    assert installed is not None and installed["hostIdentity"]["result"] == "changed"
+
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(ca.known_hosts_line(f"[127.0.0.1]:{node.port}") + "\n")
+    ok, stderr = wait_until(lambda: (lambda r: r if r[0] else None)(ssh_host_check(node.port, known_hosts)), 10) \
+        or ssh_host_check(node.port, known_hosts)
+    assert ok, stderr[-1500:]
+    assert "-CERT" in stderr  # the client really verified a host certificate
+    # Control: the same client without the CA line refuses the node.
+    known_hosts.write_text("")
+    assert ssh_host_check(node.port, known_hosts)[0] is False
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)
+
+
+def test_maxlogins_lands_in_the_limits_file(stack, settled, agent, secret_fragments):
+    stack.put(contract.login_limits_parameter(CLUSTER), {
+        "format": contract.LOGIN_LIMITS_FORMAT, "version": "l1",
+        "limits": {"default": 3, "overrides": {"alice": 5}, "exempt": ["ops"]}})
+    path = settled.root / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf"
+    assert wait_until(path.exists, APPLY_SECONDS)
+    text = path.read_text()
+    assert "*  hard  maxlogins  3" in text and "alice  hard  maxlogins  5" in text and "ops  hard  maxlogins" in text
+    report = stack.wait_for_report(lambda d: (d.get("loginLimits") or {}).get("version") == "l1", 10)
+    assert report is not None and report["loginLimits"]["result"] == "changed"
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)
+
+
+def test_the_agent_survives_a_minute_without_the_endpoint(stack, settled, agent, secret_fragments):
+    pid = agent.process.pid
+    log_lines_before = agent.stdout.read_text().count("poll-failed")
+    stack.stop()
+    try:
+        time.sleep(OUTAGE_SECONDS)
+        assert agent.process.poll() is None, agent.output()[-2000:]
+        assert agent.stdout.read_text().count("poll-failed") > log_lines_before  # it noticed, and kept going
+    finally:
+        stack.restart()
+    stack.put(contract.login_limits_parameter(CLUSTER), {
+        "format": contract.LOGIN_LIMITS_FORMAT, "version": "l2", "limits": {"default": 7}})
+    path = settled.root / "etc" / "security" / "limits.d" / "90-hpops-maxlogins.conf"
+    assert wait_until(lambda: path.exists() and "*  hard  maxlogins  7" in path.read_text(), APPLY_SECONDS + 5)
+    report = stack.wait_for_report(lambda d: (d.get("loginLimits") or {}).get("version") == "l2", 15)
+    assert report is not None
+    assert agent.process.poll() is None and agent.process.pid == pid
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)
+
+
+def test_sigterm_stops_the_agent_cleanly(stack, settled, agent, secret_fragments):
     agent.process.send_signal(signal.SIGTERM)
     assert agent.process.wait(timeout=15) == 0
     assert '"event": "stopped"' in agent.stdout.read_text()
+    assert_nothing_secret_sent_or_written(stack, agent, secret_fragments)

@@ -61,6 +61,13 @@ def test_a_module_that_uses_a_shared_resource_carries_its_marker(module):
             f"{module.name} adds users: mark it realssh or realslurm, whichever daemon they are for"
 
 
+@pytest.mark.parametrize("module", suite_modules(), ids=lambda p: str(p.relative_to(TESTS)))
+def test_no_module_is_kept_in_its_file_order(module):
+    """A shuffled run must shuffle every module: a test that needs what the one before left fails alone."""
+    assert not re.search(r"random_order\(\s*disabled\s*=\s*True", module.read_text(encoding="utf-8")), \
+        f"{module.name} keeps its file order: give each test its starting point from a fixture"
+
+
 def test_the_layout_rules_see_the_modules_they_are_for():
     """The patterns still find today's real-daemon tests (a renamed constant would blind them)."""
     found = {marker: {m.name for m in suite_modules() if marker in needed(m)[0]} for marker in USES}
