@@ -54,6 +54,7 @@ from hpops.event_files import load_event_files
 from hpops.node_reports import read_node_reports
 from hpops.output import cost_exit_status, describe_result, print_cost, print_status, status_document, top_spenders
 from hpops_core.node_channel.contract import READ_AGENT_FINGERPRINT
+from hpops_core.node_channel.enrollment import KEEP, REPLACED_KEY_USAGE
 from hpops_core.node_channel.login_slots import host_patterns
 from hpops_core.common.errors import HpopsError
 
@@ -320,11 +321,15 @@ def _run_repair(session: Any, outputs: Mapping[str, str], parameters: Mapping[st
 
 
 def adopt_stack(session: Any, stack_name: str, outputs: Mapping[str, str], parameters: Mapping[str, str],
-                run: Callable[[str, str], tuple[int, str]], now: dt.datetime, *, dry_run: bool = False) -> list:
+                run: Callable[[str, str], tuple[int, str]], now: dt.datetime, *, dry_run: bool = False,
+                replaced_key_usage: str | None = None) -> list:
     """`hpops adopt` after its arguments: plan from the cluster and the agents' reports, then on each node to
     adopt install, approve the key read there as root, and enroll, with ``run`` (Session Manager; the twin's
-    in tests). ``dry_run``: the plan only."""
+    in tests). ``dry_run``: the plan only. ``replaced_key_usage``: what becomes of the usage windows of a
+    controller key the read key replaces; by default kept (a re-imaged controller: its old key was its own)
+    unless that key was contested (enrollments.replaced_key_usage)."""
     from hpops import adopt as adoption
+    from hpops.enrollments import replaced_key_usage as usage_of_replaced
     from hpops_core.node_channel import enrollment_store
     from hpops_node_agent import __version__ as agent_version
 
@@ -340,12 +345,19 @@ def adopt_stack(session: Any, stack_name: str, outputs: Mapping[str, str], param
     if dry_run:
         return [adoption.Outcome(a, "skipped" if a.skip else "planned", a.skip or a.target) for a in plan]
 
+    standing = {r.instance_id: r for r in enrollment_store.list_enrollments(outputs["SyncStateTableName"], cluster_name,
+                                                                            dynamodb=dynamodb)[0]}
+
     def approve(adopted: Any, fingerprint: str) -> None:
         # Read as root on that very instance, through a session AWS authenticated: the operator's approval.
         moment = time.time()
+        existing = standing.get(adopted.instance_id)
+        role = "controller" if adopted.group == groups[1] else "login"
+        chosen, _ = usage_of_replaced(existing, fingerprint, role, replaced_key_usage, default=KEEP)
         enrollment_store.put_approval(outputs["SyncStateTableName"], cluster_name, adopted.instance_id, fingerprint,
                                       dt.datetime.fromtimestamp(moment, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                                      int(moment), dynamodb=dynamodb)
+                                      int(moment), dynamodb=dynamodb, replaced_key_usage=chosen,
+                                      replacing=existing.fingerprint if chosen else "")
 
     return adoption.adopt(plan, run, approve)
 
@@ -371,7 +383,8 @@ def cmd_adopt(args: argparse.Namespace) -> int:
 
     outputs, parameters, session = _stack(args.stack_name, args.region)
     run = adoption.session_runner(session.region_name)
-    outcomes = adopt_stack(session, args.stack_name, outputs, parameters, run, _utc_now(), dry_run=args.print)
+    outcomes = adopt_stack(session, args.stack_name, outputs, parameters, run, _utc_now(), dry_run=args.print,
+                           replaced_key_usage=args.replaced_key_usage)
     if args.print:
         for outcome in outcomes:
             a = outcome.adoption
@@ -736,7 +749,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     dynamodb = session.client("dynamodb")
     if args.node_command == "approve-enrollment":
         print(enrollments.approve(dynamodb, session.client("sagemaker"), table, cluster, parameters["LoginGroupName"],
-                                  parameters["ControllerGroupName"], args.node, args.fingerprint))
+                                  parameters["ControllerGroupName"], args.node, args.fingerprint,
+                                  args.replaced_key_usage))
         return 0
     for line in enrollments.listing(dynamodb, table, cluster):
         print(line)
@@ -814,6 +828,10 @@ def build_parser() -> argparse.ArgumentParser:
     adopt.add_argument("--region", help=REGION_HELP)
     adopt.add_argument("--print", action="store_true", help="print each node's start-session command, run nothing")
     adopt.add_argument("--timeout", type=float, default=600, help="seconds to wait for the repair (default 600)")
+    adopt.add_argument("--replaced-key-usage", choices=REPLACED_KEY_USAGE,
+                       help="a controller whose agent key changed (re-imaged, key lost): keep the usage windows its "
+                            "old key sent (the default, unless that key was contested) or discard them (voided, "
+                            "re-collected from Slurm accounting)")
     adopt.set_defaults(func=cmd_adopt)
 
     lifecycle = commands.add_parser("lifecycle", help="write the node agent bundle for the cluster's lifecycle scripts")
@@ -897,6 +915,11 @@ def build_parser() -> argparse.ArgumentParser:
     approval.add_argument("--fingerprint", required=True, metavar="SHA256:...",
                           help=f"what `{READ_AGENT_FINGERPRINT}` prints on that node (Session Manager, as root); "
                                "`hpops adopt` prints it for every node it installs")
+    approval.add_argument("--replaced-key-usage", choices=REPLACED_KEY_USAGE, metavar="keep|discard",
+                          help="a controller only: whether the usage windows of the key this replaces were the "
+                               "node's own (keep: re-image, lost key) or not (discard: voided, re-collected from "
+                               "Slurm accounting). Default: keep when that key was proven (document or approval), "
+                               "discard when contested; required when it was enrolled by window alone")
     for sub in (listed, approval):
         sub.add_argument("--stack-name", required=True, help=STACK_HELP)
         sub.add_argument("--region", help=REGION_HELP)

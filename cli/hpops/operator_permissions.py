@@ -133,6 +133,8 @@ COMMANDS: dict[str, tuple[Call, ...]] = {
     # An approval, never an enrollment: the agent's own enroll call uses it (NodeChannel writes the record).
     "node approve-enrollment": READ_STACK + (
         Call("sagemaker", "DescribeClusterNode", "sagemaker:DescribeClusterNode", CLUSTER),
+        # The standing enrollment: whose key the approval replaces decides its usage windows' default.
+        Call("dynamodb", "GetItem", "dynamodb:GetItem", TABLE, ENROLLMENTS),
         Call("dynamodb", "PutItem", "dynamodb:PutItem", TABLE, APPROVALS),
     ),
     # Session Manager into each running node of the cluster (its one document only: the target's type is

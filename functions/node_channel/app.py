@@ -37,6 +37,7 @@ from hpops_core.node_channel.enrollment import (
     decide_enrollment,
     parse_statement,
     precheck,
+    replacing,
     signed_document,
 )
 
@@ -67,7 +68,8 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
     if decision.resets and existing is not None and existing.fingerprint != decision.record.fingerprint:
         # Stored with the record: if this call fails before the old key's leftovers are gone, the agent's
         # next enroll call ("already") finishes the discard.
-        decision = replace(decision, record=replace(decision.record, replaced_key=existing.fingerprint))
+        decision = replace(decision, record=replacing(decision.record, existing,
+                                                      approval if decision.outcome == "re-enroll" else None))
     log = {"instanceId": statement.instance_id, "fingerprint": fingerprint, "outcome": decision.outcome,
            "reason": decision.reason}
     if decision.outcome == "enroll" and not enrollment_store.put_first(config.state_table, decision.record):
@@ -111,28 +113,32 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
 
 def discard_replaced(config: NodeChannelConfig, record, now: datetime):
     """Whatever the key ``record.replaced_key`` left counts for nothing: its stored report (and
-    sequence) goes with the node's per-user session items; on a controller, its usage windows from the
+    sequence) goes with the node's per-user session items. On a controller, unless the operator's
+    approval said that key was the node's own (``replaced_usage_kept``), its usage windows from the
     first it wrote (at most USAGE_RECOLLECT_MAX_WINDOWS back) are voided (one write every sweep reads),
-    its holds report goes, and the new key's agent is told to re-collect those hours from Slurm
-    accounting. Every step can run again: the record keeps replaced_key until the last one is done, so
-    a call that fails half way is finished by the agent's next enroll call; a retry at most drops a
-    report the new key sent meanwhile (sent again at its next poll). Returns the record with
-    replaced_key cleared and recollect_from set when there is anything to re-collect."""
+    as are those of any earlier replaced key whose discard had not finished, its holds report goes, and
+    the new key's agent is told to re-collect those hours from Slurm accounting. Every step can run
+    again: the record keeps replaced_key until the last one is done, so a call that fails half way is
+    finished by the agent's next enroll call; a retry at most drops a report the new key sent meanwhile
+    (sent again at its next poll). Returns the record with replaced_key cleared and recollect_from set
+    when there is anything to re-collect."""
     dropped = report_store.forget_report(config.state_table, config.cluster_name, record.instance_id)
     user_sessions.forget_node(config.state_table, config.cluster_name, record.instance_id, dropped)
-    first = None
-    if record.role == "controller":
+    firsts = []
+    if record.role == "controller" and record.keys_to_void:
         since = now - timedelta(seconds=USAGE_WINDOW_SECONDS * USAGE_RECOLLECT_MAX_WINDOWS)
-        first = usage_store.first_window_written(config.state_table, config.cluster_name, record.replaced_key,
-                                                 since, now)
+        for key in record.keys_to_void:
+            first = usage_store.first_window_written(config.state_table, config.cluster_name, key, since, now)
+            if first is not None:
+                usage_store.void_writer(config.state_table, config.cluster_name, key, first, int(now.timestamp()))
+                firsts.append(first)
         hold_state.forget_agent_report(config.state_table, config.cluster_name)
-        if first is not None:
-            usage_store.void_writer(config.state_table, config.cluster_name, record.replaced_key, first,
-                                    int(now.timestamp()))
+    first = min(firsts, default="")
     if not enrollment_store.finish_replacement(config.state_table, config.cluster_name, record.instance_id,
-                                               record.fingerprint, first or ""):
+                                               record.fingerprint, first):
         return record  # another key was enrolled meanwhile: its own call answers for it
-    return replace(record, replaced_key="", recollect_from=first or record.recollect_from)
+    return replace(record, replaced_key="", replaced_usage_kept=False, earlier_replaced_keys=(),
+                   recollect_from=first or record.recollect_from)
 
 
 # action -> handler(config, request, now) -> answer

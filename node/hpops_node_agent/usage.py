@@ -45,6 +45,11 @@ SACCT_TIMEOUT_SECONDS = 120
 # a longer outage loses the oldest windows (logged), never floods slurmdbd.
 MAX_ENDED_WINDOWS_PER_RUN = 24
 MAX_BACKLOG_WINDOWS = 7 * 24
+# Re-reading hours the stack voided (a replaced controller key's) restores rightly held users' spend,
+# so it goes faster, once per marker: at most this many windows a run (four days) and this many seconds
+# of sacct time, the current month first.
+MAX_RECOLLECT_WINDOWS_PER_RUN = 4 * 24
+MAX_RECOLLECT_SACCT_SECONDS_PER_RUN = 300
 STATE_FILE = "usage-state.json"
 REASON_MAX = 300
 # What sacct prints when slurm.conf has AccountingStorageType=accounting_storage/none.
@@ -73,6 +78,16 @@ class JobAllocation(NamedTuple):
     start: int
     end: Optional[int]  # None: still allocated (End "Unknown")
     elapsed: Optional[int]
+
+
+class Recollection(NamedTuple):
+    """Where re-reading voided hours stands: all from ``since``; now the window ``cursor`` of the
+    segment (one month) ending at ``until``; ``marker``: the stack's marker it obeys."""
+
+    since: int
+    cursor: int
+    until: int
+    marker: Any
 
 
 class SacctResult(NamedTuple):
@@ -106,25 +121,39 @@ def window_start_of(epoch: float, window_seconds: int = contract.USAGE_WINDOW_SE
 
 def due_windows(now: float, final_through: Optional[int], window_seconds: int = contract.USAGE_WINDOW_SECONDS,
                 max_ended: int = MAX_ENDED_WINDOWS_PER_RUN,
-                max_backlog: int = MAX_BACKLOG_WINDOWS, recollect_from: Optional[int] = None) -> Tuple[List[int], int]:
+                max_backlog: int = MAX_BACKLOG_WINDOWS) -> Tuple[List[int], int]:
     """(window starts to read this run, oldest first, ending with the current window; windows dropped).
 
     ``final_through`` is the end of the last window shipped as final (None on a fresh node: start
     with the previous window). Ended windows not yet final (settle delay) are read every run.
-    ``recollect_from``: the stack voided windows from there on (``final_through`` was moved back to it):
-    they are read again however old (up to contract.USAGE_RECOLLECT_MAX_WINDOWS), never dropped as an
-    outage's backlog would be.
+    Hours the stack voided are read again apart from these (recollect_segment).
     """
     current = window_start_of(now, window_seconds)
     first = current - window_seconds if final_through is None else window_start_of(final_through, window_seconds)
-    if recollect_from is not None:
-        max_backlog = max(max_backlog, min(contract.USAGE_RECOLLECT_MAX_WINDOWS,
-                                           (current - window_start_of(recollect_from, window_seconds)) // window_seconds))
     oldest_kept = current - max_backlog * window_seconds
     dropped = max(0, (oldest_kept - first) // window_seconds)
     first = max(first, oldest_kept)
     ended = list(range(first, current, window_seconds))[:max_ended]
     return ended + [current], dropped
+
+
+def month_start_of(epoch: int) -> int:
+    moment = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
+    return int(moment.replace(day=1, hour=0, minute=0, second=0).timestamp())
+
+
+def last_final_end(now: float, window_seconds: int = contract.USAGE_WINDOW_SECONDS,
+                   settle_seconds: int = contract.USAGE_SETTLE_SECONDS) -> int:
+    """The end of the newest window that is final at ``now`` (is_final)."""
+    return window_start_of(now - window_seconds - settle_seconds, window_seconds) + window_seconds
+
+
+def recollect_segment(since: int, until: int) -> Optional[Tuple[int, int]]:
+    """The newest month's part of the voided hours [since, until): (first window, end), re-read before
+    older months' (the current month's spend is what holds users); None when nothing is left."""
+    if until <= since:
+        return None
+    return max(since, month_start_of(until - 1)), until
 
 
 def is_final(window_start: int, now: float, window_seconds: int = contract.USAGE_WINDOW_SECONDS,
@@ -575,11 +604,13 @@ class UsageCollector:
         value = self._state().get("finalThrough")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
 
-    def _recollecting(self, marker: Optional[str]) -> Optional[int]:
-        """The epoch to re-collect from: a new marker from the stack (the enroll answer's "recollectFrom")
-        is obeyed once, and kept until every window from it was shipped final again."""
+    def _recollecting(self, marker: Optional[str], now: float) -> Optional[Recollection]:
+        """The voided hours still to read again, or None.
+
+        A new marker from the stack (the enroll answer's "recollectFrom") is obeyed once: every window
+        final by now from it on is read again, newest month first (recollect_segment), apart from the
+        usual backlog; once the oldest month is done the state forgets all but the marker."""
         state = self._state()
-        since = state.get("recollectFrom")
         if marker and marker != state.get("recollectMarker"):
             try:
                 since = parse_time(marker[:-1]) if marker.endswith("Z") else None
@@ -588,27 +619,64 @@ class UsageCollector:
             if since is None:
                 self.log("usage-recollect-ignored", reason="not an ISO UTC time")
                 return None
+            since = window_start_of(max(since, window_start_of(now) - contract.USAGE_RECOLLECT_MAX_WINDOWS
+                                        * contract.USAGE_WINDOW_SECONDS))
             self.log("usage-recollect", windowStart=iso(since), reason="the stack voided a replaced key's windows")
-            final = self._final_through()
-            self._save_final_through(since if final is None else min(final, window_start_of(since)),
-                                     recollectFrom=since, recollectMarker=marker)
-            return since
-        if not isinstance(since, int) or isinstance(since, bool):
+            return self._save_recollect(since, recollect_segment(since, last_final_end(now)), marker)
+        since, cursor, until = (state.get(key) for key in ("recollectFrom", "recollectNext", "recollectUntil"))
+        marker = state.get("recollectMarker")
+        if not _is_epoch(since):
             return None
-        final = self._final_through()
-        return since if final is None or final <= window_start_of(self.clock()) else None
+        if not (_is_epoch(cursor) and _is_epoch(until)):
+            # Kept by an agent before segments: what it shipped final (finalThrough) was read again already.
+            final = self._final_through()
+            since = max(since, final) if final is not None else since
+            return self._save_recollect(since, recollect_segment(since, last_final_end(now)), marker)
+        if cursor < until:
+            return Recollection(since, cursor, until, marker)
+        return self._next_segment(Recollection(since, cursor, until, marker))
 
-    def _save_final_through(self, epoch: int, **recollect: Any) -> None:
+    def _next_segment(self, done: Recollection) -> Optional[Recollection]:
+        """The segment before the one just read again: the month before, or None when it was the oldest."""
+        segment = recollect_segment(done.since, done.until)
+        return self._save_recollect(done.since, recollect_segment(done.since, segment[0]) if segment else None,
+                                    done.marker)
+
+    def _save_recollect(self, since: int, segment: Optional[Tuple[int, int]], marker: Any,
+                        ) -> Optional[Recollection]:
+        if segment is None:
+            self.log("usage-recollect-done", windowStart=iso(since), reason="every voided hour was read again")
+            self._save_state(recollectMarker=marker)
+            return None
+        place = Recollection(since, segment[0], segment[1], marker)
+        self._save_place(place)
+        return place
+
+    def _save_place(self, place: Recollection) -> None:
+        self._save_state(recollectFrom=place.since, recollectNext=place.cursor, recollectUntil=place.until,
+                         recollectMarker=place.marker)
+
+    def _final_through_state(self) -> Dict[str, Any]:
+        final = self._final_through()
+        return {} if final is None else {"finalThrough": final, "finalThroughTime": iso(final)}
+
+    def _save_final_through(self, epoch: int) -> None:
+        kept = {key: value for key, value in self._state().items() if key.startswith("recollect")}
+        self._write_state(dict(kept, finalThrough=epoch, finalThroughTime=iso(epoch)))
+
+    def _save_state(self, **recollect: Any) -> None:
+        """The re-collection's place (recollect* keys; only those given are kept) beside finalThrough."""
+        self._write_state(dict(self._final_through_state(), **recollect))
+
+    def _write_state(self, state: Dict[str, Any]) -> None:
         if not self.state_path:
             return
         directory = os.path.dirname(self.state_path)
         temporary = self.state_path + ".tmp"
-        kept = {key: value for key, value in self._state().items() if key in ("recollectFrom", "recollectMarker")}
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump(dict(kept, finalThrough=epoch, finalThroughTime=iso(epoch), **recollect), handle,
-                          sort_keys=True)
+                json.dump(state, handle, sort_keys=True)
             os.chmod(temporary, 0o600)
             os.replace(temporary, self.state_path)
         except OSError as error:
@@ -623,11 +691,12 @@ class UsageCollector:
         A window becomes final-and-shipped (state advances past it) only after ``ship`` accepted it.
         When sacct cannot answer, one status report (for the current window) is shipped and the
         state stays where it is, so the windows are read once accounting answers again.
-        ``recollect``: the stack's "recollectFrom" marker (ISO UTC), obeyed once (_recollecting)."""
+        ``recollect``: the stack's "recollectFrom" marker (ISO UTC), obeyed once (_recollecting): after
+        the due windows, up to MAX_RECOLLECT_WINDOWS_PER_RUN voided hours are read again."""
         now = self.clock()
         sacct = find_sacct(self.sacct_cmd)
-        recollect_from = self._recollecting(recollect)  # first: obeying a new marker moves finalThrough back
-        starts, dropped = due_windows(now, self._final_through(), recollect_from=recollect_from)
+        segment = self._recollecting(recollect, now)  # first: an older agent's state reads finalThrough
+        starts, dropped = due_windows(now, self._final_through())
         if dropped:
             self.log("usage-windows-dropped", windows=dropped, reason="backlog older than {} h".format(
                 MAX_BACKLOG_WINDOWS * contract.USAGE_WINDOW_SECONDS // 3600))
@@ -643,10 +712,36 @@ class UsageCollector:
                                       agent_version=self.agent_version, partitions=partitions)
                 reports.append(report)
                 ship(split_report(report))
-                break
+                return reports
             reports.append(report)
             if not ship(split_report(report)):
-                break
+                return reports
             if report["final"]:
                 self._save_final_through(start + contract.USAGE_WINDOW_SECONDS)
+        return reports + self._recollect(segment, now, sacct, partitions, note, ship)
+
+    def _recollect(self, place: Optional[Recollection], now: float, sacct: Optional[str], partitions: PartitionGroups,
+                   note: str, ship: Callable[[List[Dict[str, Any]]], bool]) -> List[Dict[str, Any]]:
+        """Voided hours read again, a segment (one month) at a time, newest month first; the place is kept
+        after every window shipped, so a failed send or an sacct error resumes there next run."""
+        reports: List[Dict[str, Any]] = []
+        sacct_seconds = 0.0
+        while place is not None:
+            while place.cursor < place.until:
+                if len(reports) >= MAX_RECOLLECT_WINDOWS_PER_RUN or sacct_seconds >= MAX_RECOLLECT_SACCT_SECONDS_PER_RUN:
+                    return reports
+                report = self.collect(place.cursor, now, sacct, partitions, note)
+                sacct_seconds += report["sacctSeconds"]
+                if report["status"] != contract.USAGE_OK or not report["final"]:
+                    return reports  # the due windows' run said it already; read again next run
+                reports.append(report)
+                if not ship(split_report(report)):
+                    return reports
+                place = place._replace(cursor=place.cursor + contract.USAGE_WINDOW_SECONDS)
+                self._save_place(place)
+            place = self._next_segment(place)
         return reports
+
+
+def _is_epoch(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -398,3 +398,56 @@ def test_a_replaced_keys_windows_count_for_nothing_from_the_first_it_wrote_and_t
         assert store_usage(table, part, now_epoch=W0, instance_groups=ROOMY, sequence=5, writer=REAL)["window"]
     usage, _ = month_totals(table, CLUSTER, "2026-11", now, "sweep-3")
     assert usage.users["alice"]["gpu"][0] == 24 * 1000 + 900 and "carol" not in usage.users
+
+
+def _node_channel():
+    """functions/node_channel/app.py as Lambda loads it (its own directory is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "functions" / "node_channel" / "app.py"
+    spec = importlib.util.spec_from_file_location("usage_store_test_node_channel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_second_replacement_before_the_first_discard_finished_still_voids_the_first_replaced_key(table, kept):
+    """Key A (an impostor) wrote day 1; the operator approved B over it, but NodeChannel failed before the
+    discard (the record still names A). Before B's agent asks again, the operator approves C over B (a
+    re-image: B's day-2 windows kept, or not). C's discard voids A's windows too: A's day never counts."""
+    from types import SimpleNamespace
+
+    from hpops_core.node_channel import enrollment_store
+    from hpops_core.node_channel.enrollment import Approval, Enrollment, replacing
+
+    a, b, c = ("SHA256:" + letter * 43 for letter in "abc")
+    first = at("2026-11-01T00:00:00")
+    for hour in range(48):
+        start, writer = first + hour * HOUR, a if hour < 24 else b
+        found = totals(carol_gpu=3600) if hour < 24 else totals(alice_gpu=1000)
+        for part in reports(start, start + HOUR, found):
+            store_usage(table, part, now_epoch=W0, instance_groups=ROOMY, sequence=10**15 + hour, writer=writer)
+
+    def enrolled(fingerprint, via):
+        return Enrollment(CLUSTER, INSTANCE_ID, "ssh-ed25519 " + "A" * 68, fingerprint, "controller-machine",
+                          "controller", "10.1.0.9", "enrolled", "2026-11-03T00:00:00Z", via)
+
+    standing = replacing(enrolled(b, "approval"), enrolled(a, "window"), None)  # stored, discard unfinished
+    assert standing.keys_to_void == (a,)
+    approval = Approval(INSTANCE_ID, c, "2026-11-03T00:00:00Z", keep_usage_of=b if kept else "")
+    record = replacing(enrolled(c, "approval"), standing, approval)
+    assert record.keys_to_void == ((a,) if kept else (a, b))
+    enrollment_store.put_first(table, record)
+
+    now = datetime.datetime.fromtimestamp(first + 48 * HOUR, datetime.timezone.utc)
+    finished = _node_channel().discard_replaced(SimpleNamespace(state_table=table, cluster_name=CLUSTER), record, now)
+    voided = {a: "2026-11-01T00:00:00Z"} | ({} if kept else {b: "2026-11-02T00:00:00Z"})
+    assert voided_writers(table, CLUSTER) == voided
+    assert (finished.replaced_key, finished.recollect_from) == ("", "2026-11-01T00:00:00Z")
+    stored = enrollment_store.get_enrollment(table, CLUSTER, INSTANCE_ID)
+    assert (stored.replaced_key, stored.earlier_replaced_keys, stored.recollect_from) == ("", (), "2026-11-01T00:00:00Z")
+    usage_now, _ = month_totals(table, CLUSTER, "2026-11", now, "sweep-1")
+    assert "carol" not in usage_now.users
+    assert usage_now.users.get("alice", {}).get("gpu", [0])[0] == (24 * 1000 if kept else 0)

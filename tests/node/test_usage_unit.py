@@ -418,31 +418,106 @@ def test_run_once_ships_due_windows_and_remembers_only_final_shipped_ones(tmp_pa
     assert json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())["finalThrough"] == W0 + HOUR
 
 
-def test_the_stacks_recollect_marker_reads_every_voided_hour_again_once_however_old(tmp_path):
-    """The stack voided a replaced key's windows from 12 days back (older than an outage's 7-day
-    backlog): the agent reads every one of those hours again, 24 a run, drops none, and obeys the
-    same marker only once."""
-    sacct = fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
-    shipped: list = []
-    collector(tmp_path, sacct, NOW).run_once(lambda parts: shipped.append(parts) or True)
-    marker = usage.iso(W0 - 12 * 24 * HOUR)
-    starts: list = []
-    for run in range(20):
-        reports = collector(tmp_path, sacct, NOW).run_once(lambda parts: True, marker)
-        starts += [r["windowStart"] for r in reports if r["final"]]
-        if len(reports) == 1:
+def quick_collector(tmp_path: Path, now: float, calls: list | None = None) -> usage.UsageCollector:
+    """A collector whose sacct is canned output in-process (thousands of windows; the subprocess and its
+    arguments are tested above): records each window it was asked for in ``calls``."""
+    sacct = tmp_path / "bin" / "sacct"
+    if not sacct.exists():
+        fake_sacct(tmp_path / "bin", stdout="\n".join(LINES) + "\n")
+
+    def run(command, **_):
+        if calls is not None and "-S" in command:
+            calls.append(command[command.index("-S") + 1])
+        return subprocess.CompletedProcess(command, 0, ("\n".join(LINES) + "\n").encode(), b"")
+
+    return usage.UsageCollector(CLUSTER, INSTANCE_ID, state_path=str(tmp_path / "state" / usage.STATE_FILE),
+                                sacct_cmd=str(sacct), clock=lambda: now, run=run)
+
+
+def recollected(tmp_path: Path, now: float, marker: str, runs: int = 40) -> list:
+    """Each run's re-read final windows (ISO starts, after the run's due windows), until a run re-reads none."""
+    per_run: list = []
+    for _ in range(runs):
+        due = {usage.iso(start) for start in usage.due_windows(now, quick_collector(tmp_path, now)._final_through())[0]}
+        reports = quick_collector(tmp_path, now).run_once(lambda parts: True, marker)
+        again = [r["windowStart"] for r in reports if r["windowStart"] not in due]
+        if not again:
             break
-    expected = [usage.iso(W0 - 12 * 24 * HOUR + hour * HOUR) for hour in range(12 * 24)]
-    assert starts == expected, "every voided hour read again, oldest first, none dropped"
-    assert run == 12  # 288 hours at 24 a run, then only the open window
+        per_run.append(again)
+    return per_run
+
+
+def test_the_stacks_recollect_marker_reads_every_voided_hour_again_once_the_current_month_first(tmp_path):
+    """The stack voided a replaced key's windows from Nov 11 (older than an outage's 7-day backlog): the
+    agent reads every one of those hours again, the current month (November) first, 96 a run beside its
+    due windows, drops none, and obeys the same marker only once."""
+    now = at("2026-12-03T06:55:00")
+    quick_collector(tmp_path, now).run_once(lambda parts: True)
+    since = at("2026-11-11T00:00:00")
+    per_run = recollected(tmp_path, now, usage.iso(since))
+    starts = [start for run in per_run for start in run]
+    december, november = at("2026-12-01T00:00:00"), at("2026-11-11T00:00:00")
+    current = [usage.iso(december + hour * HOUR) for hour in range((now // HOUR * HOUR - december) // HOUR)]
+    older = [usage.iso(november + hour * HOUR) for hour in range((december - november) // HOUR)]
+    assert starts == current + older, "December's hours first, then November's, each once, none dropped"
+    assert [len(run) for run in per_run][:-1] == [usage.MAX_RECOLLECT_WINDOWS_PER_RUN] * (len(per_run) - 1)
     state = json.loads((tmp_path / "state" / usage.STATE_FILE).read_text())
-    assert (state["finalThrough"], state["recollectMarker"]) == (W0, marker)
+    assert set(state) == {"finalThrough", "finalThroughTime", "recollectMarker"}, "re-collection is over"
     # The same marker again (the enroll answer repeats it every recheck): nothing is read twice.
-    again = collector(tmp_path, sacct, NOW).run_once(lambda parts: True, marker)
-    assert [r["windowStart"] for r in again] == [usage.iso(W0)]
+    again = quick_collector(tmp_path, now).run_once(lambda parts: True, usage.iso(since))
+    assert [r["windowStart"] for r in again] == [usage.iso(now // HOUR * HOUR)]
     # Garbage from the stack moves nothing.
-    assert [r["windowStart"] for r in collector(tmp_path, sacct, NOW).run_once(lambda parts: True, "yesterday")] == [
-        usage.iso(W0)]
+    assert [r["windowStart"] for r in quick_collector(tmp_path, now).run_once(lambda parts: True, "yesterday")] == [
+        usage.iso(now // HOUR * HOUR)]
+
+
+def test_a_voided_hour_not_sent_is_read_again_at_the_next_run(tmp_path):
+    now = at("2026-11-20T12:05:00")
+    quick_collector(tmp_path, now).run_once(lambda parts: True)
+    marker = usage.iso(at("2026-11-19T00:00:00"))
+    sent: list = []
+
+    def ship_four(parts):
+        if len(sent) >= 4:
+            return False
+        sent.append(parts[0]["windowStart"])
+        return True
+
+    quick_collector(tmp_path, now).run_once(ship_four, marker)
+    # The due windows first (11:00, not final yet, and the open 12:00), then the voided hours until a send fails.
+    assert sent == ["2026-11-20T11:00:00Z", "2026-11-20T12:00:00Z", "2026-11-19T00:00:00Z", "2026-11-19T01:00:00Z"]
+    per_run = recollected(tmp_path, now, marker)
+    assert per_run[0][0] == "2026-11-19T02:00:00Z" and len(per_run) == 1
+
+
+def test_once_the_voided_hours_are_read_again_the_backlog_is_seven_days_again(tmp_path):
+    """Re-collection ends: after it, an agent down for ten days sends the last seven days' windows and
+    drops the older ones, as any outage (re-collection's wider reach is for voided hours only)."""
+    now = at("2026-11-20T12:15:00")
+    quick_collector(tmp_path, now).run_once(lambda parts: True)
+    assert recollected(tmp_path, now, usage.iso(at("2026-10-01T00:00:00")))
+    logged: list = []
+    later = now + 10 * 24 * HOUR
+    collector_later = quick_collector(tmp_path, later)
+    collector_later.log = lambda event, **fields: logged.append((event, fields))
+    reports = collector_later.run_once(lambda parts: True, usage.iso(at("2026-10-01T00:00:00")))
+    assert reports[0]["windowStart"] == usage.iso(later // HOUR * HOUR - usage.MAX_BACKLOG_WINDOWS * HOUR)
+    assert len(reports) == usage.MAX_ENDED_WINDOWS_PER_RUN + 1
+    assert [fields["windows"] for event, fields in logged if event == "usage-windows-dropped"] == [3 * 24]
+
+
+def test_at_day_20_the_current_month_is_whole_again_within_five_runs(tmp_path):
+    """The measure docs/node-agent.md quotes: a controller key replaced on the 20th at noon after 62 days
+    of windows. Runs (one per usageSeconds, 15 minutes by default) until every voided hour of the
+    current month was read again, and until all of them were."""
+    now = at("2026-11-20T12:05:00")
+    quick_collector(tmp_path, now).run_once(lambda parts: True)
+    marker = usage.iso(now // HOUR * HOUR - contract.USAGE_RECOLLECT_MAX_WINDOWS * HOUR)
+    per_run = recollected(tmp_path, now, marker)
+    month = usage.iso(at("2026-11-01T00:00:00"))
+    whole = next(index for index, run in enumerate(per_run, 1) if any(start < month for start in run)
+                 or index == len(per_run))
+    assert whole == 5 and len(per_run) == 16  # Nov 1-20 noon (467 h) in 5 runs; all 62 days in 16
 
 
 def test_run_once_without_accounting_sends_one_status_and_keeps_its_place(tmp_path):

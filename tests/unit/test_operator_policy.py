@@ -93,8 +93,9 @@ def test_every_wildcard_statement_says_why_and_every_other_names_the_stacks_reso
         "dynamodb:Query": ["approval#ml-research", "budget#ml-research", "enroll#ml-research", "node-report#ml-research",
                            "usage#ml-research", "usage#ml-research#*"]}
     # The administrator writes approvals (their own partition) and releases, never an enrollment; adopt
-    # reads the enrollments to say which nodes it admitted.
+    # reads the enrollments to say which nodes it admitted, an approval the one it replaces (whose usage).
     assert kinds(changes) == {"dynamodb:PutItem": ["approval#ml-research", "budget#ml-research"],
+                              "dynamodb:GetItem": "enroll#ml-research",
                               "dynamodb:UpdateItem": "cluster#ml-research",
                               "dynamodb:Query": ["enroll#ml-research", "node-report#ml-research"]}
     for statement in document["Statement"]:

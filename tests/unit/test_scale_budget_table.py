@@ -1,5 +1,5 @@
 """docs/performance.md's table of the budget paths at 200 / 2,000 / 10,000 users is what `make bench`
-measured (docs/bench.json, key scaleBudget: twin/hpops_twin/scale_budget_bench.py), and every size
+measured (docs/bench.json, key scale_budget: twin/hpops_twin/scale_budget_bench.py), and every size
 met its targets."""
 
 from __future__ import annotations

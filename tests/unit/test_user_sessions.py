@@ -490,3 +490,17 @@ def test_on_a_node_past_the_listing_limit_a_user_the_report_only_counts_is_annou
     assert user_sessions.announced_users(sync) == ["zoe"]
     decided, _, _ = check(["zoe"])
     assert decided.start and decided.users == ("zoe",) and "zoe: 3 session(s), limit 2" in decided.reason
+
+
+def test_an_older_removal_landing_after_a_newer_full_rewrite_leaves_the_user_listed_and_counted(table):
+    node = _Node(NODES[0])
+    node.reports([entry(1, "alice"), entry(3, "carol")])
+    slow, slow_sequence, slow_event = _slow_report(node, [entry(3, "carol")])  # alice logged out, then back
+    assert node.reports([entry(1, "alice"), entry(3, "carol")]).full
+    done = user_sessions.apply_user_sync("t", CLUSTER, NODES[0], slow, RECEIVED, 1_764_000_000, slow_event,
+                                         slow_sequence)
+    assert done["gone"] == 0 and _counted("alice") == {NODES[0]: 1}
+    assert user_sessions.listed_users("t", CLUSTER, NODES[0]) == {"alice", "carol"}
+    # So a later full rewrite that no longer has the previous report still finds her when she leaves.
+    report_store.forget_report("t", CLUSTER, NODES[0])
+    assert node.reports([entry(3, "carol")]).delete == ("alice",) and _counted("alice") == {}

@@ -314,8 +314,9 @@ def controller_race_restored(world: TwinWorld, attacker: Attacker) -> dict:
     bob 1,000 node-hours kept on its word; the operator approves the real agent's key. That window must
     count for nothing from the approval on, and the real agent must be told to re-collect from it and
     send it again under its own key."""
-    from hpops.enrollments import approve
+    from hpops.enrollments import ReplacedKeyUsageRequired, approve
     from hpops_core.budget_guard import usage_store
+    from hpops_core.node_channel.enrollment import DISCARD
 
     findings: list[str] = []
     table, dynamodb = world.resolver.physical_ids["SyncStateTable"], world.aws.client("dynamodb")
@@ -346,8 +347,14 @@ def controller_race_restored(world: TwinWorld, attacker: Attacker) -> dict:
     if not bob_charged():
         findings.append("the proven impostor's usage window was not kept: the scenario did not happen")
     real = ControllerNode(world, node.instance_id, [], {"gpu": world.worker_group})
+    try:  # enrolled by its window alone: the approval must not guess whose its windows were
+        approve(dynamodb, world.aws.client("sagemaker"), table, world.cluster_name, world.login_group,
+                CONTROLLER_GROUP, node.instance_id, real.agent.proof.fingerprint())
+        findings.append("the approval guessed what becomes of a key enrolled by its window alone")
+    except ReplacedKeyUsageRequired:
+        pass
     approve(dynamodb, world.aws.client("sagemaker"), table, world.cluster_name, world.login_group, CONTROLLER_GROUP,
-            node.instance_id, real.agent.proof.fingerprint())
+            node.instance_id, real.agent.proof.fingerprint(), DISCARD)
     if not real.agent.proof.ensure_enrolled(node.instance_id, node.ip, force=True):
         findings.append(f"the approved real key did not enroll: {real.agent.proof.state.get('refusal')}")
     if real.agent.proof.state.get("recollectFrom") != window:

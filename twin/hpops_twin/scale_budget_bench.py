@@ -51,7 +51,7 @@ from hpops_twin.bench_section import run_alone
 from hpops_twin.cost_model import budget_sweep_cost
 from hpops_twin.template_model import REPO_ROOT
 
-KEY = "scaleBudget"
+KEY = "scale_budget"
 SIZES = (200, 2_000, 10_000)
 ACTIVE_PER_HOUR = 2_000
 CLUSTER = "ml-research"

@@ -128,6 +128,18 @@ class Enrollment:
     # discarded: stored with the record, so a call that fails half way is finished by the agent's next
     # enroll call ("": nothing left to discard).
     replaced_key: str = ""
+    # The operator said the replaced key was this node's own (an upgrade, a re-image, a lost key): its
+    # usage windows and holds report stay counted; only its stored report and sequence go.
+    replaced_usage_kept: bool = False
+    # Keys replaced before replaced_key whose usage windows were not voided yet (a second replacement
+    # came before the first discard finished): voided with it.
+    earlier_replaced_keys: tuple[str, ...] = ()
+
+    @property
+    def keys_to_void(self) -> tuple[str, ...]:
+        """The replaced keys whose usage windows must count for nothing (oldest first)."""
+        kept = () if self.replaced_usage_kept or not self.replaced_key else (self.replaced_key,)
+        return tuple(dict.fromkeys(self.earlier_replaced_keys + kept))
 
     @property
     def usable(self) -> bool:
@@ -147,11 +159,18 @@ class Enrollment:
         return self.proven(now) or (self.usable and not self.expect_document)
 
 
+KEEP, DISCARD = "keep", "discard"  # what an approval does with the replaced key's usage windows
+REPLACED_KEY_USAGE = (KEEP, DISCARD)
+
+
 @dataclass(frozen=True)
 class Approval:
     instance_id: str
     fingerprint: str
     approved_at: str
+    # The standing key whose usage windows the operator said to keep (it was this node's own); "": discard
+    # whatever key the approval replaces. Kept only if that very key is still the one replaced.
+    keep_usage_of: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,6 +192,17 @@ class EnrollmentDecision:
     def resets(self) -> bool:
         """The stored record is replaced by another key's: what the old key left is discarded."""
         return self.outcome in ("re-enroll", "displace")
+
+
+def replacing(record: Enrollment, existing: Enrollment, approval: Approval | None) -> Enrollment:
+    """``record`` as stored over ``existing`` (another key): naming the key it replaces, whether that key's
+    usage is kept (only by an approval that named that very key to keep; a verified document's
+    displacement or any doubt discards), and every earlier replaced key still waiting for its windows to
+    be voided (an unfinished discard is carried over, never lost)."""
+    earlier = existing.keys_to_void
+    keep = approval is not None and bool(approval.keep_usage_of) and approval.keep_usage_of == existing.fingerprint
+    return replace(record, replaced_key=existing.fingerprint, replaced_usage_kept=keep,
+                   earlier_replaced_keys=tuple(k for k in earlier if k != record.fingerprint))
 
 
 def iso(moment: datetime) -> str:

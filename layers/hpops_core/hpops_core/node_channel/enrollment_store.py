@@ -4,11 +4,15 @@
                                                     AWS's group and role, IP, status enrolled|contested,
                                                     enrolledAt, via, contestedBy (at most MAX_CONTESTED_BY),
                                                     windowEndsAt, expectDocument, recollectFrom,
-                                                    replacedKey (while a replaced key's leftovers go)
+                                                    replacedKey (while a replaced key's leftovers go),
+                                                    replacedKeyUsage "keep" (its usage stays counted),
+                                                    earlierReplacedKeys (keys still to void before it)
     enroll#<cluster>   sk "documents"               present once an agent of the cluster enrolled with a
                                                     verified instance identity document (documentsSince)
     approval#<cluster> sk "approval#<instance id>"  an operator's single-use approval of one key
-                                                    fingerprint (expires)
+                                                    fingerprint (expires), and what becomes of the usage
+                                                    of the key it replaces: replacedKeyUsage keep|discard
+                                                    of the standing key named `replacing`
 
 Approvals have their own partition so that the administrator's policy can write them and never an
 enrollment (a dynamodb:LeadingKeys condition names partitions, not sort keys).
@@ -25,7 +29,7 @@ from botocore.exceptions import ClientError
 from hpops_core.common.clients import client, transient_errors_named
 from hpops_core.common.errors import TransientAwsError
 from hpops_core.common.state_table import approval_partition, enrollment_partition
-from hpops_core.node_channel.enrollment import CONTESTED, MAX_CONTESTED_BY, Approval, Enrollment
+from hpops_core.node_channel.enrollment import CONTESTED, KEEP, MAX_CONTESTED_BY, REPLACED_KEY_USAGE, Approval, Enrollment
 
 NODE_PREFIX = "node#"
 APPROVAL_PREFIX = "approval#"
@@ -59,6 +63,10 @@ def enrollment_item(record: Enrollment) -> dict:
         item["recollectFrom"] = {"S": record.recollect_from}
     if record.replaced_key:
         item["replacedKey"] = {"S": record.replaced_key}
+    if record.replaced_usage_kept:
+        item["replacedKeyUsage"] = {"S": KEEP}
+    if record.earlier_replaced_keys:
+        item["earlierReplacedKeys"] = {"L": [{"S": f} for f in record.earlier_replaced_keys]}
     return item
 
 
@@ -71,7 +79,9 @@ def enrollment_from_item(cluster: str, item: dict | None) -> Enrollment | None:
     return Enrollment(cluster, text["instanceId"], text["publicKey"], text["fingerprint"], text["group"],
                       text["role"], text["ip"], text["status"], text["enrolledAt"], text["via"], contested_by,
                       item.get("windowEndsAt", {}).get("S", ""), bool(item.get("expectDocument", {}).get("BOOL")),
-                      item.get("recollectFrom", {}).get("S", ""), item.get("replacedKey", {}).get("S", ""))
+                      item.get("recollectFrom", {}).get("S", ""), item.get("replacedKey", {}).get("S", ""),
+                      item.get("replacedKeyUsage", {}).get("S") == KEEP,
+                      tuple(entry["S"] for entry in item.get("earlierReplacedKeys", {}).get("L", [])))
 
 
 def _get(table: str, key: dict, dynamodb: Any = None) -> dict | None:
@@ -87,7 +97,9 @@ def get_approval(table: str, cluster: str, instance_id: str, now_epoch: int) -> 
     item = _get(table, _key(cluster, APPROVAL_PREFIX, instance_id))
     if not item or int(item.get("ttl", {}).get("N", "0")) <= now_epoch:  # TTL deletion lags: check it here
         return None
-    return Approval(instance_id, item["fingerprint"]["S"], item.get("approvedAt", {}).get("S", ""))
+    keep = item.get("replacedKeyUsage", {}).get("S") == KEEP
+    return Approval(instance_id, item["fingerprint"]["S"], item.get("approvedAt", {}).get("S", ""),
+                    item.get("replacing", {}).get("S", "") if keep else "")
 
 
 def _conditional(operation: str, call) -> bool:
@@ -168,11 +180,15 @@ def record_documents_seen(table: str, cluster: str, since: str) -> None:
 
 
 def put_approval(table: str, cluster: str, instance_id: str, fingerprint: str, approved_at: str, now_epoch: int,
-                 dynamodb: Any = None) -> None:
-    """The operator's approval (hpops node approve-enrollment): the next enroll with this key wins."""
+                 dynamodb: Any = None, replaced_key_usage: str = "", replacing: str = "") -> None:
+    """The operator's approval (hpops node approve-enrollment): the next enroll with this key wins.
+    ``replaced_key_usage`` (keep|discard) of the standing key ``replacing``: "keep" leaves that key's
+    usage windows counted (it was this node's own), anything else voids them (enrollment.replacing)."""
     item = _key(cluster, APPROVAL_PREFIX, instance_id) | {
         "fingerprint": {"S": fingerprint}, "approvedAt": {"S": approved_at},
         "ttl": {"N": str(now_epoch + APPROVAL_TTL_SECONDS)}}
+    if replaced_key_usage in REPLACED_KEY_USAGE and replacing:
+        item |= {"replacedKeyUsage": {"S": replaced_key_usage}, "replacing": {"S": replacing}}
     with transient_errors_named("dynamodb:PutItem"):
         (dynamodb or client("dynamodb")).put_item(TableName=table, Item=item)
 
@@ -212,9 +228,10 @@ def finish_replacement(table: str, cluster: str, instance_id: str, fingerprint: 
     """What the replaced key left is gone: forget which key it was, and (when ``recollect_from`` is given)
     have the controller's agent re-collect from that window (its answer says so), only while
     ``fingerprint`` is still the enrolled key. False when another key was enrolled meanwhile."""
-    update, values = "REMOVE replacedKey", {":fingerprint": {"S": fingerprint}}
+    forget = "REMOVE replacedKey, replacedKeyUsage, earlierReplacedKeys"
+    update, values = forget, {":fingerprint": {"S": fingerprint}}
     if recollect_from:
-        update, values = "SET recollectFrom = :window REMOVE replacedKey", values | {":window": {"S": recollect_from}}
+        update, values = f"SET recollectFrom = :window {forget}", values | {":window": {"S": recollect_from}}
     return _conditional("dynamodb:UpdateItem", lambda: client("dynamodb").update_item(
         TableName=table, Key=_key(cluster, NODE_PREFIX, instance_id), UpdateExpression=update,
         ConditionExpression="fingerprint = :fingerprint", ExpressionAttributeValues=values))

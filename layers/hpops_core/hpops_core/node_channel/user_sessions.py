@@ -134,9 +134,10 @@ def plan_user_sync(previous: Mapping[str, Any] | None, presence: Mapping[str, An
     if why is not None:
         known = set(listed or ())
         gone = tuple(sorted((set(before) | known) - set(now)))
+        # Every user named again with this sequence, not only the unknown: an older report's removal
+        # still in flight (its name's sequence older) must not take a user off that this one writes.
         return UserSync(True, now, gone, tuple(now), total, len(now),
-                        f"{why}: all {len(now)} user(s) written, {len(gone)} removed",
-                        tuple(user for user in now if user not in known))
+                        f"{why}: all {len(now)} user(s) written, {len(gone)} removed", tuple(now))
     gone = tuple(sorted(set(before) - set(now)))
     write = {user: mine for user, mine in now.items() if before.get(user) != mine}
     grew = tuple(user for user, mine in write.items() if user not in before or _grew(before[user], mine))
@@ -292,17 +293,19 @@ def apply_user_sync(table: str, cluster: str, instance: str, sync: UserSync, rec
             if not _newer_kept(error):
                 raise
             done["skipped"] += 1
+    removed = []
     for user in sync.delete:
         try:
             with transient_errors_named("dynamodb:PutItem"):
                 ddb.put_item(TableName=table, Item=tombstone_item(cluster, user, instance, received_at, sequence,
                                                                   now_epoch), **_conditional(sequence))
             done["gone"] += 1
-        except ClientError as error:
+            removed.append(user)
+        except ClientError as error:  # a newer report wrote the user: their name stays
             if not _newer_kept(error):
                 raise
             done["skipped"] += 1
-    done["list"] += _change_list(ddb, table, cluster, instance, sync.delete, sequence, add=False)
+    done["list"] += _change_list(ddb, table, cluster, instance, removed, sequence, add=False)
     presence = {"pk": {"S": node_sessions_partition(cluster)}, "sk": {"S": instance},
                 "receivedAt": {"S": received_at}, "sessions": {"N": str(sync.sessions)},
                 "users": {"N": str(sync.users)}, "ttl": {"N": str(now_epoch + REPORT_TTL_SECONDS)}}
