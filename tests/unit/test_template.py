@@ -147,6 +147,26 @@ def test_only_the_signer_reads_the_host_ca_and_only_nodechannel_reads_the_host_k
     assert "VpcConfig" in verifier and "Policies" not in verifier, "the verifier reads nothing but the network"
 
 
+def _actions_on_partition(logical_id: str, partition: str) -> set[str]:
+    """The table actions a function's statements allow on the state table's items in `partition`."""
+    allowed = set()
+    for statement in _statements(logical_id):
+        keys = statement.get("Condition", {}).get("ForAllValues:StringLike", {}).get("dynamodb:LeadingKeys", [])
+        if "SyncStateTable" in json.dumps(statement.get("Resource")) and partition in json.dumps(keys):
+            actions = statement["Action"]
+            allowed.update(actions if isinstance(actions, list) else [actions])
+    return allowed
+
+
+def test_nodechannel_uses_an_approval_and_never_writes_one():
+    """An approved key is stored in one transaction: the approval's DeleteItem, the enrollment's PutItem
+    (IAM checks each item as that action). Only the operator writes approvals; no enrollment is deleted."""
+    assert _actions_on_partition("NodeChannelFunction", '"approval#${ClusterName}"') == {
+        "dynamodb:GetItem", "dynamodb:DeleteItem"}
+    assert _actions_on_partition("NodeChannelFunction", '"enroll#${ClusterName}"') == {
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}
+
+
 def _references(value, target: str, conditions: tuple[str, ...] = ()):
     """The conditions under which each Ref / GetAtt / Sub naming `target` in `value` is evaluated (the
     yes-branches of the `Fn::If`s around it)."""
