@@ -220,3 +220,24 @@ def test_the_kept_out_reason_names_the_enrollment_state_and_its_fix_not_only_the
     assert why["i-2"].startswith("i-2's enrollment is contested") and "--node i-2 --fingerprint SHA256:..." in why["i-2"]
     assert why["i-3"].startswith(f"i-3's agent has not enrolled its key yet; an approval for SHA256:{'b' * 43} waits")
     assert why["i-4"] == "presents other host keys"  # enrolled: the verifier's reason alone
+
+
+def test_what_an_approval_does_with_a_replaced_controller_keys_usage_follows_what_the_stack_knows():
+    """Proven (document, approval): the node's own, kept. Contested: never counted, discarded, even under
+    adopt's keep. Enrolled by window alone: the operator's word, or adopt's keep (it read the new key as
+    root on a re-imaged node); approve-enrollment refuses to guess. Login nodes and the same key: no usage."""
+    from hpops.enrollments import ReplacedKeyUsageRequired, replaced_key_usage
+
+    new = "SHA256:" + "n" * 43
+    standing = Enrollment("lab", "i-0123456789abcdef0", "ssh-ed25519 " + "A" * 68, "SHA256:" + "s" * 43,
+                          "controller-machine", "controller", "10.1.0.9", "enrolled", "2026-11-01T00:00:00Z", "window")
+    assert replaced_key_usage(replace(standing, via="document"), new, "controller", None)[0] == "keep"
+    assert replaced_key_usage(replace(standing, via="approval"), new, "controller", None)[0] == "keep"
+    assert replaced_key_usage(replace(standing, status="contested"), new, "controller", None, default="keep")[0] == "discard"
+    assert replaced_key_usage(standing, new, "controller", None, default="keep")[0] == "keep"
+    assert replaced_key_usage(standing, new, "controller", "discard")[0] == "discard"
+    with pytest.raises(ReplacedKeyUsageRequired, match="--replaced-key-usage discard"):
+        replaced_key_usage(standing, new, "controller", None)
+    assert replaced_key_usage(standing, new, "login", None)[0] == ""
+    assert replaced_key_usage(standing, standing.fingerprint, "controller", None)[0] == ""
+    assert replaced_key_usage(None, new, "controller", None)[0] == ""
