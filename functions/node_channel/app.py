@@ -78,8 +78,13 @@ def enroll(config: NodeChannelConfig, request: dict, now: datetime) -> dict:
     if decision.outcome == "displace" and not enrollment_store.put_displacing(config.state_table, decision.record,
                                                                               existing):
         return enroll(config, request, now)
-    if decision.outcome == "re-enroll" and not enrollment_store.put_approved(config.state_table, decision.record):
-        raise EnrollmentRefusedError(f"the operator's approval for {statement.instance_id} was used or replaced")
+    if decision.outcome == "re-enroll":
+        try:
+            if not enrollment_store.put_approved(config.state_table, decision.record,
+                                                 existing.fingerprint if existing else None):
+                raise EnrollmentRefusedError(f"the operator's approval for {statement.instance_id} was used or replaced")
+        except enrollment_store.StandingKeyChangedError:
+            return enroll(config, request, now)  # what the approval replaces changed: decide again
     if decision.outcome == "contest" and not enrollment_store.mark_contested(
             config.state_table, config.cluster_name, statement.instance_id, fingerprint):
         decision = replace(decision, outcome="conflict")  # the contest records were full meanwhile

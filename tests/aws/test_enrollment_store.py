@@ -55,9 +55,10 @@ def test_first_presenter_wins_and_an_approval_is_used_once(table):
     enrollment_store.put_approval(table, CLUSTER, ID, "SHA256:agent", "2026-11-26T12:05:00Z", 1_800_000_000)
     assert enrollment_store.get_approval(table, CLUSTER, ID, 1_800_000_001).fingerprint == "SHA256:agent"
     assert enrollment_store.get_approval(table, CLUSTER, ID, 1_800_000_000 + 25 * 3600) is None, "expired"
-    assert not enrollment_store.put_approved(table, record("SHA256:impostor", "approval")), "another key's approval"
-    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"))
-    assert not enrollment_store.put_approved(table, record("SHA256:agent", "approval")), "single use"
+    assert not enrollment_store.put_approved(table, record("SHA256:impostor", "approval"), "SHA256:agent"), \
+        "another key's approval"
+    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"), "SHA256:agent")
+    assert not enrollment_store.put_approved(table, record("SHA256:agent", "approval"), "SHA256:agent"), "single use"
     records, approvals = enrollment_store.list_enrollments(table, CLUSTER)
     assert [(r.status, r.via) for r in records] == [("enrolled", "approval")] and approvals == []
 
@@ -111,14 +112,15 @@ def test_an_approved_key_is_stored_with_its_approval_used_or_neither_and_a_retry
     before = stored(table)
     assert before[0].fingerprint == "SHA256:impostor" and [a["fingerprint"] for a in before[1]] == ["SHA256:agent"]
 
-    assert not enrollment_store.put_approved(table, record("SHA256:other", "approval")), "not the approved key"
+    assert not enrollment_store.put_approved(table, record("SHA256:other", "approval"), "SHA256:impostor"), \
+        "not the approved key"
     assert stored(table) == before
     with enrollment_writes_throttled(how, monkeypatch) as answered, pytest.raises(TransientAwsError):
-        enrollment_store.put_approved(table, record("SHA256:agent", "approval"))
+        enrollment_store.put_approved(table, record("SHA256:agent", "approval"), "SHA256:impostor")
     assert answered, "the write was throttled"
     assert stored(table) == before, "the approval is still there for the retry, and the old state untouched"
 
-    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"))  # the agent's retry
+    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"), "SHA256:impostor")  # the retry
     enrolled, approvals = stored(table)
     assert (enrolled.fingerprint, enrolled.status, enrolled.via, approvals) == ("SHA256:agent", "enrolled", "approval", [])
 
@@ -153,3 +155,19 @@ def test_a_replaced_controller_keys_holds_report_goes(table):
     assert read_agent_report(table, CLUSTER) is not None
     forget_agent_report(table, CLUSTER)
     assert read_agent_report(table, CLUSTER) is None
+
+
+def test_an_approval_decided_against_one_key_is_not_stored_over_another(table):
+    """What an approved record carries of the key it replaces (whose usage to keep or void) was read with
+    that key: if another key enrolled or replaced it meanwhile, nothing is written and the approval stays
+    for the decision made again."""
+    enrollment_store.put_approval(table, CLUSTER, ID, "SHA256:agent", "2026-11-26T12:05:00Z", 1_800_000_000)
+    enrollment_store.put_first(table, record("SHA256:late"))  # enrolled after NodeChannel read "no enrollment"
+    before = stored(table)
+    with pytest.raises(enrollment_store.StandingKeyChangedError):
+        enrollment_store.put_approved(table, record("SHA256:agent", "approval"), None)
+    with pytest.raises(enrollment_store.StandingKeyChangedError):
+        enrollment_store.put_approved(table, record("SHA256:agent", "approval"), "SHA256:impostor")
+    assert stored(table) == before, "the late key stands and the approval is still there"
+    assert enrollment_store.put_approved(table, record("SHA256:agent", "approval"), "SHA256:late")
+    assert stored(table)[0].fingerprint == "SHA256:agent"

@@ -27,7 +27,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from hpops_core.common.clients import client, transient_errors_named
-from hpops_core.common.errors import TransientAwsError
+from hpops_core.common.errors import HpopsError, TransientAwsError
 from hpops_core.common.state_table import approval_partition, enrollment_partition
 from hpops_core.node_channel.enrollment import CONTESTED, KEEP, MAX_CONTESTED_BY, REPLACED_KEY_USAGE, Approval, Enrollment
 
@@ -120,19 +120,30 @@ def put_first(table: str, record: Enrollment) -> bool:
         TableName=table, Item=enrollment_item(record), ConditionExpression="attribute_not_exists(sk)"))
 
 
-def put_approved(table: str, record: Enrollment) -> bool:
+class StandingKeyChangedError(HpopsError):
+    """The node's stored enrollment changed between the read an approval was decided on and its write
+    (another key enrolled or replaced it): nothing was written; decide again against what is stored."""
+
+
+def put_approved(table: str, record: Enrollment, standing_fingerprint: str | None) -> bool:
     """Use the operator's approval once and store the record over whatever was there, in one transaction:
     the approval is deleted only if it still names this fingerprint, and the record is put only with it
     (a failure between two writes would leave the approval used and the old key stored, and the agent's
-    retry refused). False if the approval was gone (used or replaced meanwhile); TransientAwsError,
-    with nothing written, if DynamoDB throttled the transaction or another one held its items."""
+    retry refused). The record is put only over the enrollment it was decided against
+    (`standing_fingerprint`, None: no enrollment), since what it carries of the replaced key (whose usage
+    to keep or void) came from that read. False if the approval was gone (used or replaced meanwhile);
+    StandingKeyChangedError if the enrollment changed meanwhile; TransientAwsError, with nothing
+    written, if DynamoDB throttled the transaction or another one held its items."""
+    standing: dict[str, Any] = ({"ConditionExpression": "attribute_not_exists(sk)"} if standing_fingerprint is None else
+                                {"ConditionExpression": "fingerprint = :standing",
+                                 "ExpressionAttributeValues": {":standing": {"S": standing_fingerprint}}})
     try:
         with transient_errors_named("dynamodb:TransactWriteItems"):
             client("dynamodb").transact_write_items(TransactItems=[
                 {"Delete": {"TableName": table, "Key": _key(record.cluster, APPROVAL_PREFIX, record.instance_id),
                             "ConditionExpression": "fingerprint = :fingerprint",
                             "ExpressionAttributeValues": {":fingerprint": {"S": record.fingerprint}}}},
-                {"Put": {"TableName": table, "Item": enrollment_item(record)}}])
+                {"Put": {"TableName": table, "Item": enrollment_item(record)} | standing}])
         return True
     except ClientError as error:
         if error.response.get("Error", {}).get("Code") != "TransactionCanceledException":
@@ -140,6 +151,8 @@ def put_approved(table: str, record: Enrollment) -> bool:
         reasons = [reason.get("Code", "None") for reason in error.response.get("CancellationReasons") or []]
         if reasons[:1] == ["ConditionalCheckFailed"]:
             return False
+        if reasons[1:2] == ["ConditionalCheckFailed"]:
+            raise StandingKeyChangedError(f"the enrollment of {record.instance_id} changed meanwhile") from error
         if TRANSIENT_CANCELLATIONS.intersection(reasons):
             raise TransientAwsError(f"dynamodb:TransactWriteItems: cancelled ({', '.join(reasons)})") from error
         raise
