@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import random
 import socket
 import subprocess
 import time
@@ -44,8 +45,29 @@ def require(tools: tuple[str, ...], what: str, install: str) -> None:
         pytest.skip(reason)
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now and outside the kernel's ephemeral range: a daemon binds it a moment
+    later, and in between any outgoing connection (slurmdbd to MariaDB, an SDK to moto) may be given an
+    ephemeral port, so one picked from that range can be taken ("Address already in use")."""
+    low, _high = _ephemeral_ports()
+    candidates = list(range(10000, low)) if low > 11000 else []
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the ephemeral range: the kernel's pick
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
